@@ -1,0 +1,49 @@
+#pragma once
+/// @file
+/// @brief View aliases and the per-sample feature shape shared by layers and data.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <ostream>
+
+namespace kat {
+
+using DefaultExecutionSpace = Kokkos::DefaultExecutionSpace;
+using DefaultMemorySpace = Kokkos::DefaultExecutionSpace::memory_space;
+
+/// Column-major matrix, the layout BLAS, LAPACK, cuBLAS and rocBLAS take directly.
+/// Activations are `batch x features`.
+template <class Scalar, class MemorySpace = DefaultMemorySpace>
+using Matrix = Kokkos::View<Scalar **, Kokkos::LayoutLeft, MemorySpace>;
+
+/// Contiguous vector (flat parameter buffers, biases, labels).
+template <class Scalar, class MemorySpace = DefaultMemorySpace>
+using Vector = Kokkos::View<Scalar *, Kokkos::LayoutLeft, MemorySpace>;
+
+/// Shape of one sample's features as (channels, height, width); a flat feature vector of
+/// length n is (n, 1, 1). A batch of such samples is stored as a `batch x size()` Matrix whose
+/// feature index is `c + channels * (h + height * w)`, which is exactly the memory order of a
+/// LayoutLeft (N, C, H, W) view, so image layers can view the same memory as rank 4.
+struct FeatureShape {
+  int channels = 0;
+  int height = 1;
+  int width = 1;
+
+  constexpr std::size_t size() const {
+    return static_cast<std::size_t>(channels) * static_cast<std::size_t>(height) *
+           static_cast<std::size_t>(width);
+  }
+  constexpr bool is_flat() const { return height == 1 && width == 1; }
+  friend constexpr bool operator==(const FeatureShape &a, const FeatureShape &b) {
+    return a.channels == b.channels && a.height == b.height && a.width == b.width;
+  }
+  friend constexpr bool operator!=(const FeatureShape &a, const FeatureShape &b) {
+    return !(a == b);
+  }
+  friend std::ostream &operator<<(std::ostream &os, const FeatureShape &s) {
+    return os << '(' << s.channels << ", " << s.height << ", " << s.width << ')';
+  }
+};
+
+} // namespace kat

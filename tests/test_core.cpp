@@ -1,0 +1,123 @@
+#include "test_helpers.hpp"
+
+#include <kat/core/blas.hpp>
+#include <kat/core/parameter_buffer.hpp>
+#include <kat/core/random.hpp>
+#include <kat/core/workspace.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <numeric>
+
+using namespace kat;
+using namespace kat::test;
+
+TEMPLATE_TEST_CASE("core: gemm equals a triple loop for every transposition", "[core][blas]", float,
+                   double) {
+  const std::size_t m = 7, n = 5, k = 9;
+  const double tol = std::is_same<TestType, float>::value ? 1e-5 : 1e-13;
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T}) {
+      auto A = ta == Trans::N ? random_matrix<TestType>(m, k, 1) : random_matrix<TestType>(k, m, 1);
+      auto B = tb == Trans::N ? random_matrix<TestType>(k, n, 2) : random_matrix<TestType>(n, k, 2);
+      auto C = random_matrix<TestType>(m, n, 3);
+      auto C0 = to_host(C);
+      gemm(Space(), ta, tb, TestType(0.5), A, B, TestType(2), C);
+      auto Ah = to_host(A), Bh = to_host(B), Ch = to_host(C);
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j) {
+          double ref = 2 * double(C0(i, j));
+          for (std::size_t p = 0; p < k; ++p) {
+            const double a = ta == Trans::N ? Ah(i, p) : Ah(p, i);
+            const double b = tb == Trans::N ? Bh(p, j) : Bh(j, p);
+            ref += 0.5 * a * b;
+          }
+          REQUIRE(double(Ch(i, j)) == Approx(ref).epsilon(tol).margin(tol));
+        }
+    }
+}
+
+TEST_CASE("core: gemm shape errors and the k = 0 case", "[core][blas]") {
+  Matrix<double, Mem> A("A", 3, 4), B("B", 5, 2), C("C", 3, 2);
+  CHECK_THROWS_WITH(gemm(Space(), Trans::N, Trans::N, 1.0, A, B, 0.0, C),
+                    Catch::Contains("op(A) is 3x4, op(B) is 5x2"));
+  Matrix<double, Mem> A0("A0", 3, 0), B0("B0", 0, 2);
+  Kokkos::deep_copy(C, 4.0);
+  gemm(Space(), Trans::N, Trans::N, 1.0, A0, B0, 0.5, C);
+  CHECK(to_host(C)(2, 1) == 2.0);
+}
+
+TEST_CASE("core: parameter buffer blocks view one flat memory", "[core][buffer]") {
+  ParameterBuffer<float, Mem> buf;
+  CHECK(buf.reserve("w", 6) == 0);
+  CHECK(buf.reserve("b", 3) == 1);
+  CHECK_THROWS_WITH(buf.parameter_matrix(0, 2, 3), Catch::Contains("before allocate()"));
+  buf.allocate();
+  CHECK(buf.size() == 9);
+  auto w = buf.parameter_matrix(0, 2, 3);
+  auto b = buf.parameter_vector(1);
+  Kokkos::deep_copy(w, 1.f);
+  Kokkos::deep_copy(b, 2.f);
+  auto flat = to_host(buf.parameters());
+  for (int k = 0; k < 6; ++k)
+    CHECK(flat(k) == 1.f);
+  for (int k = 6; k < 9; ++k)
+    CHECK(flat(k) == 2.f);
+  CHECK(buf.gradient_vector(1).data() == buf.gradients().data() + 6);
+  CHECK_THROWS_WITH(buf.parameter_matrix(0, 3, 3), Catch::Contains("must be 6, got 9"));
+  CHECK_THROWS_AS(buf.parameter_vector(2), ValueError);
+  CHECK_THROWS_AS(buf.reserve("late", 1), Error);
+}
+
+TEST_CASE("core: workspace reuses memory for any shape that fits", "[core][workspace]") {
+  Workspace<float, Mem> ws;
+  auto a = ws.matrix(8, 4);
+  auto b = ws.matrix(3, 4);
+  CHECK(a.data() == b.data());
+  CHECK(b.extent(0) == 3);
+  CHECK(b.stride(1) == 3); // contiguous LayoutLeft, ready for BLAS
+  CHECK(ws.allocations() == 1);
+  ws.matrix(9, 4);
+  CHECK(ws.allocations() == 2);
+}
+
+TEST_CASE("core: counter-based random numbers", "[core][random]") {
+  // Fixed by the SplitMix64 definition: the published first output for state 0.
+  CHECK(splitmix64(0) == 0xE220A8397B1DCDAFull);
+  double sum = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    const double u = counter_uniform(42, 7, i);
+    REQUIRE(u >= 0.0);
+    REQUIRE(u < 1.0);
+    sum += u;
+  }
+  CHECK(std::abs(sum / n - 0.5) < 5 * std::sqrt(1.0 / 12 / n));
+  CHECK(counter_uniform(42, 7, 3) == counter_uniform(42, 7, 3));
+  CHECK(counter_uniform(42, 7, 3) != counter_uniform(42, 8, 3));
+  CHECK(counter_uniform(42, 7, 3) != counter_uniform(43, 7, 3));
+}
+
+TEST_CASE("core: host shuffle is a seeded permutation", "[core][random]") {
+  std::vector<int> a(1000), b(1000), c(1000);
+  std::iota(a.begin(), a.end(), 0);
+  b = a;
+  c = a;
+  HostRng(1).shuffle(a.begin(), a.end());
+  HostRng(1).shuffle(b.begin(), b.end());
+  HostRng(2).shuffle(c.begin(), c.end());
+  CHECK(a == b);
+  CHECK(a != c);
+  std::vector<int> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  for (int i = 0; i < 1000; ++i)
+    REQUIRE(sorted[i] == i);
+  // uniform_index stays in range and hits every value of a small range.
+  HostRng rng(3);
+  std::vector<int> hits(7, 0);
+  for (int i = 0; i < 7000; ++i)
+    ++hits[rng.uniform_index(7)];
+  for (int h : hits)
+    CHECK(h > 800);
+}

@@ -1,0 +1,88 @@
+#pragma once
+// Shared helpers for KAT's tests: host/device transfer, random inputs, finite differences.
+#include <kat/core/random.hpp>
+#include <kat/core/views.hpp>
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace kat::test {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+
+// A host copy of any view; always a new allocation, so it is a snapshot even when the view
+// already lives in host memory.
+template <class View> auto to_host(const View &v) {
+  auto h = Kokkos::create_mirror(Kokkos::HostSpace(), v);
+  Kokkos::deep_copy(h, v);
+  return h;
+}
+
+// An n x m device matrix with entries U(lo, hi) from a host generator (independent of KAT's
+// counter-based initializers).
+template <class Scalar>
+Matrix<Scalar, Mem> random_matrix(std::size_t n, std::size_t m, std::uint64_t seed,
+                                  double lo = -1.0, double hi = 1.0) {
+  Matrix<Scalar, Mem> d("random_matrix", n, m);
+  auto h = Kokkos::create_mirror_view(d);
+  HostRng rng(seed);
+  for (std::size_t j = 0; j < m; ++j)
+    for (std::size_t i = 0; i < n; ++i)
+      h(i, j) = static_cast<Scalar>(lo + (hi - lo) * (rng.next() >> 11) * 0x1.0p-53);
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+// Central-difference gradient of loss() with respect to every element of the contiguous
+// device view `theta`, perturbing it through a host mirror.
+template <class View>
+std::vector<double> numeric_gradient(const View &theta, const std::function<double()> &loss,
+                                     double h = 1e-6) {
+  using Scalar = typename View::non_const_value_type;
+  Kokkos::View<Scalar *, Kokkos::LayoutLeft, typename View::memory_space> flat(theta.data(),
+                                                                               theta.span());
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), flat);
+  std::vector<double> grad(flat.extent(0));
+  for (std::size_t k = 0; k < flat.extent(0); ++k) {
+    const Scalar saved = host(k);
+    host(k) = saved + h;
+    Kokkos::deep_copy(flat, host);
+    const double plus = loss();
+    host(k) = saved - h;
+    Kokkos::deep_copy(flat, host);
+    const double minus = loss();
+    host(k) = saved;
+    Kokkos::deep_copy(flat, host);
+    grad[k] = (plus - minus) / (2 * h);
+  }
+  return grad;
+}
+
+// max_k |a_k - b_k| / max(1, |b_k|) over a contiguous view and a reference vector.
+template <class View> double max_rel_error(const View &a, const std::vector<double> &b) {
+  auto host = to_host(a);
+  const auto *p = host.data();
+  double err = 0;
+  for (std::size_t k = 0; k < b.size(); ++k)
+    err = std::max(err, std::abs(static_cast<double>(p[k]) - b[k]) / std::max(1.0, std::abs(b[k])));
+  return err;
+}
+
+// sum_ij y_ij * r_ij, the scalar whose gradient with respect to y is r.
+template <class Scalar>
+double weighted_sum(const Matrix<Scalar, Mem> &y, const Matrix<Scalar, Mem> &r) {
+  auto yh = to_host(y);
+  auto rh = to_host(r);
+  double s = 0;
+  for (std::size_t j = 0; j < y.extent(1); ++j)
+    for (std::size_t i = 0; i < y.extent(0); ++i)
+      s += double(yh(i, j)) * double(rh(i, j));
+  return s;
+}
+
+} // namespace kat::test

@@ -1,0 +1,94 @@
+#pragma once
+/// @file
+/// @brief The interface every layer implements.
+
+#include "kat/core/error.hpp"
+#include "kat/core/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace kat::nn {
+
+/// What a curvature method (K-FAC) needs of a layer with a weight matrix W (out x in) and
+/// bias b: the layer input with a ones column appended, `a` (N x (in+1)), the gradient of the
+/// loss with respect to the layer output, `g` (N x out), and the gradient of [W b] as one
+/// out x (in+1) column-major matrix. All three are views of memory the layer owns or of the
+/// flat gradient buffer, valid until the next forward/backward.
+template <class Scalar, class MemorySpace> struct CurvatureRecord {
+  Matrix<Scalar, MemorySpace> a;
+  Matrix<Scalar, MemorySpace> g;
+  Matrix<Scalar, MemorySpace> weight_gradient;
+  Matrix<Scalar, MemorySpace> weight;
+};
+
+/// Base class of all layers. A layer maps a batch x in_shape.size() matrix to a batch x
+/// out_shape.size() matrix (see FeatureShape for image layouts).
+///
+/// @tparam Scalar       float (training) or double (gradient checks)
+/// @tparam MemorySpace  where parameters and activations live; work runs on its
+///                      execution space.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class Layer {
+public:
+  using scalar_type = Scalar;
+  using memory_space = MemorySpace;
+  using execution_space = typename MemorySpace::execution_space;
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using const_matrix_type = Matrix<const Scalar, MemorySpace>;
+
+  virtual ~Layer() = default;
+
+  /// Short type name for messages and summaries ("Dense", "ReLU", ...).
+  virtual std::string name() const = 0;
+
+  /// The output shape for `input`; validates it.
+  /// @throws ShapeError if the layer cannot take `input`.
+  virtual FeatureShape output_shape(const FeatureShape &input) const = 0;
+
+  /// Number of scalars this layer keeps in the model's flat parameter buffer.
+  virtual std::size_t parameter_count() const { return 0; }
+
+  /// Binds the layer's weights and gradients to `parameter_count()` scalars at `params` and
+  /// `grads` (device pointers into the flat buffers).
+  virtual void bind(Scalar * /*params*/, Scalar * /*grads*/) {}
+
+  /// Draws initial parameters as a pure function of `seed` (see kat/core/random.hpp).
+  virtual void reset_parameters(const execution_space & /*space*/, std::uint64_t /*seed*/) {}
+
+  /// y = f(x). `x` is batch x in, `y` batch x out, both preallocated by the caller; `x` must
+  /// stay valid and unchanged until backward().
+  virtual void forward(const execution_space &space, const matrix_type &x,
+                       const matrix_type &y) = 0;
+
+  /// Given dy = dL/dy, accumulates parameter gradients (+=) and writes dx = dL/dx. `dx` may be
+  /// an empty view (extent 0) when nobody needs it, and the layer then skips computing it.
+  virtual void backward(const execution_space &space, const matrix_type &dy,
+                        const matrix_type &dx) = 0;
+
+  /// Switches between training and evaluation behaviour (Dropout, BatchNorm).
+  virtual void train(bool on) { training_ = on; }
+  bool training() const { return training_; }
+
+  /// Whether this layer can record the K-FAC quantities `a` and `g`.
+  virtual bool supports_curvature() const { return false; }
+  /// Asks the layer to record `a` in forward and `g` in backward from now on.
+  void record_curvature(bool on) {
+    if (on && !supports_curvature()) {
+      throw ValueError(kat::detail::concat("kat::nn::", name(),
+                                           "::record_curvature: this layer has no weight matrix "
+                                           "to precondition"));
+    }
+    recording_ = on;
+  }
+  bool recording_curvature() const { return recording_; }
+  /// The recorded quantities (empty views unless recording and after a forward/backward).
+  virtual CurvatureRecord<Scalar, MemorySpace> curvature() const { return {}; }
+
+protected:
+  bool training_ = true;
+  bool recording_ = false;
+};
+
+} // namespace kat::nn

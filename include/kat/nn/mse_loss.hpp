@@ -1,0 +1,75 @@
+#pragma once
+/// @file
+/// @brief Mean squared error.
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+
+namespace kat::nn {
+
+/// Mean squared error over all N·D elements, as torch.nn.MSELoss with reduction = 'mean':
+///
+///   L = (1/(N·D)) Σ_ij (y_ij − t_ij)²,   dL/dy_ij = 2 (y_ij − t_ij) / (N·D)
+///
+/// prediction y and target t: N x D.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class MSELoss {
+public:
+  using execution_space = typename MemorySpace::execution_space;
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using const_matrix_type = Matrix<const Scalar, MemorySpace>;
+
+  /// The mean loss.
+  /// @throws ShapeError if the shapes differ or are empty; NumericalError if the loss is not
+  /// finite.
+  double forward(const execution_space &space, const matrix_type &y,
+                 const const_matrix_type &target) const {
+    return run(space, y, target, matrix_type());
+  }
+
+  /// The mean loss, and dL/dy written to `grad` (N x D). Errors as forward().
+  double forward_backward(const execution_space &space, const matrix_type &y,
+                          const const_matrix_type &target, const matrix_type &grad) const {
+    kat::detail::require_extent("kat::nn::MSELoss", "grad rows", y.extent(0), grad.extent(0));
+    kat::detail::require_extent("kat::nn::MSELoss", "grad columns", y.extent(1), grad.extent(1));
+    return run(space, y, target, grad);
+  }
+
+private:
+  double run(const execution_space &space, const matrix_type &y, const const_matrix_type &t,
+             const matrix_type &grad) const {
+    ScopedRegion region("kat::nn::MSELoss");
+    kat::detail::require_extent("kat::nn::MSELoss", "target rows", y.extent(0), t.extent(0));
+    kat::detail::require_extent("kat::nn::MSELoss", "target columns", y.extent(1), t.extent(1));
+    const std::size_t count = y.extent(0) * y.extent(1);
+    if (count == 0) {
+      throw ShapeError("kat::nn::MSELoss: the prediction must not be empty");
+    }
+    const bool with_grad = grad.extent(0) != 0;
+    const Scalar scale = Scalar(2) / static_cast<Scalar>(count);
+    const Scalar *yp = y.data();
+    const Scalar *tp = t.data();
+    Scalar *gp = grad.data();
+    double total = 0;
+    Kokkos::parallel_reduce(
+        "kat::nn::MSELoss", Kokkos::RangePolicy<execution_space>(space, 0, count),
+        KOKKOS_LAMBDA(const std::size_t i, double &sum) {
+          const Scalar d = yp[i] - tp[i];
+          sum += static_cast<double>(d) * static_cast<double>(d);
+          if (with_grad) {
+            gp[i] = scale * d;
+          }
+        },
+        total);
+    if (!std::isfinite(total)) {
+      throw NumericalError("kat::nn::MSELoss: the prediction or target contains NaN or Inf");
+    }
+    return total / static_cast<double>(count);
+  }
+};
+
+} // namespace kat::nn

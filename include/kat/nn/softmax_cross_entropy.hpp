@@ -1,0 +1,123 @@
+#pragma once
+/// @file
+/// @brief Softmax followed by cross-entropy, fused and numerically stable.
+
+#include "kat/core/error.hpp"
+#include "kat/core/math.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace kat::nn {
+
+/// Mean cross-entropy of softmax(logits) against integer class labels, as
+/// torch.nn.CrossEntropyLoss with reduction = 'mean':
+///
+///   L = (1/N) Σ_i [ log Σ_c exp(z_ic) − z_{i,y_i} ],   dL/dz_ic = (softmax(z_i)_c − [c = y_i]) / N
+///
+/// log-sum-exp is taken after subtracting each row's maximum, so no logit overflows.
+/// logits: N x C; labels: N integers in [0, C).
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class SoftmaxCrossEntropy {
+public:
+  using execution_space = typename MemorySpace::execution_space;
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using label_view = Vector<const std::int32_t, MemorySpace>;
+
+  /// The mean loss.
+  /// @throws ShapeError if labels.extent(0) != logits.extent(0);
+  /// @throws ValueError if a label is outside [0, C); NumericalError if a logit is not finite.
+  double forward(const execution_space &space, const matrix_type &logits,
+                 const label_view &labels) const {
+    return run(space, logits, labels, matrix_type());
+  }
+
+  /// The mean loss, and dL/dlogits written to `grad` (N x C). Errors as forward().
+  double forward_backward(const execution_space &space, const matrix_type &logits,
+                          const label_view &labels, const matrix_type &grad) const {
+    kat::detail::require_extent("kat::nn::SoftmaxCrossEntropy", "grad rows", logits.extent(0),
+                                grad.extent(0));
+    kat::detail::require_extent("kat::nn::SoftmaxCrossEntropy", "grad columns", logits.extent(1),
+                                grad.extent(1));
+    return run(space, logits, labels, grad);
+  }
+
+private:
+  double run(const execution_space &space, const matrix_type &z, const label_view &labels,
+             const matrix_type &grad) const {
+    ScopedRegion region("kat::nn::SoftmaxCrossEntropy");
+    const std::size_t n = z.extent(0);
+    const int classes = static_cast<int>(z.extent(1));
+    kat::detail::require_extent("kat::nn::SoftmaxCrossEntropy", "labels length", n,
+                                labels.extent(0));
+    if (n == 0) {
+      throw ShapeError("kat::nn::SoftmaxCrossEntropy: the batch must not be empty");
+    }
+    const bool with_grad = grad.extent(0) != 0;
+    const Scalar inv_n = Scalar(1) / static_cast<Scalar>(n);
+    // Captured from the host: std::numeric_limits is not callable in every device compiler.
+    const double invalid = std::numeric_limits<double>::infinity();
+    double total = 0;
+    Kokkos::parallel_reduce(
+        "kat::nn::SoftmaxCrossEntropy", Kokkos::RangePolicy<execution_space>(space, 0, n),
+        KOKKOS_LAMBDA(const std::size_t i, double &sum) {
+          const int label = labels(i);
+          Scalar zmax = z(i, 0);
+          for (int c = 1; c < classes; ++c) {
+            zmax = z(i, c) > zmax ? z(i, c) : zmax;
+          }
+          Scalar denom = 0;
+          for (int c = 0; c < classes; ++c) {
+            denom += math::exp(z(i, c) - zmax);
+          }
+          if (label < 0 || label >= classes) {
+            sum += invalid; // reported precisely below
+            return;
+          }
+          // (zmax - z_y) first: adding log(denom) to a large zmax would round it away.
+          sum += static_cast<double>((zmax - z(i, label)) + math::log(denom));
+          if (with_grad) {
+            const Scalar inv_denom = Scalar(1) / denom;
+            for (int c = 0; c < classes; ++c) {
+              const Scalar p = math::exp(z(i, c) - zmax) * inv_denom;
+              grad(i, c) = (p - (c == label ? Scalar(1) : Scalar(0))) * inv_n;
+            }
+          }
+        },
+        total);
+    if (!std::isfinite(total)) {
+      report_non_finite(space, z, labels);
+    }
+    return total / static_cast<double>(n);
+  }
+
+  [[noreturn]] static void report_non_finite(const execution_space &space, const matrix_type &z,
+                                             const label_view &labels) {
+    const std::size_t n = z.extent(0);
+    const int classes = static_cast<int>(z.extent(1));
+    std::int64_t first_bad = static_cast<std::int64_t>(n);
+    Kokkos::parallel_reduce(
+        "kat::nn::SoftmaxCrossEntropy::check_labels",
+        Kokkos::RangePolicy<execution_space>(space, 0, n),
+        KOKKOS_LAMBDA(const std::size_t i, std::int64_t &m) {
+          if ((labels(i) < 0 || labels(i) >= classes) && static_cast<std::int64_t>(i) < m) {
+            m = static_cast<std::int64_t>(i);
+          }
+        },
+        Kokkos::Min<std::int64_t>(first_bad));
+    if (first_bad < static_cast<std::int64_t>(n)) {
+      std::int32_t value = 0;
+      Kokkos::deep_copy(Kokkos::View<std::int32_t, Kokkos::HostSpace>(&value),
+                        Kokkos::subview(labels, first_bad));
+      throw ValueError(kat::detail::concat("kat::nn::SoftmaxCrossEntropy: labels(", first_bad,
+                                           ") must be in [0, ", classes, "), got ", value));
+    }
+    throw NumericalError("kat::nn::SoftmaxCrossEntropy: the logits contain NaN or Inf");
+  }
+};
+
+} // namespace kat::nn

@@ -1,0 +1,111 @@
+#include "test_helpers.hpp"
+
+#include <kat/nn/activation.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/dropout.hpp>
+#include <kat/nn/flatten.hpp>
+#include <kat/nn/sequential.hpp>
+#include <kat/nn/softmax_cross_entropy.hpp>
+
+#include <catch2/catch.hpp>
+
+using namespace kat;
+using namespace kat::test;
+
+namespace {
+Vector<std::int32_t, Mem> labels_of(const std::vector<std::int32_t> &v) {
+  Vector<std::int32_t, Mem> d("labels", v.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    h(i) = v[i];
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+} // namespace
+
+TEST_CASE("sequential: whole-model gradient equals finite differences", "[sequential][gradcheck]") {
+  const Space space;
+  nn::Sequential<double, Mem> model(FeatureShape{1, 2, 3});
+  model.add<nn::Flatten>();
+  model.add<nn::Dense>(6, 5);
+  model.add<nn::Tanh>();
+  model.add<nn::Dense>(5, 4);
+  model.add<nn::Sigmoid>();
+  model.add<nn::Dense>(4, 3);
+  model.compile(space, 3);
+  REQUIRE(model.parameter_count() == 5 * 7 + 4 * 6 + 3 * 5);
+
+  auto x = random_matrix<double>(4, 6, 8);
+  auto labels = labels_of({2, 0, 1, 2});
+  nn::SoftmaxCrossEntropy<double, Mem> ce;
+  Matrix<double, Mem> dlogits("dlogits", 4, 3);
+  auto loss = [&] { return ce.forward(space, model.forward(space, x), labels); };
+
+  model.zero_grad(space);
+  ce.forward_backward(space, model.forward(space, x), labels, dlogits);
+  model.backward(space, dlogits);
+  const auto num = numeric_gradient(model.parameters(), loss);
+  CHECK(max_rel_error(model.gradients(), num) < 1e-7);
+
+  SECTION("backward accumulates; zero_grad resets") {
+    ce.forward_backward(space, model.forward(space, x), labels, dlogits);
+    model.backward(space, dlogits);
+    auto g2 = to_host(model.gradients());
+    for (std::size_t k = 0; k < num.size(); ++k)
+      REQUIRE(g2(k) == Approx(2 * num[k]).margin(1e-7));
+    model.zero_grad(space);
+    auto g0 = to_host(model.gradients());
+    for (std::size_t k = 0; k < num.size(); ++k)
+      REQUIRE(g0(k) == 0.0);
+  }
+}
+
+TEST_CASE("sequential: no allocation once the largest batch has been seen", "[sequential]") {
+  const Space space;
+  nn::Sequential<float, Mem> model(FeatureShape{10});
+  model.add<nn::Dense>(10, 8);
+  model.add<nn::ReLU>();
+  model.add<nn::Dropout>(0.5, 1);
+  model.add<nn::Dense>(8, 3);
+  model.compile(space, 1);
+  auto step = [&](std::size_t n) {
+    auto x = random_matrix<float>(n, 10, n);
+    Matrix<float, Mem> dy("dy", n, 3);
+    model.forward(space, x);
+    model.backward(space, dy);
+  };
+  step(32);
+  const auto after_first = model.workspace_allocations();
+  CHECK(after_first > 0);
+  for (int i = 0; i < 3; ++i)
+    step(32);
+  step(7); // a last, partial batch reuses the same memory
+  step(32);
+  CHECK(model.workspace_allocations() == after_first);
+}
+
+TEST_CASE("sequential: train/eval reach every layer", "[sequential]") {
+  nn::Sequential<float, Mem> model(FeatureShape{4});
+  auto &drop = model.add<nn::Dropout>(0.5, 1);
+  model.compile(Space(), 0);
+  model.eval();
+  CHECK_FALSE(drop.training());
+  model.train();
+  CHECK(drop.training());
+}
+
+TEST_CASE("sequential: errors name the layer and the shapes", "[sequential][errors]") {
+  nn::Sequential<float, Mem> model(FeatureShape{1, 28, 28});
+  model.add<nn::Flatten>();
+  CHECK_THROWS_WITH(model.add<nn::Dense>(100, 10),
+                    Catch::Contains("layer 1 (Dense) cannot take input shape (784, 1, 1)"));
+  Matrix<float, Mem> x("x", 2, 784);
+  CHECK_THROWS_WITH(model.forward(Space(), x), Catch::Contains("call compile() first"));
+  model.add<nn::Dense>(784, 10);
+  model.compile(Space(), 0);
+  CHECK_THROWS_AS(model.compile(Space(), 0), Error);
+  CHECK_THROWS_AS(model.add<nn::ReLU>(), Error);
+  Matrix<float, Mem> bad("bad", 2, 783);
+  CHECK_THROWS_WITH(model.forward(Space(), bad), Catch::Contains("x columns must be 784, got 783"));
+  CHECK(model.summary().find("total 7850 parameters") != std::string::npos);
+}

@@ -1,0 +1,108 @@
+#pragma once
+/// @file
+/// @brief Abstract first-order optimizer acting on one flat parameter vector and its gradient.
+
+#include "kat/core/error.hpp"
+#include "kat/core/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kat {
+namespace optim {
+namespace detail {
+
+/// Throws ValueError "<who>: <option> must be <expected>, got <value>" unless `ok`.
+inline void require_option(bool ok, const std::string &who, const char *option,
+                           const char *expected, double value) {
+  if (!ok) {
+    throw ValueError(
+        kat::detail::concat(who, ": ", option, " must be ", expected, ", got ", value));
+  }
+}
+
+/// Validates a learning rate: finite and >= 0 (a zero rate is a legal "frozen" step).
+inline void require_lr(const std::string &who, double lr) {
+  require_option(std::isfinite(lr) && lr >= 0.0, who, "lr", "finite and >= 0", lr);
+}
+
+} // namespace detail
+
+/// Base of KAT's element-wise optimizers. An optimizer is bound at construction to a flat
+/// parameter vector of a fixed length n (typically `ParameterBuffer::parameters()`), owns its
+/// state (moment buffers) in `MemorySpace`, and updates the parameters in place from the
+/// gradients. The learning rate is a host-side double that a schedule may change between
+/// steps (see lr_schedule.hpp); it is cast to `Scalar` inside the kernels.
+///
+/// Semantics of every subclass follow PyTorch's torch.optim definitions exactly, so results
+/// can be compared with a PyTorch run of the same model.
+template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace> class Optimizer {
+public:
+  using scalar_type = Scalar;
+  using memory_space = MemorySpace;
+  using execution_space = typename MemorySpace::execution_space;
+  using vector_type = kat::Vector<Scalar, MemorySpace>;
+
+  virtual ~Optimizer() = default;
+
+  /// Human-readable name used in error messages and logs ("SGD", "Adam", ...).
+  virtual std::string name() const = 0;
+
+  /// One update of `params` (flat, length n) from `grads` (same length), enqueued on `space`.
+  /// Increments steps() after the shapes are checked.
+  /// @throws ShapeError if either length differs from the size given at construction.
+  virtual void step(const execution_space &space, const vector_type &params,
+                    const vector_type &grads) = 0;
+
+  /// Current learning rate (units of the parameters per unit of gradient).
+  double lr() const { return lr_; }
+
+  /// Sets the learning rate used by the following step() calls.
+  /// @throws ValueError if lr < 0 or not finite.
+  void set_lr(double lr) {
+    detail::require_lr("kat::optim::" + name() + "::set_lr", lr);
+    lr_ = lr;
+  }
+
+  /// Number of step() calls so far (PyTorch's per-parameter `step` state).
+  std::int64_t steps() const { return steps_; }
+
+  /// Sets the step counter, for restoring a checkpoint together with the state buffers; the
+  /// counter decides Adam's bias correction and SGD's first-step momentum initialization.
+  /// @throws ValueError if steps < 0.
+  void set_steps(std::int64_t steps) {
+    detail::require_option(steps >= 0, "kat::optim::" + name() + "::set_steps", "steps", ">= 0",
+                           static_cast<double>(steps));
+    steps_ = steps;
+  }
+
+  /// Length n of the parameter vector this optimizer was built for.
+  std::size_t size() const { return size_; }
+
+protected:
+  /// `lr` must already be validated by the subclass (which knows its own name for messages).
+  Optimizer(std::size_t n, double lr) : lr_(lr), size_(n) {}
+  Optimizer(const Optimizer &) = default;
+  Optimizer &operator=(const Optimizer &) = default;
+
+  /// Checks both lengths against size() and counts the step; every subclass calls it first.
+  void begin_step(const vector_type &params, const vector_type &grads) {
+    const std::string where = "kat::optim::" + name() + "::step";
+    kat::detail::require_extent(where.c_str(), "params.extent(0)", size_,
+                                static_cast<std::size_t>(params.extent(0)));
+    kat::detail::require_extent(where.c_str(), "grads.extent(0)", size_,
+                                static_cast<std::size_t>(grads.extent(0)));
+    ++steps_;
+  }
+
+  double lr_;
+  std::size_t size_;
+  std::int64_t steps_ = 0;
+};
+
+} // namespace optim
+} // namespace kat

@@ -1,0 +1,213 @@
+#pragma once
+/// @file
+/// @brief Mini-batch iteration over a Dataset held in device memory, with seeded per-epoch
+/// shuffles.
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/random.hpp"
+#include "kat/core/views.hpp"
+#include "kat/data/dataset.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace kat::data {
+
+/// Serves mini-batches of a Dataset as `batch x features` matrices scaled to [0, 1].
+///
+/// All pixels are copied to `MemorySpace` once, at construction, as bytes (a quarter of the
+/// memory of floats); each batch is gathered and converted on the device by one kernel, so an
+/// epoch moves only the sample order (8 bytes per sample) from the host.
+///
+/// Usage:
+/// @code
+///   DataLoader<float> loader(train, 128, /*shuffle=*/true, seed);
+///   for (std::size_t epoch = 0; epoch < epochs; ++epoch) {
+///     loader.start_epoch(epoch);
+///     while (loader.next(space, x, y)) { ... }
+///   }
+/// @endcode
+///
+/// @tparam Scalar element type of the batch matrices.
+/// @tparam MemorySpace where the data and the batches live.
+template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace> class DataLoader {
+public:
+  using execution_space = typename MemorySpace::execution_space;
+  using memory_space = MemorySpace;
+  using scalar_type = Scalar;
+  using matrix_type = kat::Matrix<Scalar, MemorySpace>;
+  using label_vector = kat::Vector<std::int32_t, MemorySpace>;
+
+  /// Copies `data` to `MemorySpace` and prepares epoch 0 (start_epoch(0) is called here, so a
+  /// single-epoch user may call next() directly).
+  ///
+  /// @param data samples to serve; may be empty (then there are no batches).
+  /// @param batch_size samples per batch, > 0; may exceed `data.size()`.
+  /// @param shuffle whether each epoch visits the samples in a seeded random order.
+  /// @param seed shuffle seed; the order of epoch e depends only on (seed, e).
+  /// @param drop_last whether to skip a final batch smaller than `batch_size`.
+  /// @throws ValueError if `batch_size == 0`.
+  /// @throws ShapeError if `data.images.size() != data.size() * data.features()`.
+  DataLoader(const Dataset &data, std::size_t batch_size, bool shuffle, std::uint64_t seed,
+             bool drop_last = false)
+      : batch_size_(batch_size), shuffle_(shuffle), drop_last_(drop_last), seed_(seed),
+        shape_(data.shape), size_(data.size()), host_labels_(data.labels) {
+    using kat::detail::concat;
+    if (batch_size == 0) {
+      throw ValueError("DataLoader: batch_size must be > 0, got 0");
+    }
+    const std::size_t features = data.features();
+    if (data.images.size() != size_ * features) {
+      throw ShapeError(concat("DataLoader: data.images must hold size() * features() = ", size_,
+                              " * ", features, " bytes, got ", data.images.size()));
+    }
+    images_ = ImageView("kat::data::DataLoader::images", features, size_);
+    labels_ = label_vector("kat::data::DataLoader::labels", size_);
+    order_ = IndexView("kat::data::DataLoader::order", size_);
+    order_host_ = Kokkos::create_mirror_view(order_);
+    // A batch never holds more than the whole data set, so a huge batch_size (full-batch
+    // training) allocates only what it can use.
+    const std::size_t rows = std::min(batch_size_, size_);
+    x_ = matrix_type("kat::data::DataLoader::x", rows, features);
+    y_ = label_vector("kat::data::DataLoader::y", rows);
+
+    // Sample-major bytes are exactly a LayoutLeft (features, n) array, so the host vectors are
+    // wrapped, not repacked.
+    Kokkos::View<const std::uint8_t **, Kokkos::LayoutLeft, Kokkos::HostSpace,
+                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+        host_images(data.images.data(), features, size_);
+    Kokkos::View<const std::int32_t *, Kokkos::LayoutLeft, Kokkos::HostSpace,
+                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+        host_labels(data.labels.data(), size_);
+    Kokkos::deep_copy(images_, host_images);
+    Kokkos::deep_copy(labels_, host_labels);
+    start_epoch(0);
+  }
+
+  /// Batches per epoch: ceil(size / batch_size), or floor with drop_last.
+  std::size_t batches() const {
+    return drop_last_ ? size_ / batch_size_ : (size_ + batch_size_ - 1) / batch_size_;
+  }
+  /// Number of samples.
+  std::size_t size() const { return size_; }
+  /// Samples per full batch, as given to the constructor.
+  std::size_t batch_size() const { return batch_size_; }
+  /// Per-sample shape.
+  FeatureShape shape() const { return shape_; }
+  /// Features per sample, `shape().size()`.
+  std::size_t features() const { return shape_.size(); }
+  /// All labels, on the host, in data set order (for evaluation code).
+  const std::vector<std::int32_t> &host_labels() const { return host_labels_; }
+  /// The current epoch's sample order, on the host: batch k holds samples
+  /// order()[k*batch_size, ...).
+  const std::vector<std::size_t> &order() const { return host_order_; }
+  /// The epoch last passed to start_epoch.
+  std::size_t epoch() const { return epoch_; }
+
+  /// Starts epoch `epoch`: rewinds to the first batch and, with shuffling, sets the order to a
+  /// Fisher-Yates permutation drawn from `HostRng(seed ^ splitmix64(epoch))`. The permutation
+  /// is a pure function of (seed, epoch), independent of earlier epochs and of the standard
+  /// library, so a resumed run reproduces the order of an uninterrupted one.
+  /// Waits (Kokkos::fence) for gathers still reading the previous order.
+  void start_epoch(std::size_t epoch) {
+    epoch_ = epoch;
+    cursor_ = 0;
+    host_order_.resize(size_);
+    std::iota(host_order_.begin(), host_order_.end(), std::size_t(0));
+    if (shuffle_) {
+      kat::HostRng rng(seed_ ^ kat::splitmix64(static_cast<std::uint64_t>(epoch)));
+      rng.shuffle(host_order_.begin(), host_order_.end());
+    }
+    // When MemorySpace is host memory the mirror aliases order_, which a kernel launched by
+    // next() may still read.
+    Kokkos::fence();
+    std::copy(host_order_.begin(), host_order_.end(), order_host_.data());
+    Kokkos::deep_copy(order_, order_host_);
+  }
+
+  /// Gathers the next batch of the epoch.
+  ///
+  /// Sets `x` to a `b x features()` LayoutLeft matrix with x(i, f) = pixel f of sample
+  /// order()[k + i] divided by 255 (so in [0, 1]), and `y` to the b labels, where k is the
+  /// number of samples already served this epoch and b is batch_size() or, for the last
+  /// batch, the remainder. The work is enqueued on `space`; no memory is allocated.
+  ///
+  /// `x` and `y` become views of buffers the loader owns: they are overwritten by the next
+  /// call (and must not be written by the caller if the batch is reused), and for a short
+  /// last batch they are unmanaged, valid only while the loader lives.
+  ///
+  /// @return false, leaving `x` and `y` untouched, once the epoch is exhausted (or, with
+  ///   drop_last, when only a short batch remains).
+  bool next(const execution_space &space, matrix_type &x, label_vector &y) {
+    kat::ScopedRegion region("kat::data::DataLoader::next");
+    if (cursor_ >= size_) {
+      return false;
+    }
+    const std::size_t b = std::min(batch_size_, size_ - cursor_);
+    if (drop_last_ && b < batch_size_) {
+      return false;
+    }
+    const std::size_t features = shape_.size();
+    if (b == x_.extent(0)) {
+      x = x_;
+      y = y_;
+    } else {
+      x = matrix_type(x_.data(), b, features);
+      y = label_vector(y_.data(), b);
+    }
+
+    const ImageView images = images_;
+    const label_vector labels = labels_;
+    const IndexView order = order_;
+    const matrix_type xb = x;
+    const label_vector yb = y;
+    const std::size_t first = cursor_;
+    // Feature index fastest: consecutive threads read consecutive bytes of one sample, which
+    // wastes less bandwidth than reading one byte from each of many scattered samples.
+    Kokkos::parallel_for(
+        "kat::data::DataLoader::gather",
+        Kokkos::RangePolicy<execution_space>(space, 0, b * features),
+        KOKKOS_LAMBDA(const std::size_t t) {
+          const std::size_t f = t % features;
+          const std::size_t i = t / features;
+          const std::size_t s = order(first + i);
+          xb(i, f) = static_cast<Scalar>(images(f, s)) / static_cast<Scalar>(255);
+          if (f == 0) {
+            yb(i) = labels(s);
+          }
+        });
+    cursor_ += b;
+    return true;
+  }
+
+private:
+  using ImageView = Kokkos::View<std::uint8_t **, Kokkos::LayoutLeft, MemorySpace>;
+  using IndexView = Kokkos::View<std::size_t *, MemorySpace>;
+
+  std::size_t batch_size_;
+  bool shuffle_;
+  bool drop_last_;
+  std::uint64_t seed_;
+  FeatureShape shape_;
+  std::size_t size_;
+  std::vector<std::int32_t> host_labels_;
+  std::vector<std::size_t> host_order_;
+
+  ImageView images_;                          // (features, size): each sample contiguous
+  label_vector labels_;                       // (size)
+  IndexView order_;                           // (size): this epoch's sample order
+  typename IndexView::HostMirror order_host_; // staging for order_
+  matrix_type x_;                             // (min(batch_size, size), features)
+  label_vector y_;                            // (min(batch_size, size))
+
+  std::size_t epoch_ = 0;
+  std::size_t cursor_ = 0;
+};
+
+} // namespace kat::data

@@ -1,0 +1,347 @@
+// kat_train: trains a network on Fashion-MNIST (or MNIST) with KAT.
+//
+//   kat_train --model mlp --optimizer sgd --lr 0.05 --momentum 0.9 --epochs 10
+//
+// Kokkos options (--kokkos-num-threads=N, ...) are accepted too; `--help` lists the rest.
+#include <kat/kat.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Mem = Space::memory_space;
+using Scalar = float;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string data_dir = kat::data::default_fashion_mnist_dir;
+  std::string model = "mlp";
+  std::string optimizer = "sgd";
+  int epochs = 10;
+  int batch_size = 128;
+  double lr = -1; // < 0: the optimizer's default below
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = -1; // < 0: the optimizer's default
+  std::string schedule = "constant";
+  int warmup_steps = 0;
+  int step_size = 0;
+  double gamma = 0.1;
+  std::uint64_t seed = 0;
+  std::size_t train_subset = 0;
+  std::string metrics;
+  std::string progress = "auto";
+};
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+kat::nn::Sequential<Scalar, Mem> build_model(const std::string &name, kat::FeatureShape input,
+                                             int classes) {
+  kat::nn::Sequential<Scalar, Mem> model(input);
+  if (name == "mlp") {
+    model.add<kat::nn::Flatten>();
+    model.add<kat::nn::Dense>(input.size(), 256);
+    model.add<kat::nn::ReLU>();
+    model.add<kat::nn::Dense>(256, 256);
+    model.add<kat::nn::ReLU>();
+    model.add<kat::nn::Dense>(256, classes);
+  }
+  return model;
+}
+
+std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> build_optimizer(const Options &o,
+                                                                    std::size_t n) {
+  if (o.optimizer == "sgd") {
+    typename kat::optim::SGD<Scalar, Mem>::Options s;
+    s.lr = o.lr;
+    s.momentum = o.momentum;
+    s.nesterov = o.nesterov;
+    s.weight_decay = o.weight_decay;
+    return std::make_unique<kat::optim::SGD<Scalar, Mem>>(n, s);
+  }
+  if (o.optimizer == "adam") {
+    typename kat::optim::Adam<Scalar, Mem>::Options a;
+    a.lr = o.lr;
+    a.weight_decay = o.weight_decay;
+    return std::make_unique<kat::optim::Adam<Scalar, Mem>>(n, a);
+  }
+  typename kat::optim::AdamW<Scalar, Mem>::Options a;
+  a.lr = o.lr;
+  a.weight_decay = o.weight_decay;
+  return std::make_unique<kat::optim::AdamW<Scalar, Mem>>(n, a);
+}
+
+kat::optim::LRSchedule build_schedule(const Options &o, std::int64_t total_steps) {
+  kat::optim::LRSchedule s;
+  if (o.schedule == "cosine") {
+    s = kat::optim::cosine_lr(o.lr, total_steps);
+  } else if (o.schedule == "step") {
+    s = kat::optim::step_lr(o.lr, o.step_size, o.gamma);
+  } else {
+    s = kat::optim::constant_lr(o.lr);
+  }
+  return o.warmup_steps > 0 ? kat::optim::linear_warmup(o.warmup_steps, s) : s;
+}
+
+// One line per epoch, as CSV (header first) or JSON lines, chosen by the file extension.
+class MetricsWriter {
+public:
+  explicit MetricsWriter(const std::string &path) {
+    if (path.empty()) {
+      return;
+    }
+    const auto ends_with = [&](const std::string &suffix) {
+      return path.size() >= suffix.size() &&
+             path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".csv")) {
+      csv_ = true;
+    } else if (!ends_with(".jsonl") && !ends_with(".json")) {
+      throw kat::ValueError("--metrics: the file name must end in .csv or .jsonl, got '" + path +
+                            "'");
+    }
+    out_.open(path, std::ios::trunc);
+    if (!out_) {
+      throw kat::IOError("--metrics: cannot open '" + path + "' for writing");
+    }
+    if (csv_) {
+      out_ << "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr\n";
+      out_.flush();
+    }
+  }
+
+  void write(int epoch, double wall, double rate, double train_loss, double test_loss,
+             double accuracy, double lr) {
+    if (!out_.is_open()) {
+      return;
+    }
+    char line[320];
+    if (csv_) {
+      std::snprintf(line, sizeof line, "%d,%.6f,%.1f,%.6f,%.6f,%.6f,%.6g\n", epoch, wall, rate,
+                    train_loss, test_loss, accuracy, lr);
+    } else {
+      std::snprintf(line, sizeof line,
+                    "{\"epoch\": %d, \"wall_seconds\": %.6f, \"samples_per_second\": %.1f, "
+                    "\"train_loss\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
+                    "\"lr\": %.6g}\n",
+                    epoch, wall, rate, train_loss, test_loss, accuracy, lr);
+    }
+    out_ << line; // whole lines only, flushed each epoch: an interrupted run leaves no half line
+    out_.flush();
+  }
+
+private:
+  std::ofstream out_;
+  bool csv_ = false;
+};
+
+// A live bar on a terminal; silence otherwise (the per-epoch line is printed either way).
+class Progress {
+public:
+  Progress(bool live, int epoch, int epochs, std::size_t batches)
+      : live_(live), epoch_(epoch), epochs_(epochs), batches_(batches) {}
+
+  void update(std::size_t done, double loss, double rate) {
+    if (!live_ || (seconds_since(last_) < 0.1 && done != batches_)) {
+      return;
+    }
+    last_ = Clock::now();
+    const int width = 30;
+    const int filled = static_cast<int>(width * done / std::max<std::size_t>(batches_, 1));
+    std::fprintf(stdout, "\repoch %d/%d [%s%s] %zu/%zu loss %.4f %.0f samples/s", epoch_, epochs_,
+                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
+                 batches_, loss, rate);
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (live_) {
+      std::fprintf(stdout, "\r\033[K");
+    }
+  }
+
+private:
+  bool live_;
+  int epoch_, epochs_;
+  std::size_t batches_;
+  Clock::time_point last_ = Clock::now() - std::chrono::seconds(1);
+};
+
+struct Evaluation {
+  double loss;
+  double accuracy;
+};
+
+Evaluation evaluate(const Space &space, kat::nn::Sequential<Scalar, Mem> &model,
+                    kat::data::DataLoader<Scalar, Mem> &loader) {
+  kat::nn::SoftmaxCrossEntropy<Scalar, Mem> ce;
+  model.eval();
+  loader.start_epoch(0);
+  kat::Matrix<Scalar, Mem> x;
+  kat::Vector<std::int32_t, Mem> y;
+  double loss = 0;
+  std::size_t correct = 0;
+  while (loader.next(space, x, y)) {
+    const auto &logits = model.forward(space, x);
+    loss += ce.forward(space, logits, y) * static_cast<double>(x.extent(0));
+    correct += kat::nn::count_correct(space, logits, kat::Vector<const std::int32_t, Mem>(y));
+  }
+  model.train();
+  const double n = static_cast<double>(loader.size());
+  return {loss / n, static_cast<double>(correct) / n};
+}
+
+int run(const Options &o) {
+  const Space space;
+  const auto load_t0 = Clock::now();
+  auto train_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::train);
+  const auto test_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::test);
+  if (o.train_subset > 0) {
+    train_set = train_set.take(std::min(o.train_subset, train_set.size()));
+  }
+  kat::data::DataLoader<Scalar, Mem> train_loader(train_set, o.batch_size, true, o.seed);
+  kat::data::DataLoader<Scalar, Mem> test_loader(test_set, 1000, false, 0);
+
+  auto model = build_model(o.model, train_set.shape, train_set.classes);
+  model.compile(space, o.seed);
+  auto optimizer = build_optimizer(o, model.parameter_count());
+  const std::int64_t steps_per_epoch = static_cast<std::int64_t>(train_loader.batches());
+  const auto schedule = build_schedule(o, steps_per_epoch * o.epochs);
+  MetricsWriter metrics(o.metrics);
+  const bool live = o.progress == "always" || (o.progress == "auto" && isatty(fileno(stdout)));
+
+  std::printf("KAT %s on %s (concurrency %d); data %s (%zu train, %zu test, loaded in %.2f s)\n",
+              o.model.c_str(), Space::name(), Space().concurrency(), o.data_dir.c_str(),
+              train_set.size(), test_set.size(), seconds_since(load_t0));
+  std::printf("%s\n", model.summary().c_str());
+  std::printf("optimizer %s, lr %g, batch %d, %d epochs, seed %llu\n", optimizer->name().c_str(),
+              o.lr, o.batch_size, o.epochs, static_cast<unsigned long long>(o.seed));
+
+  kat::nn::SoftmaxCrossEntropy<Scalar, Mem> ce;
+  kat::Workspace<Scalar, Mem> dlogits_ws("kat_train::dlogits");
+  kat::Matrix<Scalar, Mem> x;
+  kat::Vector<std::int32_t, Mem> y;
+  std::int64_t step = 0;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    Progress progress(live, epoch, o.epochs, train_loader.batches());
+    train_loader.start_epoch(static_cast<std::size_t>(epoch - 1));
+    double loss_sum = 0;
+    std::size_t seen = 0, batch = 0;
+    const auto t0 = Clock::now();
+    while (train_loader.next(space, x, y)) {
+      const std::size_t n = x.extent(0);
+      const auto &logits = model.forward(space, x);
+      const auto dlogits = dlogits_ws.matrix(n, logits.extent(1));
+      loss_sum += ce.forward_backward(space, logits, y, dlogits) * static_cast<double>(n);
+      model.zero_grad(space);
+      model.backward(space, dlogits);
+      optimizer->set_lr(schedule(step++));
+      optimizer->step(space, model.parameters(), model.gradients());
+      seen += n;
+      progress.update(++batch, loss_sum / seen, seen / seconds_since(t0));
+    }
+    space.fence();
+    const double wall = seconds_since(t0);
+    progress.finish();
+    const auto test = evaluate(space, model, test_loader);
+    const double train_loss = loss_sum / static_cast<double>(seen);
+    const double rate = static_cast<double>(seen) / wall;
+    std::printf("epoch %2d  %.3f s  %8.0f samples/s  train loss %.4f  test loss %.4f  "
+                "test accuracy %.2f%%\n",
+                epoch, wall, rate, train_loss, test.loss, 100 * test.accuracy);
+    std::fflush(stdout);
+    metrics.write(epoch, wall, rate, train_loss, test.loss, test.accuracy, optimizer->lr());
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Kokkos::ScopeGuard kokkos(argc, argv); // consumes --kokkos-* flags
+  Options o;
+  CLI::App app{"Train a network on Fashion-MNIST with KAT (Kokkos Accelerated Training).\n"
+               "Kokkos flags such as --kokkos-num-threads=N are accepted as well."};
+  app.add_option("--data-dir", o.data_dir,
+                 "Directory with the IDX files (train-images-idx3-ubyte[.gz], ...)")
+      ->capture_default_str();
+  app.add_option("--model", o.model, "Network: mlp (784-256-256-10, ReLU)")
+      ->check(CLI::IsMember({"mlp"}))
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Passes over the training set")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Samples per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "Learning rate [default: 0.05 for sgd, 0.001 for adam/adamw]")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--momentum", o.momentum, "SGD momentum")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (sgd)");
+  app.add_option("--weight-decay", o.weight_decay,
+                 "L2 penalty (sgd, adam) or decoupled decay (adamw) [default: 0, adamw 0.01]")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--schedule", o.schedule,
+                 "Learning-rate schedule per step: constant | cosine | "
+                 "step")
+      ->check(CLI::IsMember({"constant", "cosine", "step"}))
+      ->capture_default_str();
+  app.add_option("--warmup-steps", o.warmup_steps, "Linear warm-up steps before the schedule")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--step-size", o.step_size, "Steps between decays (--schedule step)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--gamma", o.gamma, "Decay factor (--schedule step)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed for initialization and shuffling")->capture_default_str();
+  app.add_option("--train-subset", o.train_subset,
+                 "Train on the first N training images only (0: all)")
+      ->capture_default_str();
+  app.add_option("--metrics", o.metrics,
+                 "Write per-epoch metrics to FILE (.csv or .jsonl): epoch, wall_seconds, "
+                 "samples_per_second, train_loss, test_loss, test_accuracy, lr");
+  app.add_option("--progress", o.progress,
+                 "Live progress bar: auto (on a terminal) | always | "
+                 "never")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+    if (o.schedule == "step" && o.step_size == 0) {
+      throw CLI::ValidationError("--step-size", "is required with --schedule step");
+    }
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e);
+  }
+  if (o.lr < 0) {
+    o.lr = o.optimizer == "sgd" ? 0.05 : 1e-3;
+  }
+  if (o.weight_decay < 0) {
+    o.weight_decay = o.optimizer == "adamw" ? 0.01 : 0.0;
+  }
+  try {
+    return run(o);
+  } catch (const kat::Error &e) {
+    std::fprintf(stderr, "kat_train: error: %s\n", e.what());
+    return 1;
+  }
+}

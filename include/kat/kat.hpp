@@ -1,0 +1,33 @@
+#pragma once
+/// @file
+/// @brief Umbrella header: everything KAT offers.
+
+#include "kat/core/blas.hpp"
+#include "kat/core/error.hpp"
+#include "kat/core/math.hpp"
+#include "kat/core/parameter_buffer.hpp"
+#include "kat/core/policy.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/random.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+
+#include "kat/nn/activation.hpp"
+#include "kat/nn/dense.hpp"
+#include "kat/nn/dropout.hpp"
+#include "kat/nn/flatten.hpp"
+#include "kat/nn/init.hpp"
+#include "kat/nn/layer.hpp"
+#include "kat/nn/metrics.hpp"
+#include "kat/nn/mse_loss.hpp"
+#include "kat/nn/sequential.hpp"
+#include "kat/nn/softmax_cross_entropy.hpp"
+
+#include "kat/optim/adam.hpp"
+#include "kat/optim/lr_schedule.hpp"
+#include "kat/optim/optimizer.hpp"
+#include "kat/optim/sgd.hpp"
+
+#include "kat/data/data_loader.hpp"
+#include "kat/data/dataset.hpp"
+#include "kat/data/idx.hpp"

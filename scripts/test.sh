@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what is missing, then builds and runs the whole test suite twice: against Debian's
+# Kokkos 3.4.1 (Serial backend) and against Kokkos 3.4.1 built with the OpenMP backend from
+# Debian's trilinos source package (cached; see scripts/build_kokkos_openmp.sh).
+#   KAT_BACKENDS="serial openmp"   which backends to test (default both)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/setup.sh"
+jobs=$(nproc)
+backends=${KAT_BACKENDS:-serial openmp}
+
+for backend in $backends; do
+  build=$root/build/test-$backend
+  args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON)
+  case $backend in
+    serial) ;;
+    openmp)
+      prefix=$("$root/scripts/build_kokkos_openmp.sh" | tail -n 1)
+      args+=(-DCMAKE_PREFIX_PATH="$prefix")
+      # Two OpenMP threads per test process, each with one BLAS thread: ctest runs tests
+      # in parallel, so more would oversubscribe the cores.
+      export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 OMP_PROC_BIND=false
+      ;;
+    *) echo "test.sh: unknown backend '$backend' (serial | openmp)" >&2; exit 2 ;;
+  esac
+  echo "== $backend: configure and build"
+  mkdir -p "$build"
+  cmake -S "$root" -B "$build" "${args[@]}" >"$build/configure.log" 2>&1 ||
+    { cat "$build/configure.log"; exit 1; }
+  cmake --build "$build" -j "$jobs"
+  echo "== $backend: test"
+  (cd "$build" && ctest --output-on-failure -j "$jobs")
+done

@@ -4,6 +4,7 @@
 /// shuffles.
 
 #include "kat/core/error.hpp"
+#include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
@@ -168,20 +169,17 @@ public:
     const matrix_type xb = x;
     const label_vector yb = y;
     const std::size_t first = cursor_;
-    // Feature index fastest: consecutive threads read consecutive bytes of one sample, which
-    // wastes less bandwidth than reading one byte from each of many scattered samples.
+    // Sample index fastest: writes to the LayoutLeft batch are contiguous, and the b source
+    // rows being read (b x 64-byte lines) stay in L1 while f sweeps across them. No integer
+    // division per pixel, unlike a flattened 1-D range.
     Kokkos::parallel_for(
-        "kat::data::DataLoader::gather",
-        Kokkos::RangePolicy<execution_space>(space, 0, b * features),
-        KOKKOS_LAMBDA(const std::size_t t) {
-          const std::size_t f = t % features;
-          const std::size_t i = t / features;
-          const std::size_t s = order(first + i);
-          xb(i, f) = static_cast<Scalar>(images(f, s)) / static_cast<Scalar>(255);
-          if (f == 0) {
-            yb(i) = labels(s);
-          }
+        "kat::data::DataLoader::gather", kat::matrix_policy(space, b, features),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t f) {
+          xb(i, f) = static_cast<Scalar>(images(f, order(first + i))) / static_cast<Scalar>(255);
         });
+    Kokkos::parallel_for(
+        "kat::data::DataLoader::gather_labels", Kokkos::RangePolicy<execution_space>(space, 0, b),
+        KOKKOS_LAMBDA(const std::size_t i) { yb(i) = labels(order(first + i)); });
     cursor_ += b;
     return true;
   }

@@ -20,7 +20,8 @@ namespace detail {
 struct ReLUOp {
   static const char *name() { return "ReLU"; }
   template <class T> KOKKOS_INLINE_FUNCTION static T f(T x) { return x > T(0) ? x : T(0); }
-  template <class T> KOKKOS_INLINE_FUNCTION static T df(T y) { return y > T(0) ? T(1) : T(0); }
+  // Branch-free: a data-dependent branch here mispredicts about half the time.
+  template <class T> KOKKOS_INLINE_FUNCTION static T df(T y) { return static_cast<T>(y > T(0)); }
 };
 
 struct TanhOp {

@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config
   libtrilinos-kokkos-dev libtrilinos-kokkos-kernels-dev
   libopenblas0-pthread libopenblas-pthread-dev liblapack-dev
+  libopenblas0-openmp # shares the OpenMP runtime with Kokkos's OpenMP backend
   libopenmpi-dev openmpi-bin
   catch2 libbenchmark-dev zlib1g-dev
   dataset-fashion-mnist

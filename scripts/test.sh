@@ -5,6 +5,7 @@
 #   KAT_BACKENDS="serial openmp"   which backends to test (default both)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
 "$root/scripts/setup.sh"
 jobs=$(nproc)
 backends=${KAT_BACKENDS:-serial openmp}
@@ -17,9 +18,10 @@ for backend in $backends; do
     openmp)
       prefix=$("$root/scripts/build_kokkos_openmp.sh" | tail -n 1)
       args+=(-DCMAKE_PREFIX_PATH="$prefix")
-      # Two OpenMP threads per test process, each with one BLAS thread: ctest runs tests
-      # in parallel, so more would oversubscribe the cores.
-      export OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 OMP_PROC_BIND=false
+      # OpenBLAS's OpenMP variant shares Kokkos's thread pool (the default pthread variant
+      # would fight it for the cores); see docs/backends.md.
+      export LD_LIBRARY_PATH="$(scripts/openmp_blas_dir.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      export OMP_NUM_THREADS=2 OMP_PROC_BIND=false
       ;;
     *) echo "test.sh: unknown backend '$backend' (serial | openmp)" >&2; exit 2 ;;
   esac

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds the benchmarks against the Serial and the OpenMP Kokkos and runs them, writing
+# console output and JSON to build/bench-<backend>.{txt,json}.
+#   KAT_BACKENDS="serial openmp"   which backends (default both)
+#   extra arguments go to the benchmark binary (e.g. --benchmark_filter=Epoch)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/setup.sh"
+for backend in ${KAT_BACKENDS:-serial openmp}; do
+  build=$root/build/bench-$backend
+  args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_TESTS=OFF
+    -DKAT_ENABLE_EXAMPLES=OFF)
+  env=()
+  if [ "$backend" = openmp ]; then
+    args+=(-DCMAKE_PREFIX_PATH="$("$root/scripts/build_kokkos_openmp.sh" | tail -n 1)")
+    # OpenBLAS's OpenMP variant shares Kokkos's thread pool; see docs/backends.md.
+    env=(LD_LIBRARY_PATH="$("$root/scripts/openmp_blas_dir.sh")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}" OMP_PROC_BIND=false)
+  fi
+  cmake -S "$root" -B "$build" "${args[@]}" >/dev/null
+  cmake --build "$build" -j "$(nproc)" >/dev/null
+  echo "== $backend"
+  env "${env[@]}" "$build/bench/kat_bench_mlp" --benchmark_out="$build.json" \
+    --benchmark_out_format=json "$@" | tee "$build.txt"
+done

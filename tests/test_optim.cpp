@@ -313,6 +313,32 @@ TEMPLATE_TEST_CASE("optim: Adam three steps", "[optim][adam]", float, double) {
   CHECK(adam.steps() == 3);
 }
 
+TEST_CASE("optim: Adam stores subnormal moments as zero", "[optim][adam]") {
+  // With g = 0, m and v only decay. Element 0 starts just above FLT_MIN, so beta1 * m drops
+  // below it and must be stored as exactly 0; element 1 is ordinary and must follow the
+  // formula. v = 0.999 * 1.2e-38 stays normal and is kept.
+  ExecSpace space;
+  const double fmin = double(std::numeric_limits<float>::min()); // 1.1755e-38
+  auto p = to_device<float>({0.5, 0.5});
+  auto g = to_device<float>({0.0, 0.0});
+  kat::optim::Adam<float> adam(2);
+  assign(adam.exp_avg(), {1.2e-38, 1e-3});
+  assign(adam.exp_avg_sq(), {1.2e-38, 1e-6});
+  adam.step(space, p, g);
+  const auto m = to_host(adam.exp_avg());
+  const auto v = to_host(adam.exp_avg_sq());
+  CHECK(0.9 * 1.2e-38 < fmin);
+  CHECK(m[0] == 0.0);
+  CHECK(v[0] == Approx(0.999 * 1.2e-38).epsilon(1e-6));
+  CHECK(m[1] == Approx(0.9e-3).epsilon(1e-6));
+  const auto ph = to_host(p);
+  CHECK(ph[0] == 0.5f); // a zero moment moves nothing
+  // Element 1: step 1 bias corrections, lr 1e-3.
+  const double expected =
+      0.5 - 1e-3 / 0.1 * 0.9e-3 / (std::sqrt(0.999e-6) / std::sqrt(0.001) + 1e-8);
+  CHECK(ph[1] == Approx(expected).epsilon(1e-6));
+}
+
 TEMPLATE_TEST_CASE("optim: Adam many elements against a host reference", "[optim][adam]", float,
                    double) {
   ExecSpace space;

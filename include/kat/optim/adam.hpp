@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <string>
 
 namespace kat {
@@ -35,6 +36,14 @@ namespace optim {
 /// correction of sqrt(v) (PyTorch's placement, the paper's "epsilon hat" differs by that
 /// factor). A consequence used in the tests: the first step moves every parameter by
 /// lr * g / (|g| + eps), i.e. lr * sign(g) up to eps.
+///
+/// Moments that fall below the smallest normal number (std::numeric_limits<Scalar>::min())
+/// are stored as 0. A gradient that is exactly 0 from some step on (a dead ReLU unit) makes
+/// m decay by beta1 per step into the subnormal range, where every operation takes a
+/// microcode assist: on the Fashion-MNIST MLP about 9% of m became subnormal after two
+/// epochs and an epoch took 2.4x as long. The update such a moment would have made is at
+/// most (lr / (1 - beta1^t)) * min() / eps (about lr * 1e-30 in float), far below the
+/// resolution of any parameter it is added to.
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace>
 class Adam : public Optimizer<Scalar, MemorySpace> {
   using Base = Optimizer<Scalar, MemorySpace>;
@@ -84,6 +93,7 @@ public:
     const Scalar beta2 = static_cast<Scalar>(opt_.beta2);
     const Scalar one_minus_beta2 = static_cast<Scalar>(1.0 - opt_.beta2);
     const Scalar eps = static_cast<Scalar>(opt_.eps);
+    const Scalar min_normal = std::numeric_limits<Scalar>::min();
     const bool decoupled = opt_.decoupled_weight_decay;
     const bool use_weight_decay = opt_.weight_decay != 0.0;
     const Scalar weight_decay = static_cast<Scalar>(opt_.weight_decay);
@@ -108,8 +118,12 @@ public:
               gi += weight_decay * pi;
             }
           }
-          const Scalar mi = beta1 * m(i) + one_minus_beta1 * gi;
-          const Scalar vi = beta2 * v(i) + one_minus_beta2 * gi * gi;
+          Scalar mi = beta1 * m(i) + one_minus_beta1 * gi;
+          Scalar vi = beta2 * v(i) + one_minus_beta2 * gi * gi;
+          // Subnormal moments are stored as 0 (see the class comment). One test on |m|: a
+          // test on the sign first would be a branch mispredicted half the time.
+          mi = math::fabs(mi) < min_normal ? Scalar(0) : mi;
+          vi = vi < min_normal ? Scalar(0) : vi;
           m(i) = mi;
           v(i) = vi;
           p(i) = pi - step_size * mi / (math::sqrt(vi) * inv_sqrt_bc2 + eps);

@@ -142,8 +142,7 @@ void BM_MLPEpochSGD(benchmark::State &state) {
       const auto &logits = model.forward(space, x);
       const auto dlogits = dlogits_ws.matrix(x.extent(0), 10);
       ce.forward_backward(space, logits, y, dlogits);
-      model.zero_grad(space);
-      model.backward(space, dlogits);
+      model.backward(space, dlogits, kat::nn::Sequential<float, Mem>::Gradients::overwrite);
       sgd.step(space, model.parameters(), model.gradients());
     }
     space.fence();

@@ -246,8 +246,7 @@ int run(const Options &o) {
       const auto &logits = model.forward(space, x);
       const auto dlogits = dlogits_ws.matrix(n, logits.extent(1));
       loss_sum += ce.forward_backward(space, logits, y, dlogits) * static_cast<double>(n);
-      model.zero_grad(space);
-      model.backward(space, dlogits);
+      model.backward(space, dlogits, kat::nn::Sequential<Scalar, Mem>::Gradients::overwrite);
       optimizer->set_lr(schedule(step++));
       optimizer->step(space, model.parameters(), model.gradients());
       seen += n;

@@ -122,10 +122,11 @@ public:
     if (this->recording_) {
       g_ = dy;
     }
-    // dW += dyᵀ x
-    gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(1), grad_weight_);
+    // dW (+)= dyᵀ x
+    const bool accumulate = this->accumulate_;
+    gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(accumulate ? 1 : 0), grad_weight_);
     if (bias_) {
-      // db += column sums of dy, one team per output feature.
+      // db (+)= column sums of dy, one team per output feature.
       const auto db = grad_bias_;
       using team_policy = Kokkos::TeamPolicy<execution_space>;
       using member = typename team_policy::member_type;
@@ -137,7 +138,8 @@ public:
             Kokkos::parallel_reduce(
                 Kokkos::TeamThreadRange(team, n),
                 [&](const std::size_t i, Scalar &s) { s += dy(i, j); }, sum);
-            Kokkos::single(Kokkos::PerTeam(team), [&]() { db(j) += sum; });
+            Kokkos::single(Kokkos::PerTeam(team),
+                           [&]() { db(j) = accumulate ? db(j) + sum : sum; });
           });
     }
     if (dx.extent(0) != 0) {

@@ -62,10 +62,17 @@ public:
   virtual void forward(const execution_space &space, const matrix_type &x,
                        const matrix_type &y) = 0;
 
-  /// Given dy = dL/dy, accumulates parameter gradients (+=) and writes dx = dL/dx. `dx` may be
-  /// an empty view (extent 0) when nobody needs it, and the layer then skips computing it.
+  /// Given dy = dL/dy, adds the parameter gradients to the gradient buffer (or overwrites it,
+  /// see accumulate_gradients()) and writes dx = dL/dx. `dx` may be an empty view (extent 0)
+  /// when nobody needs it, and the layer then skips computing it.
   virtual void backward(const execution_space &space, const matrix_type &dy,
                         const matrix_type &dx) = 0;
+
+  /// true (default): backward adds to the parameter gradients, as PyTorch does. false:
+  /// backward overwrites them, which saves clearing the buffer before every step. Every layer
+  /// with parameters must honour both modes for all of its gradient entries.
+  void accumulate_gradients(bool on) { accumulate_ = on; }
+  bool accumulates_gradients() const { return accumulate_; }
 
   /// Switches between training and evaluation behaviour (Dropout, BatchNorm).
   virtual void train(bool on) { training_ = on; }
@@ -89,6 +96,7 @@ public:
 protected:
   bool training_ = true;
   bool recording_ = false;
+  bool accumulate_ = true;
 };
 
 } // namespace kat::nn

@@ -130,9 +130,16 @@ public:
     return outputs_.back();
   }
 
-  /// Back-propagates dy = dL/d(output) (batch x output size) through every layer,
-  /// accumulating into gradients(). Call zero_grad() first unless accumulating.
-  void backward(const execution_space &space, const matrix_type &dy) {
+  /// How backward() treats gradients().
+  enum class Gradients {
+    accumulate, ///< add to them (call zero_grad() first), as PyTorch does
+    overwrite   ///< replace them: no zero_grad() needed, one pass over the buffer less
+  };
+
+  /// Back-propagates dy = dL/d(output) (batch x output size) through every layer, adding to
+  /// gradients() or overwriting them.
+  void backward(const execution_space &space, const matrix_type &dy,
+                Gradients mode = Gradients::accumulate) {
     require_compiled("backward");
     ScopedRegion region("kat::nn::Sequential::backward");
     if (outputs_.empty()) {
@@ -149,6 +156,7 @@ public:
       if (i > 0) {
         dx = input_grads_[i].matrix(n, shapes_[i - 1].size());
       }
+      layers_[i]->accumulate_gradients(mode == Gradients::accumulate);
       layers_[i]->backward(space, *grad_out, dx);
       grad_in_views_[i] = dx;
       grad_out = &grad_in_views_[i];

@@ -38,6 +38,16 @@ Matrix<Scalar, Mem> random_matrix(std::size_t n, std::size_t m, std::uint64_t se
   return d;
 }
 
+// A device vector of class labels.
+inline Vector<std::int32_t, Mem> labels_of(const std::vector<std::int32_t> &v) {
+  Vector<std::int32_t, Mem> d("labels", v.size());
+  auto h = Kokkos::create_mirror_view(d);
+  for (std::size_t i = 0; i < v.size(); ++i)
+    h(i) = v[i];
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
 // Central-difference gradient of loss() with respect to every element of the contiguous
 // device view `theta`, perturbing it through a host mirror.
 template <class View>

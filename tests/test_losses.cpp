@@ -13,15 +13,6 @@ using namespace kat;
 using namespace kat::test;
 
 namespace {
-Vector<std::int32_t, Mem> labels_of(const std::vector<std::int32_t> &v) {
-  Vector<std::int32_t, Mem> d("labels", v.size());
-  auto h = Kokkos::create_mirror_view(d);
-  for (std::size_t i = 0; i < v.size(); ++i)
-    h(i) = v[i];
-  Kokkos::deep_copy(d, h);
-  return d;
-}
-
 // log-softmax written directly (log of a ratio, no max shift) as an independent reference.
 double reference_ce(const Matrix<double, Mem> &z, const std::vector<std::int32_t> &y) {
   auto zh = to_host(z);

@@ -12,17 +12,6 @@
 using namespace kat;
 using namespace kat::test;
 
-namespace {
-Vector<std::int32_t, Mem> labels_of(const std::vector<std::int32_t> &v) {
-  Vector<std::int32_t, Mem> d("labels", v.size());
-  auto h = Kokkos::create_mirror_view(d);
-  for (std::size_t i = 0; i < v.size(); ++i)
-    h(i) = v[i];
-  Kokkos::deep_copy(d, h);
-  return d;
-}
-} // namespace
-
 TEST_CASE("sequential: whole-model gradient equals finite differences", "[sequential][gradcheck]") {
   const Space space;
   nn::Sequential<double, Mem> model(FeatureShape{1, 2, 3});

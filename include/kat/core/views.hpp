@@ -23,8 +23,10 @@ using Vector = Kokkos::View<Scalar *, Kokkos::LayoutLeft, MemorySpace>;
 
 /// Shape of one sample's features as (channels, height, width); a flat feature vector of
 /// length n is (n, 1, 1). A batch of such samples is stored as a `batch x size()` Matrix whose
-/// feature index is `c + channels * (h + height * w)`, which is exactly the memory order of a
-/// LayoutLeft (N, C, H, W) view, so image layers can view the same memory as rank 4.
+/// feature index is `h + height * (w + width * c)`: the memory order of a LayoutLeft
+/// (N, H, W, C) view, batch fastest and channel slowest. With that order a convolution's
+/// output, computed as one GEMM of (N·H·W) x C, is already the next layer's input, and each
+/// channel's N·H·W values (what batch normalization reduces over) are contiguous.
 struct FeatureShape {
   int channels = 0;
   int height = 1;

@@ -21,8 +21,8 @@ namespace kat::data {
 /// Labelled samples of unsigned-byte features, held on the host.
 struct Dataset {
   /// Sample-major pixels: sample i's `features()` bytes are at [i*features(), (i+1)*features()),
-  /// in FeatureShape's order `c + channels * (h + height * w)`, so a batch viewed as a
-  /// LayoutLeft (N, C, H, W) view shows every image upright (h = row, w = column).
+  /// in FeatureShape's order `h + height * (w + width * c)`, so a batch viewed as a
+  /// LayoutLeft (N, H, W, C) view shows every image upright (h = row, w = column).
   std::vector<std::uint8_t> images;
   /// One class index in [0, classes) per sample.
   std::vector<std::int32_t> labels;

@@ -1,5 +1,6 @@
 #include "test_helpers.hpp"
 
+#include <kat/core/allocation_tracker.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/dropout.hpp>
@@ -97,4 +98,37 @@ TEST_CASE("sequential: errors name the layer and the shapes", "[sequential][erro
   Matrix<float, Mem> bad("bad", 2, 783);
   CHECK_THROWS_WITH(model.forward(Space(), bad), Catch::Contains("x columns must be 784, got 783"));
   CHECK(model.summary().find("total 7850 parameters") != std::string::npos);
+}
+
+TEST_CASE("sequential: a steady-state training step allocates nothing", "[sequential][memory]") {
+  // Counted through the Kokkos Tools allocation callbacks: layers, loss, optimizer, all.
+  const Space space;
+  nn::Sequential<float, Mem> model(FeatureShape{12});
+  model.add<nn::Dense>(12, 16);
+  model.add<nn::ReLU>();
+  model.add<nn::Dropout>(0.2, 3);
+  model.add<nn::Dense>(16, 4);
+  model.compile(space, 1);
+  nn::SoftmaxCrossEntropy<float, Mem> ce;
+  Matrix<float, Mem> dlogits_buf("dlogits", 32, 4);
+  auto x_full = random_matrix<float>(32, 12, 1);
+  auto labels = labels_of(std::vector<std::int32_t>(32, 1));
+  auto step = [&](std::size_t n) {
+    Matrix<float, Mem> x(x_full.data(), n, 12);
+    Matrix<float, Mem> dlogits(dlogits_buf.data(), n, 4);
+    Vector<std::int32_t, Mem> y(labels.data(), n);
+    ce.forward_backward(space, model.forward(space, x), y, dlogits);
+    model.backward(space, dlogits, nn::Sequential<float, Mem>::Gradients::overwrite);
+  };
+  AllocationTracker tracker;
+  step(32);
+  CHECK(tracker.allocations() > 0); // the first step sizes the workspaces
+  tracker.reset();
+  for (int i = 0; i < 3; ++i)
+    step(32);
+  step(9); // a partial last batch
+  step(32);
+  space.fence();
+  CHECK(tracker.allocations() == 0);
+  CHECK(tracker.deallocations() == 0);
 }

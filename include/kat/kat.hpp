@@ -2,6 +2,7 @@
 /// @file
 /// @brief Umbrella header: everything KAT offers.
 
+#include "kat/core/allocation_tracker.hpp"
 #include "kat/core/blas.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/math.hpp"
@@ -20,6 +21,7 @@
 #include "kat/nn/layer.hpp"
 #include "kat/nn/metrics.hpp"
 #include "kat/nn/mse_loss.hpp"
+#include "kat/nn/residual.hpp"
 #include "kat/nn/sequential.hpp"
 #include "kat/nn/softmax_cross_entropy.hpp"
 

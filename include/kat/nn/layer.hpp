@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kat::nn {
 
@@ -77,6 +78,10 @@ public:
   /// Switches between training and evaluation behaviour (Dropout, BatchNorm).
   virtual void train(bool on) { training_ = on; }
   bool training() const { return training_; }
+
+  /// The layers a container (Residual) holds, so preconditioners and masks can reach every
+  /// weight matrix; empty for an ordinary layer.
+  virtual std::vector<Layer *> sublayers() { return {}; }
 
   /// Whether this layer can record the K-FAC quantities `a` and `g`.
   virtual bool supports_curvature() const { return false; }

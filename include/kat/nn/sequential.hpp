@@ -8,6 +8,7 @@
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/layer_chain.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -42,8 +43,15 @@ public:
   using matrix_type = Matrix<Scalar, MemorySpace>;
   using vector_type = Vector<Scalar, MemorySpace>;
 
+  /// How backward() treats gradients().
+  enum class Gradients {
+    accumulate, ///< add to them (call zero_grad() first), as PyTorch does
+    overwrite   ///< replace them: no zero_grad() needed, one pass over the buffer less
+  };
+
   /// @param input_shape  the shape of one input sample
-  explicit Sequential(FeatureShape input_shape) : input_shape_(input_shape) {
+  /// @throws ValueError if the shape is empty.
+  explicit Sequential(FeatureShape input_shape) : chain_(input_shape, "kat::nn::Sequential") {
     if (input_shape.size() == 0) {
       throw ValueError(kat::detail::concat("kat::nn::Sequential: input_shape must be non-empty, "
                                            "got ",
@@ -66,21 +74,7 @@ public:
     if (compiled()) {
       throw Error("kat::nn::Sequential::add: the model is already compiled");
     }
-    if (!layer) {
-      throw ValueError("kat::nn::Sequential::add: layer must not be null");
-    }
-    const FeatureShape in = output_shape();
-    FeatureShape out;
-    try {
-      out = layer->output_shape(in);
-    } catch (const ShapeError &e) {
-      throw ShapeError(kat::detail::concat("kat::nn::Sequential: layer ", layers_.size(), " (",
-                                           layer->name(), ") cannot take input shape ", in, ": ",
-                                           e.what()));
-    }
-    shapes_.push_back(out);
-    layers_.push_back(std::move(layer));
-    return *layers_.back();
+    return chain_.add(std::move(layer));
   }
 
   /// Allocates the flat buffers, binds every layer to its block, and initializes parameters
@@ -90,22 +84,16 @@ public:
     if (compiled()) {
       throw Error("kat::nn::Sequential::compile: already compiled");
     }
-    if (layers_.empty()) {
+    if (chain_.empty()) {
       throw Error("kat::nn::Sequential::compile: the model has no layers");
     }
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      buffer_.reserve(kat::detail::concat(i, ".", layers_[i]->name()),
-                      layers_[i]->parameter_count());
+    for (std::size_t i = 0; i < chain_.size(); ++i) {
+      buffer_.reserve(kat::detail::concat(i, ".", chain_.layers()[i]->name()),
+                      chain_.layers()[i]->parameter_count());
     }
     buffer_.allocate();
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      const auto &block = buffer_.blocks()[i];
-      layers_[i]->bind(buffer_.parameters().data() + block.offset,
-                       buffer_.gradients().data() + block.offset);
-      layers_[i]->reset_parameters(space, counter_bits(seed, 0x5e9u, i));
-    }
-    activations_.resize(layers_.size());
-    input_grads_.resize(layers_.size());
+    chain_.bind(buffer_.parameters().data(), buffer_.gradients().data());
+    chain_.reset_parameters(space, seed);
     compiled_ = true;
   }
 
@@ -117,24 +105,8 @@ public:
   const matrix_type &forward(const execution_space &space, const matrix_type &x) {
     require_compiled("forward");
     ScopedRegion region("kat::nn::Sequential::forward");
-    kat::detail::require_extent("kat::nn::Sequential::forward", "x columns", input_shape_.size(),
-                                x.extent(1));
-    const std::size_t n = x.extent(0);
-    outputs_.resize(layers_.size());
-    const matrix_type *in = &x;
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      outputs_[i] = activations_[i].matrix(n, shapes_[i].size());
-      layers_[i]->forward(space, *in, outputs_[i]);
-      in = &outputs_[i];
-    }
-    return outputs_.back();
+    return chain_.forward(space, x);
   }
-
-  /// How backward() treats gradients().
-  enum class Gradients {
-    accumulate, ///< add to them (call zero_grad() first), as PyTorch does
-    overwrite   ///< replace them: no zero_grad() needed, one pass over the buffer less
-  };
 
   /// Back-propagates dy = dL/d(output) (batch x output size) through every layer, adding to
   /// gradients() or overwriting them.
@@ -142,25 +114,7 @@ public:
                 Gradients mode = Gradients::accumulate) {
     require_compiled("backward");
     ScopedRegion region("kat::nn::Sequential::backward");
-    if (outputs_.empty()) {
-      throw Error("kat::nn::Sequential::backward: call forward() first");
-    }
-    const std::size_t n = outputs_.back().extent(0);
-    kat::detail::require_extent("kat::nn::Sequential::backward", "dy rows", n, dy.extent(0));
-    kat::detail::require_extent("kat::nn::Sequential::backward", "dy columns",
-                                output_shape().size(), dy.extent(1));
-    const matrix_type *grad_out = &dy;
-    grad_in_views_.resize(layers_.size());
-    for (std::size_t i = layers_.size(); i-- > 0;) {
-      matrix_type dx;
-      if (i > 0) {
-        dx = input_grads_[i].matrix(n, shapes_[i - 1].size());
-      }
-      layers_[i]->accumulate_gradients(mode == Gradients::accumulate);
-      layers_[i]->backward(space, *grad_out, dx);
-      grad_in_views_[i] = dx;
-      grad_out = &grad_in_views_[i];
-    }
+    chain_.backward(space, dy, matrix_type(), mode == Gradients::accumulate);
   }
 
   /// Sets every gradient to zero.
@@ -174,10 +128,10 @@ public:
   /// The flat gradient vector (length parameter_count()).
   const vector_type &gradients() const { return buffer_.gradients(); }
   const ParameterBuffer<Scalar, MemorySpace> &buffer() const { return buffer_; }
-  std::size_t parameter_count() const { return buffer_.size(); }
+  std::size_t parameter_count() const { return chain_.parameter_count(); }
 
-  const std::vector<std::unique_ptr<layer_type>> &layers() const { return layers_; }
-  layer_type &layer(std::size_t i) { return *layers_.at(i); }
+  const std::vector<std::unique_ptr<layer_type>> &layers() const { return chain_.layers(); }
+  layer_type &layer(std::size_t i) { return *chain_.layers().at(i); }
 
   /// Training mode (Dropout active, batch statistics in BatchNorm).
   void train() { set_training(true); }
@@ -185,26 +139,20 @@ public:
   void eval() { set_training(false); }
   bool training() const { return training_; }
 
-  FeatureShape input_shape() const { return input_shape_; }
-  FeatureShape output_shape() const { return shapes_.empty() ? input_shape_ : shapes_.back(); }
+  FeatureShape input_shape() const { return chain_.input_shape(); }
+  FeatureShape output_shape() const { return chain_.output_shape(); }
 
-  /// Total (re)allocations of activation workspaces; constant once training is steady.
-  std::size_t workspace_allocations() const {
-    std::size_t total = 0;
-    for (const auto &w : activations_)
-      total += w.allocations();
-    for (const auto &w : input_grads_)
-      total += w.allocations();
-    return total;
-  }
+  /// Total (re)allocations of the activation workspaces; constant once training is steady.
+  /// (kat::AllocationTracker counts every allocation, layers' own workspaces included.)
+  std::size_t workspace_allocations() const { return chain_.workspace_allocations(); }
 
   /// One line per layer: index, name, output shape, parameter count.
   std::string summary() const {
     std::ostringstream os;
-    os << "input " << input_shape_ << '\n';
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      os << "  " << i << ' ' << layers_[i]->name() << " -> " << shapes_[i] << ", "
-         << layers_[i]->parameter_count() << " parameters\n";
+    os << "input " << input_shape() << '\n';
+    for (std::size_t i = 0; i < chain_.size(); ++i) {
+      os << "  " << i << ' ' << chain_.layers()[i]->name() << " -> " << chain_.shape_after(i)
+         << ", " << chain_.layers()[i]->parameter_count() << " parameters\n";
     }
     os << "total " << parameter_count() << " parameters";
     return os.str();
@@ -218,16 +166,11 @@ private:
   }
   void set_training(bool on) {
     training_ = on;
-    for (auto &l : layers_)
-      l->train(on);
+    chain_.train(on);
   }
 
-  FeatureShape input_shape_;
-  std::vector<std::unique_ptr<layer_type>> layers_;
-  std::vector<FeatureShape> shapes_;
+  detail::LayerChain<Scalar, MemorySpace> chain_;
   ParameterBuffer<Scalar, MemorySpace> buffer_;
-  std::vector<Workspace<Scalar, MemorySpace>> activations_, input_grads_;
-  std::vector<matrix_type> outputs_, grad_in_views_;
   bool compiled_ = false;
   bool training_ = true;
 };

@@ -1,0 +1,145 @@
+#pragma once
+/// @file
+/// @brief Internal: an ordered chain of layers with their activation workspaces, shared by
+/// Sequential and the Residual container.
+
+#include "kat/core/error.hpp"
+#include "kat/core/random.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/nn/layer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kat::nn::detail {
+
+template <class Scalar, class MemorySpace> class LayerChain {
+public:
+  using layer_type = Layer<Scalar, MemorySpace>;
+  using execution_space = typename MemorySpace::execution_space;
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+
+  /// @param owner  prefix of error messages ("kat::nn::Sequential")
+  LayerChain(FeatureShape input, std::string owner)
+      : input_shape_(input), owner_(std::move(owner)) {}
+
+  /// Appends a layer after checking it accepts the current output shape.
+  layer_type &add(std::unique_ptr<layer_type> layer) {
+    if (!layer) {
+      throw ValueError(owner_ + "::add: layer must not be null");
+    }
+    const FeatureShape in = output_shape();
+    FeatureShape out;
+    try {
+      out = layer->output_shape(in);
+    } catch (const ShapeError &e) {
+      throw ShapeError(kat::detail::concat(owner_, ": layer ", layers_.size(), " (", layer->name(),
+                                           ") cannot take input shape ", in, ": ", e.what()));
+    }
+    shapes_.push_back(out);
+    layers_.push_back(std::move(layer));
+    activations_.emplace_back(owner_ + "::activation");
+    input_grads_.emplace_back(owner_ + "::input_gradient");
+    return *layers_.back();
+  }
+
+  bool empty() const { return layers_.empty(); }
+  std::size_t size() const { return layers_.size(); }
+  const std::vector<std::unique_ptr<layer_type>> &layers() const { return layers_; }
+  FeatureShape input_shape() const { return input_shape_; }
+  FeatureShape output_shape() const { return shapes_.empty() ? input_shape_ : shapes_.back(); }
+  FeatureShape shape_after(std::size_t i) const { return shapes_.at(i); }
+
+  std::size_t parameter_count() const {
+    std::size_t n = 0;
+    for (const auto &l : layers_)
+      n += l->parameter_count();
+    return n;
+  }
+
+  /// Binds the layers to consecutive blocks starting at params / grads.
+  void bind(Scalar *params, Scalar *grads) {
+    for (auto &l : layers_) {
+      l->bind(params, grads);
+      params += l->parameter_count();
+      grads += l->parameter_count();
+    }
+  }
+
+  /// Layer i draws from its own stream of `seed`.
+  void reset_parameters(const execution_space &space, std::uint64_t seed) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->reset_parameters(space, counter_bits(seed, 0x5e9u, i));
+    }
+  }
+
+  /// Runs the layers; the result lives in the last layer's workspace (or is x for an empty
+  /// chain) and stays valid until the next forward.
+  const matrix_type &forward(const execution_space &space, const matrix_type &x) {
+    kat::detail::require_extent((owner_ + "::forward").c_str(), "x columns", input_shape_.size(),
+                                x.extent(1));
+    input_ = x;
+    const std::size_t n = x.extent(0);
+    outputs_.resize(layers_.size());
+    const matrix_type *in = &input_;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      outputs_[i] = activations_[i].matrix(n, shapes_[i].size());
+      layers_[i]->forward(space, *in, outputs_[i]);
+      in = &outputs_[i];
+    }
+    return *in;
+  }
+
+  /// Back-propagates dy through the layers. The first layer writes its input gradient into
+  /// `dx` (skipped when dx is empty). Parameter gradients are added or overwritten.
+  void backward(const execution_space &space, const matrix_type &dy, const matrix_type &dx,
+                bool accumulate) {
+    if (outputs_.size() != layers_.size() || layers_.empty()) {
+      throw Error(owner_ + "::backward: call forward() first");
+    }
+    const std::size_t n = outputs_.back().extent(0);
+    kat::detail::require_extent((owner_ + "::backward").c_str(), "dy rows", n, dy.extent(0));
+    kat::detail::require_extent((owner_ + "::backward").c_str(), "dy columns",
+                                output_shape().size(), dy.extent(1));
+    grad_views_.resize(layers_.size());
+    const matrix_type *grad_out = &dy;
+    for (std::size_t i = layers_.size(); i-- > 0;) {
+      grad_views_[i] = i > 0 ? input_grads_[i].matrix(n, shapes_[i - 1].size()) : dx;
+      layers_[i]->accumulate_gradients(accumulate);
+      layers_[i]->backward(space, *grad_out, grad_views_[i]);
+      grad_out = &grad_views_[i];
+    }
+  }
+
+  void train(bool on) {
+    for (auto &l : layers_)
+      l->train(on);
+  }
+
+  /// (Re)allocations of the chain's activation workspaces so far.
+  std::size_t workspace_allocations() const {
+    std::size_t total = 0;
+    for (const auto &w : activations_)
+      total += w.allocations();
+    for (const auto &w : input_grads_)
+      total += w.allocations();
+    return total;
+  }
+
+private:
+  FeatureShape input_shape_;
+  std::string owner_;
+  std::vector<std::unique_ptr<layer_type>> layers_;
+  std::vector<FeatureShape> shapes_;
+  std::vector<Workspace<Scalar, MemorySpace>> activations_, input_grads_;
+  std::vector<matrix_type> outputs_, grad_views_;
+  matrix_type input_;
+};
+
+} // namespace kat::nn::detail

@@ -1,0 +1,173 @@
+#pragma once
+/// @file
+/// @brief Residual block y = f(x) + s(x), with s the identity or a projection.
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/nn/detail/layer_chain.hpp"
+#include "kat/nn/layer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kat::nn {
+
+/// Residual connection (He et al., "Deep Residual Learning for Image Recognition", CVPR 2016,
+/// eq. (1) and, with a shortcut chain, eq. (2)): y = f(x) + s(x), where f is the body chain
+/// and s the shortcut chain — the identity when empty, typically a 1x1 strided Conv2d with
+/// BatchNorm when the body changes the shape.
+///
+/// Build the block completely, then add it to a Sequential:
+/// @code
+/// auto block = std::make_unique<kat::nn::Residual<>>(kat::FeatureShape{16, 28, 28});
+/// block->add<kat::nn::Conv2d>(16, 32, 3, 2, 1);
+/// block->add<kat::nn::BatchNorm2d>(32);
+/// block->add_shortcut<kat::nn::Conv2d>(16, 32, 1, 2, 0, 1, false);
+/// model.add(std::move(block));
+/// @endcode
+/// The block's parameters are its body's followed by its shortcut's, inside the block's one
+/// region of the model's flat buffer.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class Residual final : public Layer<Scalar, MemorySpace> {
+  using base = Layer<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+  using typename base::matrix_type;
+
+  /// @param input  the shape the block takes
+  explicit Residual(FeatureShape input)
+      : input_(input), body_(input, "kat::nn::Residual(body)"),
+        shortcut_(input, "kat::nn::Residual(shortcut)"), sum_ws_("kat::nn::Residual::dx") {}
+
+  /// Appends a `L<Scalar, MemorySpace>` to the body f.
+  template <template <class, class> class L, class... Args>
+  L<Scalar, MemorySpace> &add(Args &&...args) {
+    auto layer = std::make_unique<L<Scalar, MemorySpace>>(std::forward<Args>(args)...);
+    auto &ref = *layer;
+    body_.add(std::move(layer));
+    return ref;
+  }
+  /// Appends a `L<Scalar, MemorySpace>` to the shortcut s.
+  template <template <class, class> class L, class... Args>
+  L<Scalar, MemorySpace> &add_shortcut(Args &&...args) {
+    auto layer = std::make_unique<L<Scalar, MemorySpace>>(std::forward<Args>(args)...);
+    auto &ref = *layer;
+    shortcut_.add(std::move(layer));
+    return ref;
+  }
+
+  std::string name() const override { return "Residual"; }
+
+  /// @throws ShapeError if `input` differs from the constructor's, the body is empty, or the
+  /// body's and shortcut's outputs differ.
+  FeatureShape output_shape(const FeatureShape &input) const override {
+    if (input != input_) {
+      throw ShapeError(
+          kat::detail::concat("kat::nn::Residual: input shape must be ", input_, ", got ", input));
+    }
+    if (body_.empty()) {
+      throw ShapeError("kat::nn::Residual: the body has no layers");
+    }
+    if (body_.output_shape() != shortcut_.output_shape()) {
+      throw ShapeError(
+          kat::detail::concat("kat::nn::Residual: the body's output shape ", body_.output_shape(),
+                              " must equal the shortcut's ", shortcut_.output_shape(),
+                              shortcut_.empty() ? " (identity shortcut: add a projection)" : ""));
+    }
+    return body_.output_shape();
+  }
+
+  std::size_t parameter_count() const override {
+    return body_.parameter_count() + shortcut_.parameter_count();
+  }
+  void bind(Scalar *params, Scalar *grads) override {
+    body_.bind(params, grads);
+    const std::size_t nb = body_.parameter_count();
+    shortcut_.bind(params + nb, grads + nb);
+  }
+  void reset_parameters(const execution_space &space, std::uint64_t seed) override {
+    body_.reset_parameters(space, counter_bits(seed, 0xb0d7u, 0));
+    shortcut_.reset_parameters(space, counter_bits(seed, 0x5c07u, 0));
+  }
+
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    ScopedRegion region("kat::nn::Residual::forward");
+    const matrix_type &fx = body_.forward(space, x);
+    const matrix_type &sx = shortcut_.empty() ? x : shortcut_.forward(space, x);
+    kat::detail::require_extent("kat::nn::Residual::forward", "y columns", fx.extent(1),
+                                y.extent(1));
+    add(space, fx, sx, y);
+  }
+
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    ScopedRegion region("kat::nn::Residual::backward");
+    const bool acc = this->accumulate_;
+    if (dx.extent(0) == 0) {
+      body_.backward(space, dy, dx, acc);
+      if (!shortcut_.empty()) {
+        shortcut_.backward(space, dy, dx, acc);
+      }
+      return;
+    }
+    // dL/dx = f'(x)ᵀ dy + s'(x)ᵀ dy: the body writes into dx, the shortcut's part is added.
+    body_.backward(space, dy, dx, acc);
+    if (shortcut_.empty()) {
+      add(space, dx, dy, dx);
+      return;
+    }
+    const matrix_type ds = sum_ws_.matrix(dx.extent(0), dx.extent(1));
+    shortcut_.backward(space, dy, ds, acc);
+    add(space, dx, ds, dx);
+  }
+
+  void train(bool on) override {
+    base::train(on);
+    body_.train(on);
+    shortcut_.train(on);
+  }
+
+  std::vector<base *> sublayers() override {
+    std::vector<base *> all;
+    for (const auto &l : body_.layers())
+      all.push_back(l.get());
+    for (const auto &l : shortcut_.layers())
+      all.push_back(l.get());
+    return all;
+  }
+
+  const detail::LayerChain<Scalar, MemorySpace> &body() const { return body_; }
+  const detail::LayerChain<Scalar, MemorySpace> &shortcut() const { return shortcut_; }
+
+  /// (Re)allocations of the block's own workspaces so far.
+  std::size_t workspace_allocations() const {
+    return body_.workspace_allocations() + shortcut_.workspace_allocations() +
+           sum_ws_.allocations();
+  }
+
+private:
+  // c = a + b element-wise over equally shaped contiguous matrices (c may alias a).
+  static void add(const execution_space &space, const matrix_type &a, const matrix_type &b,
+                  const matrix_type &c) {
+    const Scalar *ap = a.data();
+    const Scalar *bp = b.data();
+    Scalar *cp = c.data();
+    Kokkos::parallel_for(
+        "kat::nn::Residual::add", Kokkos::RangePolicy<execution_space>(space, 0, c.span()),
+        KOKKOS_LAMBDA(const std::size_t i) { cp[i] = ap[i] + bp[i]; });
+  }
+
+  FeatureShape input_;
+  detail::LayerChain<Scalar, MemorySpace> body_, shortcut_;
+  Workspace<Scalar, MemorySpace> sum_ws_;
+};
+
+} // namespace kat::nn

@@ -1,0 +1,164 @@
+#pragma once
+/// @file
+/// @brief 2-D average pooling (torch.nn.AvgPool2d).
+
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/nn/detail/pool2d.hpp" // detail::Pool2dBase, the window geometry both layers share
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cstddef>
+
+namespace kat::nn {
+
+/// 2-D average pooling with PyTorch's default semantics (torch.nn.AvgPool2d with
+/// ceil_mode = false, count_include_pad = true, no divisor_override).
+///
+/// Shapes: input (C, H, W), a batch is N x (C·H·W) in KAT's feature order
+/// `h + H * (w + W * c)` (see FeatureShape); output (C, H_out, W_out) with
+/// H_out = floor((H + 2 p_h - k_h) / s_h) + 1 and likewise W_out.
+///
+/// Padding is implicit zeros that count in the mean: every output is the window's sum of
+/// real inputs divided by k_h · k_w (with ceil_mode = false no window reaches beyond the
+/// padding, so PyTorch's divisor is always the full kernel area).
+///
+/// A batch matrix does not carry (C, H, W): output_shape(input) records it (Sequential::add
+/// calls it), and forward() takes x with input.size() columns. backward() computes each dx
+/// element in one thread, gathering dy / (k_h · k_w) from the windows that cover it in a
+/// fixed order: deterministic, no atomics.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class AvgPool2d final : public detail::Pool2dBase<Scalar, MemorySpace> {
+  using base = detail::Pool2dBase<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+  using typename base::matrix_type;
+
+  /// @param kernel   (height, width) of the window, >= 1
+  /// @param stride   (height, width) step, >= 1
+  /// @param padding  (height, width) implicit zero padding per side, 0 <= p <= k / 2
+  /// @throws ValueError on a value outside those ranges.
+  AvgPool2d(std::array<int, 2> kernel, std::array<int, 2> stride,
+            std::array<int, 2> padding = {0, 0})
+      : base("AvgPool2d", kernel, stride, padding) {}
+
+  /// Square window; `stride` 0 means stride = kernel (PyTorch's default).
+  /// @throws ValueError as above.
+  explicit AvgPool2d(int kernel, int stride = 0, int padding = 0)
+      : base("AvgPool2d", kernel, stride, padding) {}
+
+  /// y = window sums / (k_h · k_w); x: N x (C·H·W), y: N x (C·H_out·W_out).
+  /// @throws Error if output_shape() has not seen an input shape; ShapeError on other extents.
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    ScopedRegion region("kat::nn::AvgPool2d::forward");
+    const detail::Pool2dGeometry g = this->begin_forward(x, y);
+    const std::size_t n = x.extent(0);
+    const Scalar area = static_cast<Scalar>(g.kernel_h * g.kernel_w);
+    using policy = Kokkos::TeamPolicy<execution_space>;
+    using member = typename policy::member_type;
+    Kokkos::parallel_for(
+        "kat::nn::AvgPool2d::forward",
+        policy(space, g.channels * g.out_width, Kokkos::AUTO,
+               detail::pool_vector_length<execution_space>()),
+        KOKKOS_LAMBDA(const member &team) {
+          const int c = team.league_rank() / g.out_width;
+          const int ow = team.league_rank() % g.out_width;
+          int w_begin, w_end;
+          detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
+            int h_begin, h_end;
+            detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin,
+                                      h_end);
+            const std::size_t j =
+                static_cast<std::size_t>(oh) +
+                static_cast<std::size_t>(g.out_height) *
+                    (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+            // Every window holds a real input (padding <= kernel / 2), so the first pass
+            // initializes y. Sum in row-major order, then divide, as PyTorch.
+            bool first = true;
+            for (int h = h_begin; h < h_end; ++h) {
+              for (int w = w_begin; w < w_end; ++w) {
+                const std::size_t col =
+                    static_cast<std::size_t>(h) +
+                    static_cast<std::size_t>(g.height) *
+                        (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
+                if (first) {
+                  Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                       [&](const std::size_t e) { y(e, j) = x(e, col); });
+                  first = false;
+                  continue;
+                }
+                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                     [&](const std::size_t e) { y(e, j) += x(e, col); });
+              }
+            }
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                 [&](const std::size_t e) { y(e, j) /= area; });
+          });
+        });
+  }
+
+  /// dx(n, c, h, w) = Σ dy(n, c, oh, ow) / (k_h · k_w) over the windows covering (h, w); an
+  /// empty dx skips the work.
+  /// @throws Error before the first forward(); ShapeError if dy or dx do not match it.
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    ScopedRegion region("kat::nn::AvgPool2d::backward");
+    this->check_backward(dy, dx);
+    if (dx.extent(0) == 0) {
+      return;
+    }
+    const detail::Pool2dGeometry g = this->forward_geometry_;
+    const std::size_t n = dx.extent(0);
+    const Scalar area = static_cast<Scalar>(g.kernel_h * g.kernel_w);
+    using policy = Kokkos::TeamPolicy<execution_space>;
+    using member = typename policy::member_type;
+    Kokkos::parallel_for(
+        "kat::nn::AvgPool2d::backward",
+        policy(space, g.channels * g.width, Kokkos::AUTO,
+               detail::pool_vector_length<execution_space>()),
+        KOKKOS_LAMBDA(const member &team) {
+          const int c = team.league_rank() / g.width;
+          const int w = team.league_rank() % g.width;
+          int ow_lo, ow_hi;
+          detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo,
+                                      ow_hi);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
+            int oh_lo, oh_hi;
+            detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo,
+                                        oh_hi);
+            const std::size_t col =
+                static_cast<std::size_t>(h) +
+                static_cast<std::size_t>(g.height) *
+                    (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
+            // Gather dy / area from the covering windows in a fixed order (PyTorch adds
+            // dy / area per window too); the first one overwrites dx.
+            bool first = true;
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+              for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+                const std::size_t o =
+                    static_cast<std::size_t>(oh) +
+                    static_cast<std::size_t>(g.out_height) *
+                        (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+                if (first) {
+                  Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                       [&](const std::size_t e) { dx(e, col) = dy(e, o) / area; });
+                  first = false;
+                  continue;
+                }
+                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                     [&](const std::size_t e) { dx(e, col) += dy(e, o) / area; });
+              }
+            }
+            if (first) { // no window covers this element (it lies past the last one)
+              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                   [&](const std::size_t e) { dx(e, col) = Scalar(0); });
+            }
+          });
+        });
+  }
+};
+
+} // namespace kat::nn

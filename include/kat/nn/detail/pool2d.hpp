@@ -1,0 +1,198 @@
+#pragma once
+/// @file
+/// @brief Internal: window geometry and the common base of the 2-D pooling layers.
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/nn/layer.hpp"
+
+#include <Kokkos_Core.hpp>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kat::nn {
+
+namespace detail {
+
+/// Geometry of one 2-D pooling layer applied to one (C, H, W) input: PyTorch's rules with
+/// ceil_mode = false and dilation 1. Plain ints, so kernels capture it by value.
+struct Pool2dGeometry {
+  int kernel_h = 1, kernel_w = 1;
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int channels = 0, height = 0, width = 0; ///< input; channels == 0 until the shape is known
+  int out_height = 0, out_width = 0;
+
+  std::size_t in_size() const {
+    return static_cast<std::size_t>(channels) * static_cast<std::size_t>(height) *
+           static_cast<std::size_t>(width);
+  }
+  std::size_t out_size() const {
+    return static_cast<std::size_t>(channels) * static_cast<std::size_t>(out_height) *
+           static_cast<std::size_t>(out_width);
+  }
+};
+
+/// The input positions [begin, end) of one axis inside window o (padding excluded).
+KOKKOS_INLINE_FUNCTION void pool_window_range(int o, int k, int s, int p, int size, int &begin,
+                                              int &end) {
+  const int start = o * s - p;
+  begin = start < 0 ? 0 : start;
+  end = start + k < size ? start + k : size;
+}
+
+/// The output positions o in [lo, hi] of one axis whose window covers input position i
+/// (empty when lo > hi): window o spans padded positions [o s, o s + k - 1], and input i sits
+/// at padded position i + p.
+KOKKOS_INLINE_FUNCTION void pool_covering_range(int i, int k, int s, int p, int out, int &lo,
+                                                int &hi) {
+  const int first = i + p - k + 1; // smallest window start that still reaches i
+  lo = first <= 0 ? 0 : (first + s - 1) / s;
+  hi = (i + p) / s;
+  if (hi > out - 1) {
+    hi = out - 1;
+  }
+}
+
+/// Vector length of the per-sample inner loops. Kernels run one team per (channel, column)
+/// and one thread per row, and loop over the batch index, the fastest in memory, in vector
+/// lanes: GPU lanes coalesce, host backends get one vectorizable loop per window element.
+template <class ExecSpace> int pool_vector_length() {
+  return Kokkos::TeamPolicy<ExecSpace>::vector_length_max() < 32
+             ? Kokkos::TeamPolicy<ExecSpace>::vector_length_max()
+             : 32;
+}
+
+inline std::string pool_pair(const std::array<int, 2> &v) {
+  return kat::detail::concat('(', v[0], ", ", v[1], ')');
+}
+
+/// Common part of MaxPool2d and AvgPool2d: hyperparameter validation, output_shape() (which
+/// also fixes the input (C, H, W) that forward() expects: a batch matrix does not carry it)
+/// and the extent checks of forward() and backward().
+template <class Scalar, class MemorySpace> class Pool2dBase : public Layer<Scalar, MemorySpace> {
+  using base = Layer<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+  using typename base::matrix_type;
+
+  std::string name() const override { return type_; }
+
+  /// (height, width) of the window.
+  std::array<int, 2> kernel() const { return {geometry_.kernel_h, geometry_.kernel_w}; }
+  /// (height, width) step between windows.
+  std::array<int, 2> stride() const { return {geometry_.stride_h, geometry_.stride_w}; }
+  /// (height, width) implicit padding on each side.
+  std::array<int, 2> padding() const { return {geometry_.pad_h, geometry_.pad_w}; }
+
+  /// (C, H, W) -> (C, floor((H + 2 p_h - k_h) / s_h) + 1, floor((W + 2 p_w - k_w) / s_w) + 1).
+  /// Also records `input` as the shape forward() takes (Sequential::add calls this once per
+  /// layer; calling it again with another shape re-targets the layer).
+  /// @throws ShapeError if a dimension is < 1 or the padded input is smaller than the kernel.
+  FeatureShape output_shape(const FeatureShape &input) const override {
+    if (input.channels < 1 || input.height < 1 || input.width < 1) {
+      throw ShapeError(kat::detail::concat("kat::nn::", type_,
+                                           ": input channels, height and width must be >= 1, "
+                                           "got ",
+                                           input));
+    }
+    Pool2dGeometry g = geometry_;
+    const int padded_h = input.height + 2 * g.pad_h;
+    const int padded_w = input.width + 2 * g.pad_w;
+    if (padded_h < g.kernel_h || padded_w < g.kernel_w) {
+      throw ShapeError(kat::detail::concat("kat::nn::", type_, ": input ", input, " with padding ",
+                                           pool_pair(padding()), " must be at least the kernel ",
+                                           pool_pair(kernel()), " in height and width, got ",
+                                           pool_pair({padded_h, padded_w}), " after padding"));
+    }
+    g.channels = input.channels;
+    g.height = input.height;
+    g.width = input.width;
+    g.out_height = (padded_h - g.kernel_h) / g.stride_h + 1;
+    g.out_width = (padded_w - g.kernel_w) / g.stride_w + 1;
+    geometry_ = g;
+    return FeatureShape{g.channels, g.out_height, g.out_width};
+  }
+
+protected:
+  Pool2dBase(const char *type, std::array<int, 2> kernel, std::array<int, 2> stride,
+             std::array<int, 2> padding)
+      : type_(type) {
+    const std::string where = kat::detail::concat("kat::nn::", type_, ": ");
+    if (kernel[0] < 1 || kernel[1] < 1) {
+      throw ValueError(where + "kernel must be >= 1 in both dimensions, got " + pool_pair(kernel));
+    }
+    if (stride[0] < 1 || stride[1] < 1) {
+      throw ValueError(where + "stride must be >= 1 in both dimensions, got " + pool_pair(stride));
+    }
+    if (padding[0] < 0 || padding[1] < 0) {
+      throw ValueError(where + "padding must be >= 0 in both dimensions, got " +
+                       pool_pair(padding));
+    }
+    if (2 * padding[0] > kernel[0] || 2 * padding[1] > kernel[1]) {
+      // PyTorch's rule; it keeps every window overlapping the input.
+      throw ValueError(where + "padding must be at most half the kernel, (" +
+                       std::to_string(kernel[0] / 2) + ", " + std::to_string(kernel[1] / 2) +
+                       ") for kernel " + pool_pair(kernel) + ", got " + pool_pair(padding));
+    }
+    geometry_.kernel_h = kernel[0];
+    geometry_.kernel_w = kernel[1];
+    geometry_.stride_h = stride[0];
+    geometry_.stride_w = stride[1];
+    geometry_.pad_h = padding[0];
+    geometry_.pad_w = padding[1];
+  }
+
+  Pool2dBase(const char *type, int kernel, int stride, int padding)
+      : Pool2dBase(type, {kernel, kernel},
+                   {stride == 0 ? kernel : stride, stride == 0 ? kernel : stride},
+                   {padding, padding}) {}
+
+  /// Validates forward's buffers against the recorded input shape and returns the geometry
+  /// backward() will use.
+  Pool2dGeometry begin_forward(const matrix_type &x, const matrix_type &y) {
+    const std::string where = kat::detail::concat("kat::nn::", type_, "::forward");
+    if (geometry_.channels == 0) {
+      throw Error(where + ": the input shape is unknown; call output_shape(input) first "
+                          "(Sequential::add does)");
+    }
+    kat::detail::require_extent(where.c_str(), "x columns", geometry_.in_size(), x.extent(1));
+    kat::detail::require_extent(where.c_str(), "y rows", x.extent(0), y.extent(0));
+    kat::detail::require_extent(where.c_str(), "y columns", geometry_.out_size(), y.extent(1));
+    forward_geometry_ = geometry_;
+    batch_ = x.extent(0);
+    forwarded_ = true;
+    return forward_geometry_;
+  }
+
+  /// Validates backward's buffers against the last forward().
+  void check_backward(const matrix_type &dy, const matrix_type &dx) const {
+    const std::string where = kat::detail::concat("kat::nn::", type_, "::backward");
+    if (!forwarded_) {
+      throw Error(where + ": call forward() first");
+    }
+    kat::detail::require_extent(where.c_str(), "dy rows", batch_, dy.extent(0));
+    kat::detail::require_extent(where.c_str(), "dy columns", forward_geometry_.out_size(),
+                                dy.extent(1));
+    if (dx.extent(0) != 0) {
+      kat::detail::require_extent(where.c_str(), "dx rows", batch_, dx.extent(0));
+      kat::detail::require_extent(where.c_str(), "dx columns", forward_geometry_.in_size(),
+                                  dx.extent(1));
+    }
+  }
+
+  std::string type_;
+  mutable Pool2dGeometry geometry_; // hyperparameters + the shape output_shape() last saw
+  Pool2dGeometry forward_geometry_; // what the last forward() ran with
+  std::size_t batch_ = 0;
+  bool forwarded_ = false;
+};
+
+} // namespace detail
+
+} // namespace kat::nn

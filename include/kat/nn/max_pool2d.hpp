@@ -1,0 +1,199 @@
+#pragma once
+/// @file
+/// @brief 2-D max pooling (torch.nn.MaxPool2d), and the window geometry it shares with
+/// AvgPool2d.
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/nn/detail/pool2d.hpp"
+#include "kat/nn/layer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kat::nn {
+
+/// 2-D max pooling with PyTorch's semantics (torch.nn.MaxPool2d with ceil_mode = false,
+/// dilation = 1, return_indices = false).
+///
+/// Shapes: input (C, H, W), a batch is N x (C·H·W) in KAT's feature order
+/// `h + H * (w + W * c)` (see FeatureShape); output (C, H_out, W_out) with
+/// H_out = floor((H + 2 p_h - k_h) / s_h) + 1 and likewise W_out.
+///
+/// - Padding is implicit -infinity: padded positions never win, and every window holds at
+///   least one real input because padding <= kernel / 2.
+/// - Ties resolve to the first maximum in row-major scan order over the window (h outer,
+///   w inner), as PyTorch's CPU kernel; the gradient goes to that element only.
+/// - NaN propagates: a window holding a NaN outputs NaN and its gradient goes to the last NaN
+///   in scan order (PyTorch's `val > max || isnan(val)` rule). This relies on IEEE compares;
+///   under -ffast-math the compiler may drop the NaN test.
+///
+/// A batch matrix does not carry (C, H, W): output_shape(input) records it (Sequential::add
+/// calls it), and forward() takes x with input.size() columns.
+///
+/// forward() stores each output's argmax (index h + H * w within its input plane) in an
+/// int32 workspace that grows only with the batch (workspace_allocations()). backward()
+/// computes each dx element in one thread, gathering in a fixed order the dy of the outputs
+/// whose window covers it and chose it: deterministic, no atomics.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class MaxPool2d final : public detail::Pool2dBase<Scalar, MemorySpace> {
+  using base = detail::Pool2dBase<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+  using typename base::matrix_type;
+
+  /// @param kernel   (height, width) of the window, >= 1
+  /// @param stride   (height, width) step, >= 1
+  /// @param padding  (height, width) implicit -infinity padding per side, 0 <= p <= k / 2
+  /// @throws ValueError on a value outside those ranges.
+  MaxPool2d(std::array<int, 2> kernel, std::array<int, 2> stride,
+            std::array<int, 2> padding = {0, 0})
+      : base("MaxPool2d", kernel, stride, padding) {}
+
+  /// Square window; `stride` 0 means stride = kernel (PyTorch's default).
+  /// @throws ValueError as above.
+  explicit MaxPool2d(int kernel, int stride = 0, int padding = 0)
+      : base("MaxPool2d", kernel, stride, padding) {}
+
+  /// y = max over each window; x: N x (C·H·W), y: N x (C·H_out·W_out).
+  /// @throws Error if output_shape() has not seen an input shape; ShapeError on other extents.
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    ScopedRegion region("kat::nn::MaxPool2d::forward");
+    const detail::Pool2dGeometry g = this->begin_forward(x, y);
+    const std::size_t n = x.extent(0);
+    argmax_view_ = argmax_.matrix(n, g.out_size());
+    const auto argmax = argmax_view_;
+    using policy = Kokkos::TeamPolicy<execution_space>;
+    using member = typename policy::member_type;
+    Kokkos::parallel_for(
+        "kat::nn::MaxPool2d::forward",
+        policy(space, g.channels * g.out_width, Kokkos::AUTO,
+               detail::pool_vector_length<execution_space>()),
+        KOKKOS_LAMBDA(const member &team) {
+          const int c = team.league_rank() / g.out_width;
+          const int ow = team.league_rank() % g.out_width;
+          int w_begin, w_end;
+          detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
+            int h_begin, h_end;
+            detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin,
+                                      h_end);
+            const std::size_t j =
+                static_cast<std::size_t>(oh) +
+                static_cast<std::size_t>(g.out_height) *
+                    (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+            // Row-major scan (h outer) so ties keep PyTorch's first maximum. The running
+            // maximum lives in y and argmax: one pass over the batch per window element.
+            bool first = true;
+            for (int h = h_begin; h < h_end; ++h) {
+              for (int w = w_begin; w < w_end; ++w) {
+                const int index = h + g.height * w;
+                const std::size_t col =
+                    static_cast<std::size_t>(h) +
+                    static_cast<std::size_t>(g.height) *
+                        (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
+                if (first) {
+                  Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                       [&](const std::size_t e) {
+                                         y(e, j) = x(e, col);
+                                         argmax(e, j) = index;
+                                       });
+                  first = false;
+                  continue;
+                }
+                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+                  // Unconditional loads and selects, so host compilers vectorize.
+                  const Scalar v = x(e, col);
+                  const Scalar best = y(e, j);
+                  const std::int32_t best_index = argmax(e, j);
+                  const bool take = v > best || v != v; // NaN wins and propagates
+                  y(e, j) = take ? v : best;
+                  argmax(e, j) = take ? index : best_index;
+                });
+              }
+            }
+          });
+        });
+  }
+
+  /// dx(n, c, h, w) = Σ dy(n, c, oh, ow) over the windows whose argmax is (h, w); an empty dx
+  /// skips the work.
+  /// @throws Error before the first forward(); ShapeError if dy or dx do not match it.
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    ScopedRegion region("kat::nn::MaxPool2d::backward");
+    this->check_backward(dy, dx);
+    if (dx.extent(0) == 0) {
+      return;
+    }
+    const detail::Pool2dGeometry g = this->forward_geometry_;
+    const std::size_t n = dx.extent(0);
+    const auto argmax = argmax_view_;
+    using policy = Kokkos::TeamPolicy<execution_space>;
+    using member = typename policy::member_type;
+    Kokkos::parallel_for(
+        "kat::nn::MaxPool2d::backward",
+        policy(space, g.channels * g.width, Kokkos::AUTO,
+               detail::pool_vector_length<execution_space>()),
+        KOKKOS_LAMBDA(const member &team) {
+          const int c = team.league_rank() / g.width;
+          const int w = team.league_rank() % g.width;
+          int ow_lo, ow_hi;
+          detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo,
+                                      ow_hi);
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
+            int oh_lo, oh_hi;
+            detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo,
+                                        oh_hi);
+            const int self = h + g.height * w;
+            const std::size_t col =
+                static_cast<std::size_t>(self) +
+                static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width) * c;
+            // Gather, in a fixed order, dy of the covering windows that chose this element;
+            // the first one overwrites dx, so no separate zeroing pass.
+            bool first = true;
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+              for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+                const std::size_t o =
+                    static_cast<std::size_t>(oh) +
+                    static_cast<std::size_t>(g.out_height) *
+                        (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+                if (first) {
+                  Kokkos::parallel_for(
+                      Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+                        const Scalar d = dy(e, o); // unconditional load: vectorizes
+                        dx(e, col) = argmax(e, o) == self ? d : Scalar(0);
+                      });
+                  first = false;
+                  continue;
+                }
+                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+                  const Scalar d = dy(e, o);
+                  dx(e, col) += argmax(e, o) == self ? d : Scalar(0);
+                });
+              }
+            }
+            if (first) { // no window covers this element (it lies past the last one)
+              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                   [&](const std::size_t e) { dx(e, col) = Scalar(0); });
+            }
+          });
+        });
+  }
+
+  /// Allocations of the argmax buffer so far; constant once the largest batch has been seen.
+  std::size_t workspace_allocations() const { return argmax_.allocations(); }
+
+private:
+  Workspace<std::int32_t, MemorySpace> argmax_{"kat::nn::MaxPool2d::argmax"};
+  Matrix<std::int32_t, MemorySpace> argmax_view_;
+};
+
+} // namespace kat::nn

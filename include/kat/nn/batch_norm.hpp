@@ -1,0 +1,480 @@
+#pragma once
+/// @file
+/// @brief Batch normalization over channels (BatchNorm1d / BatchNorm2d).
+
+#include "kat/core/error.hpp"
+#include "kat/core/math.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/nn/layer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace kat::nn {
+
+namespace detail {
+
+/// Team-wide sum of f(m) for m in [0, count). Each work item adds 8 values held in
+/// independent partial sums, so a CPU core is bound by load throughput rather than by the
+/// latency of one long chain of additions (3x faster on Serial than one term per item). Item
+/// k takes m = k, k + chunks, ..., k + 7·chunks, so consecutive GPU threads read consecutive
+/// addresses, plus one of the count mod 8 leftover terms. The order of additions is fixed
+/// for a given backend and team size (no atomics).
+template <class Accum, class Member, class F>
+KOKKOS_INLINE_FUNCTION Accum batch_norm_team_sum(const Member &team, std::size_t count,
+                                                 const F &f) {
+  const std::size_t chunks = count / 8;
+  const std::size_t tail = count - 8 * chunks;
+  Accum total = 0;
+  Kokkos::parallel_reduce(
+      Kokkos::TeamThreadRange(team, chunks > tail ? chunks : tail),
+      [&](const std::size_t k, Accum &s) {
+        Accum p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0, p6 = 0, p7 = 0;
+        if (k < chunks) {
+          p0 = f(k);
+          p1 = f(k + chunks);
+          p2 = f(k + 2 * chunks);
+          p3 = f(k + 3 * chunks);
+          p4 = f(k + 4 * chunks);
+          p5 = f(k + 5 * chunks);
+          p6 = f(k + 6 * chunks);
+          p7 = f(k + 7 * chunks);
+        }
+        if (k < tail) {
+          p0 += f(8 * chunks + k);
+        }
+        s += ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7));
+      },
+      total);
+  return total;
+}
+
+/// Element-wise passes run one team per block of this many values of one channel: enough
+/// teams to fill a GPU even for few channels, and per-channel constants loaded once per team
+/// rather than once per element (an MDRangePolicy over (M, C) was 1.8x slower on Serial,
+/// since the compiler cannot hoist loads that may alias the output).
+constexpr std::size_t batch_norm_block = 4096;
+
+} // namespace detail
+
+/// Batch normalization (Ioffe & Szegedy, ICML 2015, Algorithm 1) with the semantics of
+/// torch.nn.BatchNorm1d / BatchNorm2d.
+///
+/// Input and output are N x (C·H·W) matrices whose feature index is `h + H·(w + W·c)` (see
+/// FeatureShape), so each channel's M = N·H·W values are contiguous; a flat input of F
+/// features is C = F, H = W = 1. BatchNorm1d over (N, F) and BatchNorm2d over (N, C, H, W)
+/// are therefore the same computation, and H·W is taken from the input's column count.
+///
+/// Training (training() true), per channel c over its M values:
+///   μ = (1/M) Σ x,  σ² = (1/M) Σ (x − μ)²  (biased),  x̂ = (x − μ) / sqrt(σ² + eps),
+///   y = γ x̂ + β,
+/// and the running statistics are updated as PyTorch does:
+///   running_mean ← (1 − momentum)·running_mean + momentum·μ,
+///   running_var  ← (1 − momentum)·running_var  + momentum·σ²·M/(M − 1)  (unbiased).
+/// Evaluation uses running_mean and running_var in place of μ and σ² and updates nothing.
+///
+/// Backward (Ioffe & Szegedy, sec. 3, the chain rule through μ and σ²), with
+/// inv_std = 1/sqrt(σ² + eps):
+///   dβ = Σ dy,  dγ = Σ dy·x̂,  dx = (γ·inv_std / M)·(M·dy − dβ − x̂·dγ).
+/// After an evaluation forward the statistics are constants, so dx = dy·γ·inv_std (with the
+/// running statistics) and dβ, dγ are as above with the evaluation x̂. Backward follows the
+/// mode of the preceding forward, not the current training() flag.
+///
+/// Parameters (affine = true): γ (C) then β (C) in the flat parameter buffer, initialized to
+/// 1 and 0. The running statistics are state, not parameters: they live in views this layer
+/// owns, outside the flat parameter and gradient buffers, so optimizers, all-reduces and
+/// sparse masks never touch them. A checkpoint must save running_mean(), running_var() and
+/// num_batches_tracked() besides the flat buffers, and restore them by writing into the same
+/// views (deep_copy) and calling set_num_batches_tracked().
+///
+/// Precision: the per-channel sums (mean, variance, and the two backward sums) accumulate in
+/// `accum_type` (double for float inputs) and the variance is computed in a second pass
+/// around the mean, which avoids the cancellation of Σx² − Mμ² for data far from zero. The
+/// element-wise passes run in Scalar.
+///
+/// Not supported (PyTorch options): momentum = None (cumulative average) and
+/// track_running_stats = False.
+///
+/// Work: one team per channel for the reductions (TeamPolicy, league size C, a fixed
+/// reduction order) and one team per block of detail::batch_norm_block values of a channel for
+/// the element-wise passes, so those are parallel over all elements. A training forward reads
+/// x three times (mean, variance, normalize) and writes y; backward reads dy three times and
+/// x twice and writes dx. Each channel's reductions run in one team, so its values are read
+/// again from cache on a CPU.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class BatchNorm final : public Layer<Scalar, MemorySpace> {
+  using base = Layer<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+  using typename base::matrix_type;
+  using vector_type = Vector<Scalar, MemorySpace>;
+  /// Type the per-channel sums accumulate in: double for float, Scalar if wider.
+  using accum_type = std::common_type_t<Scalar, double>;
+
+  /// @param channels  C, the number of channels (features for BatchNorm1d), > 0
+  /// @param eps       added to the variance before the square root, finite and > 0
+  /// @param momentum  weight of the batch statistics in the running averages, in [0, 1]
+  /// @param affine    whether to learn the per-channel scale γ and shift β
+  /// @throws ValueError for channels = 0, eps not finite or <= 0, momentum outside [0, 1].
+  explicit BatchNorm(std::size_t channels, double eps = 1e-5, double momentum = 0.1,
+                     bool affine = true)
+      : channels_(channels), eps_(eps), momentum_(momentum), affine_(affine),
+        stats_("kat::nn::BatchNorm::stats"), coefficients_("kat::nn::BatchNorm::coefficients") {
+    if (channels_ == 0) {
+      throw ValueError("kat::nn::BatchNorm: channels must be > 0, got channels = 0");
+    }
+    if (!(std::isfinite(eps_) && eps_ > 0.0)) {
+      throw ValueError(
+          kat::detail::concat("kat::nn::BatchNorm: eps must be finite and > 0, got eps = ", eps_));
+    }
+    if (!(momentum_ >= 0.0 && momentum_ <= 1.0)) {
+      throw ValueError(kat::detail::concat(
+          "kat::nn::BatchNorm: momentum must be in [0, 1], got momentum = ", momentum_));
+    }
+    running_mean_ = vector_type("kat::nn::BatchNorm::running_mean", channels_);
+    running_var_ = vector_type("kat::nn::BatchNorm::running_var", channels_);
+    Kokkos::deep_copy(running_var_, Scalar(1));
+  }
+
+  std::string name() const override { return "BatchNorm"; }
+  std::size_t channels() const { return channels_; }
+  double eps() const { return eps_; }
+  double momentum() const { return momentum_; }
+  bool affine() const { return affine_; }
+
+  /// @throws ShapeError if input.channels differs from channels().
+  FeatureShape output_shape(const FeatureShape &input) const override {
+    kat::detail::require_extent("kat::nn::BatchNorm", "input channels", channels_,
+                                static_cast<std::size_t>(input.channels));
+    return input;
+  }
+
+  /// 2C with affine (γ then β), else 0.
+  std::size_t parameter_count() const override { return affine_ ? 2 * channels_ : 0; }
+
+  void bind(Scalar *params, Scalar *grads) override {
+    if (!affine_) {
+      return;
+    }
+    gamma_ = vector_type(params, channels_);
+    beta_ = vector_type(params + channels_, channels_);
+    grad_gamma_ = vector_type(grads, channels_);
+    grad_beta_ = vector_type(grads + channels_, channels_);
+  }
+
+  /// γ = 1, β = 0 (PyTorch), and the running statistics reset as by reset_running_stats();
+  /// `seed` is unused.
+  void reset_parameters(const execution_space &space, std::uint64_t /*seed*/) override {
+    if (affine_) {
+      require_bound("reset_parameters");
+      Kokkos::deep_copy(space, gamma_, Scalar(1));
+      Kokkos::deep_copy(space, beta_, Scalar(0));
+    }
+    reset_running_stats(space);
+  }
+
+  /// running_mean = 0, running_var = 1, num_batches_tracked = 0.
+  void reset_running_stats(const execution_space &space) {
+    Kokkos::deep_copy(space, running_mean_, Scalar(0));
+    Kokkos::deep_copy(space, running_var_, Scalar(1));
+    num_batches_tracked_ = 0;
+  }
+
+  /// γ (C), a view of the flat parameter buffer; empty without affine or before bind().
+  const vector_type &gamma() const { return gamma_; }
+  /// β (C), a view of the flat parameter buffer; empty without affine or before bind().
+  const vector_type &beta() const { return beta_; }
+  /// dL/dγ (C), a view of the flat gradient buffer.
+  const vector_type &gamma_gradient() const { return grad_gamma_; }
+  /// dL/dβ (C), a view of the flat gradient buffer.
+  const vector_type &beta_gradient() const { return grad_beta_; }
+
+  /// Running mean (C), owned by the layer; write into it (deep_copy) to restore a checkpoint.
+  const vector_type &running_mean() const { return running_mean_; }
+  /// Running unbiased variance (C), owned by the layer; writable like running_mean().
+  const vector_type &running_var() const { return running_var_; }
+  /// Number of training forwards so far (PyTorch's num_batches_tracked); checkpoint state.
+  std::uint64_t num_batches_tracked() const { return num_batches_tracked_; }
+  void set_num_batches_tracked(std::uint64_t n) { num_batches_tracked_ = n; }
+
+  /// Total (re)allocations of the layer's workspaces; constant after the first step.
+  std::size_t workspace_allocations() const {
+    return stats_.allocations() + coefficients_.allocations();
+  }
+
+  /// @throws ShapeError if x's column count is not a positive multiple of channels(), y's
+  ///         extents differ from x's, or either is not contiguous.
+  /// @throws ValueError in training when a channel has only one value (N·H·W == 1), as
+  ///         PyTorch ("Expected more than 1 value per channel when training").
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    ScopedRegion region("kat::nn::BatchNorm::forward");
+    const char *where = "kat::nn::BatchNorm::forward";
+    const std::size_t n = x.extent(0);
+    const std::size_t cols = x.extent(1);
+    if (cols == 0 || cols % channels_ != 0) {
+      throw ShapeError(kat::detail::concat(where,
+                                           ": x columns must be a positive multiple of "
+                                           "channels = ",
+                                           channels_, ", got ", cols));
+    }
+    kat::detail::require_extent(where, "y rows", n, y.extent(0));
+    kat::detail::require_extent(where, "y columns", cols, y.extent(1));
+    require_contiguous(where, "x", x);
+    require_contiguous(where, "y", y);
+    if (affine_) {
+      require_bound("forward");
+    }
+    const std::size_t C = channels_;
+    const std::size_t M = n * (cols / C);
+    const bool training = this->training_;
+    if (training && M <= 1) {
+      throw ValueError(kat::detail::concat(where,
+                                           ": Expected more than 1 value per channel when "
+                                           "training, got N * H * W = ",
+                                           M, " (N = ", n, ", H * W = ", cols / C, ")"));
+    }
+    x_ = x;
+    m_ = M;
+    forward_training_ = training;
+    stats_view_ = stats_.matrix(C, 2);
+    const auto stats = stats_view_;
+    const auto running_mean = running_mean_;
+    const auto running_var = running_var_;
+    const accum_type eps = static_cast<accum_type>(eps_);
+    const Scalar *xp = x.data();
+
+    if (training) {
+      ScopedRegion phase("kat::nn::BatchNorm::forward_statistics");
+      const accum_type momentum = static_cast<accum_type>(momentum_);
+      Kokkos::parallel_for(
+          "kat::nn::BatchNorm::forward_statistics", team_policy(space, C, Kokkos::AUTO),
+          KOKKOS_LAMBDA(const member_type &team) {
+            const std::size_t c = static_cast<std::size_t>(team.league_rank());
+            const Scalar *xc = xp + M * c;
+            const accum_type mean =
+                detail::batch_norm_team_sum<accum_type>(
+                    team, M, [&](const std::size_t m) { return static_cast<accum_type>(xc[m]); }) /
+                static_cast<accum_type>(M);
+            // Two-pass variance: sums of squared deviations, no cancellation.
+            const accum_type var =
+                detail::batch_norm_team_sum<accum_type>(team, M,
+                                                        [&](const std::size_t m) {
+                                                          const accum_type d =
+                                                              static_cast<accum_type>(xc[m]) - mean;
+                                                          return d * d;
+                                                        }) /
+                static_cast<accum_type>(M);
+            Kokkos::single(Kokkos::PerTeam(team), [&]() {
+              stats(c, 0) = static_cast<Scalar>(mean);
+              stats(c, 1) = static_cast<Scalar>(accum_type(1) / math::sqrt(var + eps));
+              const accum_type unbiased =
+                  var * static_cast<accum_type>(M) / static_cast<accum_type>(M - 1);
+              running_mean(c) = static_cast<Scalar>((accum_type(1) - momentum) *
+                                                        static_cast<accum_type>(running_mean(c)) +
+                                                    momentum * mean);
+              running_var(c) = static_cast<Scalar>((accum_type(1) - momentum) *
+                                                       static_cast<accum_type>(running_var(c)) +
+                                                   momentum * unbiased);
+            });
+          });
+      ++num_batches_tracked_;
+    } else {
+      Kokkos::parallel_for(
+          "kat::nn::BatchNorm::forward_running_statistics",
+          Kokkos::RangePolicy<execution_space>(space, 0, C), KOKKOS_LAMBDA(const std::size_t c) {
+            stats(c, 0) = running_mean(c);
+            stats(c, 1) = static_cast<Scalar>(
+                accum_type(1) / math::sqrt(static_cast<accum_type>(running_var(c)) + eps));
+          });
+    }
+
+    if (M == 0) {
+      return;
+    }
+    ScopedRegion phase("kat::nn::BatchNorm::forward_normalize");
+    const auto gamma = gamma_;
+    const auto beta = beta_;
+    const bool affine = affine_;
+    Scalar *yp = y.data();
+    const std::size_t block = detail::batch_norm_block;
+    const std::size_t blocks = (M + block - 1) / block;
+    Kokkos::parallel_for(
+        "kat::nn::BatchNorm::forward_normalize", team_policy(space, C * blocks, Kokkos::AUTO),
+        KOKKOS_LAMBDA(const member_type &team) {
+          const std::size_t league_rank = static_cast<std::size_t>(team.league_rank());
+          const std::size_t c = league_rank / blocks;
+          const std::size_t begin = (league_rank % blocks) * block;
+          const std::size_t end = M - begin < block ? M : begin + block;
+          const Scalar mean = stats(c, 0);
+          const Scalar scale = affine ? gamma(c) * stats(c, 1) : stats(c, 1);
+          const Scalar shift = affine ? beta(c) : Scalar(0);
+          const Scalar *xc = xp + M * c;
+          Scalar *yc = yp + M * c;
+          // (x − μ)·(γ·inv_std) + β rather than x·a + b: no cancellation when |μ| ≫ σ.
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::size_t m) {
+            yc[m] = (xc[m] - mean) * scale + shift;
+          });
+        });
+  }
+
+  /// @throws Error if called before forward().
+  /// @throws ShapeError if dy's (or a non-empty dx's) extents differ from the forward input's
+  ///         or a view is not contiguous.
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    ScopedRegion region("kat::nn::BatchNorm::backward");
+    const char *where = "kat::nn::BatchNorm::backward";
+    if (stats_view_.extent(0) == 0) {
+      throw Error(kat::detail::concat(where, ": called before forward"));
+    }
+    const std::size_t n = x_.extent(0);
+    const std::size_t cols = x_.extent(1);
+    kat::detail::require_extent(where, "dy rows", n, dy.extent(0));
+    kat::detail::require_extent(where, "dy columns", cols, dy.extent(1));
+    require_contiguous(where, "dy", dy);
+    const bool need_dx = dx.extent(0) != 0;
+    if (need_dx) {
+      kat::detail::require_extent(where, "dx rows", n, dx.extent(0));
+      kat::detail::require_extent(where, "dx columns", cols, dx.extent(1));
+      require_contiguous(where, "dx", dx);
+    }
+    const bool affine = affine_;
+    if (!affine && !need_dx) {
+      return;
+    }
+    if (affine) {
+      require_bound("backward");
+    }
+    const std::size_t C = channels_;
+    const std::size_t M = m_;
+    const bool training = forward_training_;
+    const bool accumulate = this->accumulate_;
+    // The sums are needed for the parameter gradients and, in training, for dx.
+    const bool need_sums = affine || training;
+    coefficients_view_ = coefficients_.matrix(C, 3);
+    const auto coef = coefficients_view_;
+    const auto stats = stats_view_;
+    const auto gamma = gamma_;
+    const auto grad_gamma = grad_gamma_;
+    const auto grad_beta = grad_beta_;
+    const Scalar *xp = x_.data();
+    const Scalar *dyp = dy.data();
+    {
+      ScopedRegion phase("kat::nn::BatchNorm::backward_sums");
+      Kokkos::parallel_for(
+          "kat::nn::BatchNorm::backward_sums", team_policy(space, C, Kokkos::AUTO),
+          KOKKOS_LAMBDA(const member_type &team) {
+            const std::size_t c = static_cast<std::size_t>(team.league_rank());
+            const Scalar *xc = xp + M * c;
+            const Scalar *dyc = dyp + M * c;
+            const Scalar mean = stats(c, 0);
+            const Scalar inv_std = stats(c, 1);
+            accum_type dbeta = 0;
+            accum_type dgamma = 0;
+            if (need_sums) {
+              dbeta = detail::batch_norm_team_sum<accum_type>(
+                  team, M, [&](const std::size_t m) { return static_cast<accum_type>(dyc[m]); });
+              // Σ dy·x̂ = inv_std · Σ dy·(x − μ)
+              dgamma = static_cast<accum_type>(inv_std) *
+                       detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
+                         return static_cast<accum_type>(dyc[m]) *
+                                (static_cast<accum_type>(xc[m]) - static_cast<accum_type>(mean));
+                       });
+            }
+            Kokkos::single(Kokkos::PerTeam(team), [&]() {
+              if (affine) {
+                grad_gamma(c) = static_cast<Scalar>(
+                    accumulate ? static_cast<accum_type>(grad_gamma(c)) + dgamma : dgamma);
+                grad_beta(c) = static_cast<Scalar>(
+                    accumulate ? static_cast<accum_type>(grad_beta(c)) + dbeta : dbeta);
+              }
+              const accum_type inv_m = accum_type(1) / static_cast<accum_type>(M);
+              coef(c, 0) = affine ? gamma(c) * inv_std : inv_std;
+              coef(c, 1) = training ? static_cast<Scalar>(dbeta * inv_m) : Scalar(0);
+              coef(c, 2) =
+                  training ? static_cast<Scalar>(static_cast<accum_type>(inv_std) * dgamma * inv_m)
+                           : Scalar(0);
+            });
+          });
+    }
+    if (!need_dx || M == 0) {
+      return;
+    }
+    ScopedRegion phase("kat::nn::BatchNorm::backward_dx");
+    Scalar *dxp = dx.data();
+    const std::size_t block = detail::batch_norm_block;
+    const std::size_t blocks = (M + block - 1) / block;
+    // dx = γ·inv_std·(dy − dβ/M − x̂·dγ/M), with x̂·dγ/M = (x − μ)·(inv_std·dγ/M); in
+    // evaluation both subtracted terms are 0.
+    Kokkos::parallel_for(
+        "kat::nn::BatchNorm::backward_dx", team_policy(space, C * blocks, Kokkos::AUTO),
+        KOKKOS_LAMBDA(const member_type &team) {
+          const std::size_t league_rank = static_cast<std::size_t>(team.league_rank());
+          const std::size_t c = league_rank / blocks;
+          const std::size_t begin = (league_rank % blocks) * block;
+          const std::size_t end = M - begin < block ? M : begin + block;
+          const Scalar mean = stats(c, 0);
+          const Scalar a = coef(c, 0);
+          const Scalar b = coef(c, 1);
+          const Scalar k = coef(c, 2);
+          const Scalar *xc = xp + M * c;
+          const Scalar *dyc = dyp + M * c;
+          Scalar *dxc = dxp + M * c;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::size_t m) {
+            dxc[m] = a * (dyc[m] - b - (xc[m] - mean) * k);
+          });
+        });
+  }
+
+private:
+  using team_policy = Kokkos::TeamPolicy<execution_space>;
+  using member_type = typename team_policy::member_type;
+
+  void require_bound(const char *what) const {
+    if (gamma_.extent(0) != channels_) {
+      throw Error(kat::detail::concat("kat::nn::BatchNorm::", what,
+                                      ": the layer has affine parameters but bind() was not "
+                                      "called"));
+    }
+  }
+
+  static void require_contiguous(const char *where, const char *what, const matrix_type &v) {
+    if (!v.span_is_contiguous()) {
+      throw ShapeError(kat::detail::concat(where, ": ", what,
+                                           " must be contiguous (no padding), got a span of ",
+                                           v.span(), " for ", v.extent(0), " x ", v.extent(1)));
+    }
+  }
+
+  std::size_t channels_;
+  double eps_, momentum_;
+  bool affine_;
+  vector_type gamma_, beta_, grad_gamma_, grad_beta_;
+  vector_type running_mean_, running_var_;
+  std::uint64_t num_batches_tracked_ = 0;
+  // Saved by forward for backward: the input, M = N·H·W and the mode.
+  matrix_type x_;
+  std::size_t m_ = 0;
+  bool forward_training_ = true;
+  // stats: C x 2 (mean, inv_std) used by the last forward; coefficients: C x 3 for dx.
+  Workspace<Scalar, MemorySpace> stats_, coefficients_;
+  matrix_type stats_view_, coefficients_view_;
+};
+
+/// torch.nn.BatchNorm1d: input N x F (C = F, H = W = 1).
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+using BatchNorm1d = BatchNorm<Scalar, MemorySpace>;
+
+/// torch.nn.BatchNorm2d: input N x (C·H·W) in FeatureShape order.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+using BatchNorm2d = BatchNorm<Scalar, MemorySpace>;
+
+} // namespace kat::nn

@@ -16,18 +16,23 @@ namespace kat::nn {
 
 namespace detail {
 
-// Each op gives f(x) and f'(x) expressed through y = f(x), so backward needs only the output.
+// Each op gives f(x), and dL/dx from y = f(x) and dL/dy, so backward needs only the output.
 struct ReLUOp {
   static const char *name() { return "ReLU"; }
   template <class T> KOKKOS_INLINE_FUNCTION static T f(T x) { return x > T(0) ? x : T(0); }
-  // Branch-free: a data-dependent branch here mispredicts about half the time.
-  template <class T> KOKKOS_INLINE_FUNCTION static T df(T y) { return static_cast<T>(y > T(0)); }
+  // A select of the already-loaded dy: GCC vectorizes it, whereas dy * T(y > 0) stays a
+  // scalar loop with a branch that mispredicts about half the time.
+  template <class T> KOKKOS_INLINE_FUNCTION static T backward(T y, T dy) {
+    return y > T(0) ? dy : T(0);
+  }
 };
 
 struct TanhOp {
   static const char *name() { return "Tanh"; }
   template <class T> KOKKOS_INLINE_FUNCTION static T f(T x) { return math::tanh(x); }
-  template <class T> KOKKOS_INLINE_FUNCTION static T df(T y) { return T(1) - y * y; }
+  template <class T> KOKKOS_INLINE_FUNCTION static T backward(T y, T dy) {
+    return dy * (T(1) - y * y);
+  }
 };
 
 struct SigmoidOp {
@@ -40,7 +45,9 @@ struct SigmoidOp {
     const T e = math::exp(x);
     return e / (T(1) + e);
   }
-  template <class T> KOKKOS_INLINE_FUNCTION static T df(T y) { return y * (T(1) - y); }
+  template <class T> KOKKOS_INLINE_FUNCTION static T backward(T y, T dy) {
+    return dy * (y * (T(1) - y));
+  }
 };
 
 } // namespace detail
@@ -83,7 +90,7 @@ public:
     Scalar *dxp = dx.data();
     Kokkos::parallel_for(
         "kat::nn::Activation::backward", Kokkos::RangePolicy<execution_space>(space, 0, count),
-        KOKKOS_LAMBDA(const std::size_t i) { dxp[i] = dyp[i] * Op::df(yp[i]); });
+        KOKKOS_LAMBDA(const std::size_t i) { dxp[i] = Op::backward(yp[i], dyp[i]); });
   }
 
 private:

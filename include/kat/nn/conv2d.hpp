@@ -1,0 +1,644 @@
+#pragma once
+/// @file
+/// @brief 2-D convolution (torch.nn.Conv2d) as im2col + GEMM, with the patch matrix K-FAC
+/// needs.
+
+#include "kat/core/blas.hpp"
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/nn/init.hpp"
+#include "kat/nn/layer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+
+namespace kat::nn {
+
+namespace detail {
+
+/// Geometry of one Conv2d applied to one (C, H, W) input, with PyTorch's output-size rule.
+/// Plain ints, so kernels capture it by value.
+struct Conv2dGeometry {
+  int in_channels = 0, out_channels = 0;
+  int kernel_h = 1, kernel_w = 1;
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int dilation_h = 1, dilation_w = 1;
+  int height = 0, width = 0; ///< input; 0 until output_shape() has seen a shape
+  int out_height = 0, out_width = 0;
+
+  /// K = C_in * k_h * k_w, the number of patch columns (without the bias column).
+  std::size_t patch_size() const {
+    return static_cast<std::size_t>(in_channels) * static_cast<std::size_t>(kernel_h) *
+           static_cast<std::size_t>(kernel_w);
+  }
+  /// H_out * W_out, the number of output positions per sample.
+  std::size_t positions() const {
+    return static_cast<std::size_t>(out_height) * static_cast<std::size_t>(out_width);
+  }
+  std::size_t in_size() const {
+    return static_cast<std::size_t>(in_channels) * static_cast<std::size_t>(height) *
+           static_cast<std::size_t>(width);
+  }
+  std::size_t out_size() const { return static_cast<std::size_t>(out_channels) * positions(); }
+};
+
+inline std::string conv_pair(const std::array<int, 2> &v) {
+  return kat::detail::concat('(', v[0], ", ", v[1], ')');
+}
+
+/// Vector length for the per-sample inner loops: the batch index is the fastest in memory,
+/// so GPU lanes over it coalesce; host backends run the loop as one vectorizable loop.
+template <class ExecSpace> int conv_vector_length() {
+  return std::min(32, Kokkos::TeamPolicy<ExecSpace>::vector_length_max());
+}
+
+/// im2col (Chellapilla, Puri & Simard 2006) for the output positions p = oh + H_out * ow in
+/// [p0, p1): writes the (n * (p1 - p0)) x cols column-major matrix `patches` whose row
+/// `b + n * (p - p0)` holds sample b's receptive field at position p, column
+/// k = i + k_h * (j + k_w * c) being input (b, c, oh s_h - p_h + i d_h, ow s_w - p_w + j d_w)
+/// (0 in the padding), and column K (when cols == K + 1) being 1.
+///
+/// One team per patch column; its threads take the output columns ow the range touches. For
+/// one (k, ow) the rows are contiguous in `patches`, and with stride_h == 1 the valid ones are
+/// also contiguous in x, so the copy is a single run.
+template <class ExecSpace, class Scalar>
+void conv2d_im2col(const ExecSpace &space, const Conv2dGeometry &g, std::size_t n, const Scalar *x,
+                   std::size_t p0, std::size_t p1, std::size_t cols, Scalar *patches) {
+  using policy = Kokkos::TeamPolicy<ExecSpace>;
+  using member = typename policy::member_type;
+  const std::size_t ho = static_cast<std::size_t>(g.out_height);
+  const std::size_t rows = n * (p1 - p0);
+  const std::size_t ow_first = p0 / ho;
+  const int ow_count = static_cast<int>((p1 - 1) / ho - ow_first + 1);
+  const int patch = static_cast<int>(g.patch_size());
+  Kokkos::parallel_for(
+      "kat::nn::Conv2d::im2col",
+      policy(space, static_cast<int>(cols), Kokkos::AUTO, conv_vector_length<ExecSpace>()),
+      KOKKOS_LAMBDA(const member &team) {
+        const int k = team.league_rank();
+        const int i = k % g.kernel_h;
+        const int j = (k / g.kernel_h) % g.kernel_w;
+        const int c = k / (g.kernel_h * g.kernel_w);
+        const int ih0 = i * g.dilation_h - g.pad_h; // input row of output row 0
+        // Output rows whose input row is inside the image: [oh_valid_lo, oh_valid_hi).
+        const int oh_valid_lo = ih0 >= 0 ? 0 : (-ih0 + g.stride_h - 1) / g.stride_h;
+        const int oh_valid_hi = g.height - 1 - ih0 < 0 ? 0 : (g.height - 1 - ih0) / g.stride_h + 1;
+        Scalar *column = patches + rows * static_cast<std::size_t>(k);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ow_count), [&](const int t) {
+          const std::size_t ow = ow_first + static_cast<std::size_t>(t);
+          const std::size_t q_begin = p0 > ho * ow ? p0 : ho * ow;
+          const std::size_t q_end = p1 < ho * (ow + 1) ? p1 : ho * (ow + 1);
+          const int oh_begin = static_cast<int>(q_begin - ho * ow);
+          const int oh_end = static_cast<int>(q_end - ho * ow);
+          Scalar *dst = column + n * (q_begin - p0); // row of (oh_begin, ow)
+          const int iw = static_cast<int>(ow) * g.stride_w - g.pad_w + j * g.dilation_w;
+          const bool column_inside = k < patch && iw >= 0 && iw < g.width;
+          const int a = column_inside ? (oh_valid_lo > oh_begin ? oh_valid_lo : oh_begin)
+                                      : oh_end; // valid rows [a, b)
+          const int b = column_inside ? (oh_valid_hi < oh_end ? oh_valid_hi : oh_end) : oh_end;
+          const int copy_begin = a < b ? a : oh_end;
+          const int copy_end = a < b ? b : oh_end;
+          const Scalar outside = k < patch ? Scalar(0) : Scalar(1);
+          // Padding (or the bias column's ones) before and after the valid rows.
+          Kokkos::parallel_for(
+              Kokkos::ThreadVectorRange(team, n * static_cast<std::size_t>(copy_begin - oh_begin)),
+              [&](const std::size_t e) { dst[e] = outside; });
+          Kokkos::parallel_for(
+              Kokkos::ThreadVectorRange(team, n * static_cast<std::size_t>(oh_end - copy_end)),
+              [&](const std::size_t e) { dst[n * (copy_end - oh_begin) + e] = outside; });
+          if (copy_begin == copy_end) {
+            return;
+          }
+          const std::size_t plane =
+              static_cast<std::size_t>(g.height) *
+              (static_cast<std::size_t>(iw) + static_cast<std::size_t>(g.width) * c);
+          Scalar *out = dst + n * static_cast<std::size_t>(copy_begin - oh_begin);
+          const Scalar *in =
+              x + n * (plane + static_cast<std::size_t>(copy_begin * g.stride_h + ih0));
+          if (g.stride_h == 1) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(
+                                     team, n * static_cast<std::size_t>(copy_end - copy_begin)),
+                                 [&](const std::size_t e) { out[e] = in[e]; });
+          } else {
+            const std::size_t in_step = n * static_cast<std::size_t>(g.stride_h);
+            for (int oh = copy_begin; oh < copy_end; ++oh) {
+              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                   [&](const std::size_t e) { out[e] = in[e]; });
+              out += n;
+              in += in_step;
+            }
+          }
+        });
+      });
+}
+
+/// col2im as a gather: every input element (b, c, ih, iw) of the band [ih_lo, ih_hi] x
+/// [iw_lo, iw_hi] (all channels) adds, over the kernel offsets (i, j) in order, the dP entry
+/// of the output position (oh, ow) = ((ih + p_h - i d_h) / s_h, (iw + p_w - j d_w) / s_w)
+/// whose window covers it (both divisions exact and in range), for the positions
+/// p = oh + H_out ow in [s0, s1) only. `dpatches` holds the rows of positions
+/// [pbase, pbase + rows / n) (rows as in conv2d_im2col, column stride `rows`, K columns), and
+/// must cover [s0, s1). With `overwrite` the element is set to that sum instead. Each element
+/// is written by one thread in a fixed order: deterministic, no atomics.
+template <class ExecSpace, class Scalar>
+void conv2d_col2im(const ExecSpace &space, const Conv2dGeometry &g, std::size_t n,
+                   const Scalar *dpatches, std::size_t rows, std::size_t pbase, std::size_t s0,
+                   std::size_t s1, Scalar *dx, int ih_lo, int ih_hi, int iw_lo, int iw_hi,
+                   bool overwrite) {
+  using policy = Kokkos::TeamPolicy<ExecSpace>;
+  using member = typename policy::member_type;
+  const int band_h = ih_hi - ih_lo + 1;
+  const int band_w = iw_hi - iw_lo + 1;
+  const long long base = static_cast<long long>(pbase);
+  const long long first = static_cast<long long>(s0);
+  const long long last = static_cast<long long>(s1);
+  // One kernel tap down is d = step_q s + step_r.
+  const int step_qh = g.dilation_h / g.stride_h, step_rh = g.dilation_h % g.stride_h;
+  const int step_qw = g.dilation_w / g.stride_w, step_rw = g.dilation_w % g.stride_w;
+  Kokkos::parallel_for(
+      "kat::nn::Conv2d::col2im",
+      policy(space, g.in_channels * band_w, Kokkos::AUTO, conv_vector_length<ExecSpace>()),
+      KOKKOS_LAMBDA(const member &team) {
+        const int c = team.league_rank() / band_w;
+        const int iw = iw_lo + team.league_rank() % band_w;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, band_h), [&](const int t) {
+          const int ih = ih_lo + t;
+          Scalar *out =
+              dx + n * (static_cast<std::size_t>(ih) +
+                        static_cast<std::size_t>(g.height) *
+                            (static_cast<std::size_t>(iw) + static_cast<std::size_t>(g.width) * c));
+          if (overwrite) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                 [&](const std::size_t e) { out[e] = Scalar(0); });
+          }
+          // th = ih + p_h - i d_h = qh s_h + rh and tw = iw + p_w - j d_w = qw s_w + rw with
+          // 0 <= r < s, stepped without divisions: th >= 0 iff qh >= 0, and it is a window
+          // start iff rh == 0, at output row qh.
+          int qh = (ih + g.pad_h) / g.stride_h, rh = (ih + g.pad_h) % g.stride_h;
+          const int qw0 = (iw + g.pad_w) / g.stride_w, rw0 = (iw + g.pad_w) % g.stride_w;
+          for (int i = 0; i < g.kernel_h && qh >= 0; ++i) {
+            if (rh == 0 && qh < g.out_height) {
+              int qw = qw0, rw = rw0;
+              for (int j = 0; j < g.kernel_w && qw >= 0; ++j) {
+                const long long p = qh + static_cast<long long>(g.out_height) * qw;
+                if (rw == 0 && qw < g.out_width && p >= first && p < last) {
+                  const std::size_t k =
+                      static_cast<std::size_t>(i + g.kernel_h * (j + g.kernel_w * c));
+                  const Scalar *src = dpatches + n * static_cast<std::size_t>(p - base) + rows * k;
+                  Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                       [&](const std::size_t e) { out[e] += src[e]; });
+                }
+                qw -= step_qw;
+                rw -= step_rw;
+                if (rw < 0) {
+                  rw += g.stride_w;
+                  --qw;
+                }
+              }
+            }
+            qh -= step_qh;
+            rh -= step_rh;
+            if (rh < 0) {
+              rh += g.stride_h;
+              --qh;
+            }
+          }
+        });
+      });
+}
+
+} // namespace detail
+
+/// 2-D convolution with PyTorch's semantics (torch.nn.Conv2d with groups = 1,
+/// padding_mode = "zeros"), computed as im2col + GEMM (Chellapilla, Puri & Simard, "High
+/// Performance Convolutional Neural Networks for Document Processing", IWFHR 2006).
+///
+/// Shapes: input (C_in, H, W), a batch is N x (C_in·H·W) in KAT's feature order
+/// `h + H * (w + W * c)` (see FeatureShape); output (C_out, H_out, W_out) with
+/// H_out = floor((H + 2 p_h - d_h (k_h - 1) - 1) / s_h) + 1 and likewise W_out.
+///
+/// Parameters: [W b] is ONE C_out x (K + 1) column-major matrix in the flat buffer
+/// (C_out x K without bias), K = C_in·k_h·k_w, exactly as Dense keeps [W b], so K-FAC treats
+/// convolutions and dense layers alike. Patch column k = i + k_h (j + k_w c) holds kernel row
+/// i, kernel column j, input channel c: W(o, i + k_h (j + k_w c)) is PyTorch's
+/// weight[o][c][i][j]. Initialization follows torch.nn.Conv2d: W ~ kaiming_uniform(a = √5,
+/// fan_in = K), i.e. U(-1/√K, 1/√K), and b ~ U(-1/√K, 1/√K).
+///
+/// The patch matrix P has one row r = b + N (oh + H_out ow) per (sample, output position) —
+/// batch fastest, as the output — so Y = P [W b]ᵀ, an (N·H_out·W_out) x C_out column-major
+/// matrix, IS the output batch y in memory and is written by the GEMM directly. Backward:
+/// d[W b] (+)= dYᵀ P, dP = dY W, dx = col2im(dP) as a gather (deterministic, no atomics).
+///
+/// Two execution paths give the same results up to floating-point summation order:
+/// - full (while recording curvature): P (with its ones column) is built once for the whole
+///   batch and kept for backward and for curvature();
+/// - chunked (default): the output positions are processed in chunks of contiguous
+///   positions p = oh + H_out ow, whose patch block is about chunk_bytes() (see
+///   set_chunk_bytes()). A chunk's rows of Y are a contiguous row range, so each chunk's GEMM
+///   writes straight into y (a strided view, leading dimension N·H_out·W_out) and reads dY
+///   the same way. The block stays in cache between im2col and the GEMMs instead of streaming
+///   N·H_out·W_out·(K+1) scalars through memory twice. Backward walks the chunks last to
+///   first: the last block is still in the workspace from forward(), the others are rebuilt.
+///   The first chunk it processes writes every dx element, the others add to them.
+///
+/// As MaxPool2d, the layer learns H and W from output_shape(), which Sequential::add calls;
+/// a standalone layer must be given its input shape that way before forward().
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class Conv2d final : public Layer<Scalar, MemorySpace> {
+  using base = Layer<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+  using typename base::matrix_type;
+  using vector_type = Vector<Scalar, MemorySpace>;
+
+  /// Default size of one chunk's patch block. In host memory 8 MiB: small enough to stay in
+  /// cache between im2col and the GEMMs, large enough that the per-chunk costs (BLAS calls and
+  /// their thread wake-ups, the col2im band edges) stay small; it was the fastest of
+  /// 0.25-16 MiB for the Fashion-MNIST CNN's convolutions on a 2-core Xeon
+  /// (bench/bench_conv.cpp). In device memory 0 (no chunking): GPUs stream memory fast
+  /// enough that one large GEMM beats many small ones.
+  static constexpr std::size_t default_chunk_bytes =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible ? std::size_t(8) << 20
+                                                                             : std::size_t(0);
+
+  /// @param in_channels, out_channels  C_in, C_out, >= 1
+  /// @param kernel    (height, width) of the kernel, >= 1
+  /// @param stride    (height, width) step, >= 1
+  /// @param padding   (height, width) implicit zero padding per side, >= 0
+  /// @param dilation  (height, width) spacing of kernel taps, >= 1
+  /// @param bias      whether to learn b
+  /// @throws ValueError naming the argument, expected and actual value, on a value outside
+  ///         those ranges.
+  Conv2d(std::size_t in_channels, std::size_t out_channels, std::array<int, 2> kernel,
+         std::array<int, 2> stride = {1, 1}, std::array<int, 2> padding = {0, 0},
+         std::array<int, 2> dilation = {1, 1}, bool bias = true)
+      : bias_(bias) {
+    const char *where = "kat::nn::Conv2d: ";
+    const auto max_int = static_cast<std::size_t>(std::numeric_limits<int>::max());
+    if (in_channels == 0 || in_channels > max_int) {
+      throw ValueError(kat::detail::concat(where, "in_channels must be in [1, ", max_int, "], got ",
+                                           in_channels));
+    }
+    if (out_channels == 0 || out_channels > max_int) {
+      throw ValueError(kat::detail::concat(where, "out_channels must be in [1, ", max_int,
+                                           "], got ", out_channels));
+    }
+    if (kernel[0] < 1 || kernel[1] < 1) {
+      throw ValueError(kat::detail::concat(where, "kernel must be >= 1 in both dimensions, got ",
+                                           detail::conv_pair(kernel)));
+    }
+    if (stride[0] < 1 || stride[1] < 1) {
+      throw ValueError(kat::detail::concat(where, "stride must be >= 1 in both dimensions, got ",
+                                           detail::conv_pair(stride)));
+    }
+    if (padding[0] < 0 || padding[1] < 0) {
+      throw ValueError(kat::detail::concat(where, "padding must be >= 0 in both dimensions, got ",
+                                           detail::conv_pair(padding)));
+    }
+    if (dilation[0] < 1 || dilation[1] < 1) {
+      throw ValueError(kat::detail::concat(where, "dilation must be >= 1 in both dimensions, got ",
+                                           detail::conv_pair(dilation)));
+    }
+    geometry_.in_channels = static_cast<int>(in_channels);
+    geometry_.out_channels = static_cast<int>(out_channels);
+    geometry_.kernel_h = kernel[0];
+    geometry_.kernel_w = kernel[1];
+    geometry_.stride_h = stride[0];
+    geometry_.stride_w = stride[1];
+    geometry_.pad_h = padding[0];
+    geometry_.pad_w = padding[1];
+    geometry_.dilation_h = dilation[0];
+    geometry_.dilation_w = dilation[1];
+  }
+
+  /// Square kernel, stride, padding and dilation; `model.add<Conv2d>(1, 32, 5, 1, 2)`.
+  /// @throws ValueError as above.
+  Conv2d(std::size_t in_channels, std::size_t out_channels, int kernel, int stride = 1,
+         int padding = 0, int dilation = 1, bool bias = true)
+      : Conv2d(in_channels, out_channels, std::array<int, 2>{kernel, kernel},
+               std::array<int, 2>{stride, stride}, std::array<int, 2>{padding, padding},
+               std::array<int, 2>{dilation, dilation}, bias) {}
+
+  std::string name() const override { return "Conv2d"; }
+  std::size_t in_channels() const { return static_cast<std::size_t>(geometry_.in_channels); }
+  std::size_t out_channels() const { return static_cast<std::size_t>(geometry_.out_channels); }
+  /// (height, width) of the kernel.
+  std::array<int, 2> kernel() const { return {geometry_.kernel_h, geometry_.kernel_w}; }
+  std::array<int, 2> stride() const { return {geometry_.stride_h, geometry_.stride_w}; }
+  std::array<int, 2> padding() const { return {geometry_.pad_h, geometry_.pad_w}; }
+  std::array<int, 2> dilation() const { return {geometry_.dilation_h, geometry_.dilation_w}; }
+  bool has_bias() const { return bias_; }
+  /// K = C_in·k_h·k_w, the columns of W.
+  std::size_t patch_size() const { return geometry_.patch_size(); }
+
+  /// Target size in bytes of one chunk's patch block on the chunked path (default
+  /// default_chunk_bytes): a chunk holds max(1, bytes / (N·(K+1)·sizeof(Scalar))) output
+  /// positions of all N samples (K instead of K+1 without bias). 0 never chunks: one block for
+  /// the whole batch, not kept. Has no effect while recording curvature, which always builds
+  /// and keeps the whole P.
+  void set_chunk_bytes(std::size_t bytes) { chunk_bytes_ = bytes; }
+  std::size_t chunk_bytes() const { return chunk_bytes_; }
+
+  /// (C_in, H, W) -> (C_out, H_out, W_out), PyTorch's rule (see the class comment). Also
+  /// records `input` as the shape forward() takes (Sequential::add calls this once; calling
+  /// it again with another shape re-targets the layer).
+  /// @throws ShapeError if input.channels != in_channels(), H or W < 1, or H_out or W_out < 1.
+  FeatureShape output_shape(const FeatureShape &input) const override {
+    const char *where = "kat::nn::Conv2d";
+    kat::detail::require_extent(where, "input channels", geometry_.in_channels, input.channels);
+    if (input.height < 1 || input.width < 1) {
+      throw ShapeError(
+          kat::detail::concat(where, ": input height and width must be >= 1, got ", input));
+    }
+    detail::Conv2dGeometry g = geometry_;
+    const int span_h = g.dilation_h * (g.kernel_h - 1) + 1;
+    const int span_w = g.dilation_w * (g.kernel_w - 1) + 1;
+    const int padded_h = input.height + 2 * g.pad_h;
+    const int padded_w = input.width + 2 * g.pad_w;
+    if (padded_h < span_h || padded_w < span_w) {
+      throw ShapeError(kat::detail::concat(
+          where, ": input ", input, " with padding ", detail::conv_pair(padding()),
+          " must be at least the dilated kernel ", detail::conv_pair({span_h, span_w}),
+          " in height and width (so that H_out, W_out >= 1), got ",
+          detail::conv_pair({padded_h, padded_w}), " after padding"));
+    }
+    g.height = input.height;
+    g.width = input.width;
+    g.out_height = (padded_h - span_h) / g.stride_h + 1;
+    g.out_width = (padded_w - span_w) / g.stride_w + 1;
+    geometry_ = g;
+    return FeatureShape{g.out_channels, g.out_height, g.out_width};
+  }
+
+  std::size_t parameter_count() const override { return out_channels() * weight_columns(); }
+
+  void bind(Scalar *params, Scalar *grads) override {
+    const std::size_t out = out_channels(), k = patch_size();
+    weight_bias_ = matrix_type(params, out, weight_columns());
+    grad_weight_bias_ = matrix_type(grads, out, weight_columns());
+    weight_ = matrix_type(params, out, k);
+    grad_weight_ = matrix_type(grads, out, k);
+    if (bias_) {
+      bias_view_ = vector_type(params + out * k, out);
+      grad_bias_ = vector_type(grads + out * k, out);
+    }
+  }
+
+  void reset_parameters(const execution_space &space, std::uint64_t seed) override {
+    const std::size_t k = patch_size();
+    vector_type w(weight_.data(), out_channels() * k);
+    kaiming_uniform_(space, w, k, std::sqrt(5.0), seed, 0);
+    if (bias_) {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(k));
+      uniform_(space, bias_view_, -bound, bound, seed, 1);
+    }
+  }
+
+  /// W (C_out x K), a view of the flat parameter buffer.
+  const matrix_type &weight() const { return weight_; }
+  /// b (C_out), empty without bias.
+  const vector_type &bias() const { return bias_view_; }
+  /// dL/dW (C_out x K), a view of the flat gradient buffer.
+  const matrix_type &weight_gradient() const { return grad_weight_; }
+  /// dL/db (C_out), empty without bias.
+  const vector_type &bias_gradient() const { return grad_bias_; }
+
+  /// y = conv(x). x: N x (C_in·H·W), y: N x (C_out·H_out·W_out), both contiguous.
+  /// @throws Error if the input shape is unknown (see output_shape()); ShapeError on wrong
+  ///         extents or a non-contiguous x or y.
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    ScopedRegion region("kat::nn::Conv2d::forward");
+    const char *where = "kat::nn::Conv2d::forward";
+    if (geometry_.height == 0) {
+      throw Error(kat::detail::concat(where, ": the input shape is unknown; call "
+                                             "output_shape(input) first (Sequential::add does)"));
+    }
+    const detail::Conv2dGeometry g = geometry_;
+    const std::size_t n = x.extent(0);
+    kat::detail::require_extent(where, "x columns", g.in_size(), x.extent(1));
+    kat::detail::require_extent(where, "y rows", n, y.extent(0));
+    kat::detail::require_extent(where, "y columns", g.out_size(), y.extent(1));
+    require_contiguous(where, "x", x);
+    require_contiguous(where, "y", y);
+    forward_geometry_ = g;
+    batch_ = n;
+    forwarded_ = true;
+    full_ = this->recording_;
+    x_ = x;
+    kept_ = {};
+    a_view_ = matrix_type();
+    g_ = matrix_type();
+    if (n == 0) {
+      return;
+    }
+    const std::size_t positions = g.positions(), cols = weight_columns();
+    // Y = P [W b]ᵀ is (N·H_out·W_out) x C_out column-major: exactly y's memory.
+    const matrix_type y_rows(y.data(), n * positions, out_channels());
+    const std::size_t step = full_ ? positions : chunk_positions(n, cols);
+    if (full_) {
+      a_view_ = a_.matrix(n * positions, cols);
+    } else {
+      reserve_chunk(patches_, n, cols);
+    }
+    for (std::size_t p0 = 0; p0 < positions; p0 += step) {
+      const std::size_t p1 = std::min(positions, p0 + step);
+      const matrix_type p_c = full_ ? a_view_ : patches_.matrix(n * (p1 - p0), cols);
+      {
+        ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
+        detail::conv2d_im2col(space, g, n, x.data(), p0, p1, cols, p_c.data());
+      }
+      gemm(space, Trans::N, Trans::T, Scalar(1), p_c, weight_bias_, Scalar(0),
+           Kokkos::subview(y_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL()));
+      if (!full_) {
+        kept_ = {p0, p1, p_c.data()};
+      }
+    }
+  }
+
+  /// Given dy = dL/dy (N x (C_out·H_out·W_out), contiguous), adds d[W b] to the gradient
+  /// buffer (or overwrites it, see accumulate_gradients()) and, unless dx is empty, writes
+  /// dx = dL/dx (N x (C_in·H·W), contiguous).
+  /// @throws Error before forward(); ShapeError on wrong extents.
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    ScopedRegion region("kat::nn::Conv2d::backward");
+    const char *where = "kat::nn::Conv2d::backward";
+    if (!forwarded_) {
+      throw Error(kat::detail::concat(where, ": call forward() first"));
+    }
+    const detail::Conv2dGeometry g = forward_geometry_;
+    const std::size_t n = batch_;
+    kat::detail::require_extent(where, "dy rows", n, dy.extent(0));
+    kat::detail::require_extent(where, "dy columns", g.out_size(), dy.extent(1));
+    require_contiguous(where, "dy", dy);
+    const bool want_dx = dx.extent(0) != 0;
+    if (want_dx) {
+      kat::detail::require_extent(where, "dx rows", n, dx.extent(0));
+      kat::detail::require_extent(where, "dx columns", g.in_size(), dx.extent(1));
+      require_contiguous(where, "dx", dx);
+    }
+    const bool accumulate = this->accumulate_;
+    if (n == 0) {
+      if (!accumulate) {
+        Kokkos::deep_copy(space, grad_weight_bias_, Scalar(0));
+      }
+      return;
+    }
+    const std::size_t positions = g.positions(), cols = weight_columns(), k = patch_size();
+    const matrix_type dy_rows(dy.data(), n * positions, out_channels());
+    if (full_) {
+      g_ = dy_rows;
+      gemm(space, Trans::T, Trans::N, Scalar(1), dy_rows, a_view_, Scalar(accumulate ? 1 : 0),
+           grad_weight_bias_);
+      if (want_dx) {
+        const matrix_type dp = dpatches_.matrix(n * positions, k);
+        gemm(space, Trans::N, Trans::N, Scalar(1), dy_rows, weight_, Scalar(0), dp);
+        ScopedRegion col2im_region("kat::nn::Conv2d::col2im");
+        detail::conv2d_col2im(space, g, n, dp.data(), dp.extent(0), 0, 0, positions, dx.data(), 0,
+                              g.height - 1, 0, g.width - 1, true);
+      }
+      return;
+    }
+    const std::size_t step = chunk_positions(n, cols);
+    reserve_chunk(patches_, n, cols);
+    if (want_dx) {
+      reserve_chunk(dpatches_, n, cols);
+    }
+    // Last chunk first: its patch block is still in the workspace (and in cache) from
+    // forward(), so it is not rebuilt.
+    const std::size_t chunks = (positions + step - 1) / step;
+    for (std::size_t c = chunks; c-- > 0;) {
+      const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
+      const bool first = c + 1 == chunks;
+      const matrix_type p_c = patches_.matrix(n * (p1 - p0), cols);
+      if (!(kept_.p0 == p0 && kept_.p1 == p1 && kept_.data == p_c.data())) {
+        ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
+        detail::conv2d_im2col(space, g, n, x_.data(), p0, p1, cols, p_c.data());
+      }
+      kept_ = {};
+      const auto dy_c = Kokkos::subview(dy_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL());
+      gemm(space, Trans::T, Trans::N, Scalar(1), dy_c, p_c, Scalar(accumulate || !first ? 1 : 0),
+           grad_weight_bias_);
+      if (!want_dx) {
+        continue;
+      }
+      const matrix_type dp_c = dpatches_.matrix(n * (p1 - p0), k);
+      gemm(space, Trans::N, Trans::N, Scalar(1), dy_c, weight_, Scalar(0), dp_c);
+      ScopedRegion col2im_region("kat::nn::Conv2d::col2im");
+      if (first) {
+        // The first chunk writes every dx element (zero where it does not reach).
+        detail::conv2d_col2im(space, g, n, dp_c.data(), dp_c.extent(0), p0, p0, p1, dx.data(), 0,
+                              g.height - 1, 0, g.width - 1, true);
+        continue;
+      }
+      // The other chunks add, in the order processed, to the inputs their positions reach: one
+      // gather per output column of the chunk, over the tight band of inputs its windows cover.
+      const std::size_t ho = static_cast<std::size_t>(g.out_height);
+      for (std::size_t s0 = p0; s0 < p1; s0 = (s0 / ho + 1) * ho) {
+        const std::size_t s1 = std::min(p1, (s0 / ho + 1) * ho);
+        int ih_lo, ih_hi, iw_lo, iw_hi;
+        column_band(g, s0, s1, ih_lo, ih_hi, iw_lo, iw_hi);
+        if (ih_lo <= ih_hi && iw_lo <= iw_hi) {
+          detail::conv2d_col2im(space, g, n, dp_c.data(), dp_c.extent(0), p0, s0, s1, dx.data(),
+                                ih_lo, ih_hi, iw_lo, iw_hi, false);
+        }
+      }
+    }
+  }
+
+  bool supports_curvature() const override { return true; }
+
+  /// While recording (and after a forward/backward): a = P, the (N·H_out·W_out) x (K+1)
+  /// patch matrix with its ones column (x K without bias); g = dL/dY, the
+  /// (N·H_out·W_out) x C_out view of dy as given (including the 1/N of a batch-mean loss);
+  /// weight_gradient = d[W b] and weight = [W b] (C_out x (K+1)). These are the conv
+  /// quantities of ALGORITHMS.md section 1; forming A = aᵀa / (N·H_out·W_out) and
+  /// G = gᵀg / (N·H_out·W_out) (after undoing the 1/N) is the preconditioner's job.
+  CurvatureRecord<Scalar, MemorySpace> curvature() const override {
+    return {a_view_, g_, grad_weight_bias_, weight_bias_};
+  }
+
+  /// (Re)allocations of the layer's workspaces so far; constant once the largest batch has
+  /// been seen on each path.
+  std::size_t workspace_allocations() const {
+    return a_.allocations() + patches_.allocations() + dpatches_.allocations();
+  }
+
+private:
+  std::size_t weight_columns() const { return patch_size() + (bias_ ? 1 : 0); }
+
+  static void require_contiguous(const char *where, const char *what, const matrix_type &m) {
+    if (m.extent(1) > 1 && m.stride(1) != m.extent(0)) {
+      throw ShapeError(kat::detail::concat(where, ": ", what,
+                                           " must be contiguous, stride(1) must be ", m.extent(0),
+                                           ", got ", m.stride(1)));
+    }
+  }
+
+  /// Output positions per chunk for a batch of n: the patch block n·positions·cols scalars is
+  /// about chunk_bytes_, at least one position.
+  std::size_t chunk_positions(std::size_t n, std::size_t cols) const {
+    const std::size_t positions = forward_geometry_.positions();
+    if (chunk_bytes_ == 0) {
+      return positions;
+    }
+    const std::size_t per_position = n * cols * sizeof(Scalar);
+    return std::clamp<std::size_t>(chunk_bytes_ / per_position, 1, positions);
+  }
+
+  /// Grows `ws` once to what any batch up to n needs, so a smaller last batch (which may fit
+  /// more positions per chunk) does not reallocate.
+  void reserve_chunk(Workspace<Scalar, MemorySpace> &ws, std::size_t n, std::size_t cols) const {
+    const std::size_t whole = n * forward_geometry_.positions() * cols;
+    const std::size_t budget =
+        chunk_bytes_ == 0 ? whole : std::max(chunk_bytes_ / sizeof(Scalar), n * cols);
+    ws.matrix(std::min(whole, budget), 1);
+  }
+
+  /// The input rows [ih_lo, ih_hi] and columns [iw_lo, iw_hi] that the windows of the output
+  /// positions [s0, s1), all in one output column, reach (empty when lo > hi).
+  static void column_band(const detail::Conv2dGeometry &g, std::size_t s0, std::size_t s1,
+                          int &ih_lo, int &ih_hi, int &iw_lo, int &iw_hi) {
+    const std::size_t ho = static_cast<std::size_t>(g.out_height);
+    const int ow = static_cast<int>(s0 / ho);
+    const int oh_lo = static_cast<int>(s0 % ho), oh_hi = static_cast<int>((s1 - 1) % ho);
+    ih_lo = std::max(0, oh_lo * g.stride_h - g.pad_h);
+    ih_hi = std::min(g.height - 1, oh_hi * g.stride_h - g.pad_h + (g.kernel_h - 1) * g.dilation_h);
+    iw_lo = std::max(0, ow * g.stride_w - g.pad_w);
+    iw_hi = std::min(g.width - 1, ow * g.stride_w - g.pad_w + (g.kernel_w - 1) * g.dilation_w);
+  }
+
+  bool bias_;
+  std::size_t chunk_bytes_ = default_chunk_bytes;
+  mutable detail::Conv2dGeometry geometry_; // hyperparameters + the shape output_shape() last saw
+  detail::Conv2dGeometry forward_geometry_; // what the last forward() ran with
+  std::size_t batch_ = 0;
+  bool forwarded_ = false;
+  bool full_ = false; // whether the last forward built the whole P (recording)
+  // The chunk [p0, p1) whose patch block forward() left in patches_ (at data), for backward.
+  struct KeptChunk {
+    std::size_t p0 = 0, p1 = 0;
+    const Scalar *data = nullptr;
+  } kept_;
+  matrix_type weight_bias_, grad_weight_bias_, weight_, grad_weight_;
+  vector_type bias_view_, grad_bias_;
+  matrix_type x_;
+  Workspace<Scalar, MemorySpace> a_{"kat::nn::Conv2d::a"};
+  Workspace<Scalar, MemorySpace> patches_{"kat::nn::Conv2d::patches"};
+  Workspace<Scalar, MemorySpace> dpatches_{"kat::nn::Conv2d::dpatches"};
+  matrix_type a_view_, g_;
+};
+
+} // namespace kat::nn

@@ -49,20 +49,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-kat::nn::Sequential<Scalar, Mem> build_model(const std::string &name, kat::FeatureShape input,
-                                             int classes) {
-  kat::nn::Sequential<Scalar, Mem> model(input);
-  if (name == "mlp") {
-    model.add<kat::nn::Flatten>();
-    model.add<kat::nn::Dense>(input.size(), 256);
-    model.add<kat::nn::ReLU>();
-    model.add<kat::nn::Dense>(256, 256);
-    model.add<kat::nn::ReLU>();
-    model.add<kat::nn::Dense>(256, classes);
-  }
-  return model;
-}
-
 std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> build_optimizer(const Options &o,
                                                                     std::size_t n) {
   if (o.optimizer == "sgd") {
@@ -215,7 +201,7 @@ int run(const Options &o) {
   kat::data::DataLoader<Scalar, Mem> train_loader(train_set, o.batch_size, true, o.seed);
   kat::data::DataLoader<Scalar, Mem> test_loader(test_set, 1000, false, 0);
 
-  auto model = build_model(o.model, train_set.shape, train_set.classes);
+  auto model = kat::nn::models::by_name<Scalar, Mem>(o.model, train_set.shape, train_set.classes);
   model.compile(space, o.seed);
   auto optimizer = build_optimizer(o, model.parameter_count());
   const std::int64_t steps_per_epoch = static_cast<std::int64_t>(train_loader.batches());
@@ -277,8 +263,11 @@ int main(int argc, char **argv) {
   app.add_option("--data-dir", o.data_dir,
                  "Directory with the IDX files (train-images-idx3-ubyte[.gz], ...)")
       ->capture_default_str();
-  app.add_option("--model", o.model, "Network: mlp (784-256-256-10, ReLU)")
-      ->check(CLI::IsMember({"mlp"}))
+  app.add_option("--model", o.model,
+                 "Network: mlp (784-256-256-10, ReLU) | cnn (two 5x5 convolutions, max "
+                 "pooling, dense 3136-256-10) | resnet (ResNet-14: three stages of two basic "
+                 "blocks, batch norm, global average pooling)")
+      ->check(CLI::IsMember({"mlp", "cnn", "resnet"}))
       ->capture_default_str();
   app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}))

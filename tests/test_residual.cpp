@@ -62,7 +62,7 @@ TEST_CASE("residual: finite-difference gradients in double", "[residual][gradche
   }
 }
 
-TEST_CASE("residual: inside a Sequential, with its layers reachable", "[residual][sequential]") {
+TEST_CASE("residual: inside a Sequential with its layers reachable", "[residual][sequential]") {
   const Space space;
   nn::Sequential<double, Mem> model(FeatureShape{4});
   model.add<nn::Dense>(4, 4);

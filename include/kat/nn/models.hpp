@@ -1,0 +1,114 @@
+#pragma once
+/// @file
+/// @brief Reference architectures for 28x28 one-channel images (MNIST, Fashion-MNIST), as
+/// built by the example trainer and the benchmarks.
+
+#include "kat/core/error.hpp"
+#include "kat/core/views.hpp"
+#include "kat/nn/activation.hpp"
+#include "kat/nn/batch_norm.hpp"
+#include "kat/nn/conv2d.hpp"
+#include "kat/nn/dense.hpp"
+#include "kat/nn/flatten.hpp"
+#include "kat/nn/global_avg_pool2d.hpp"
+#include "kat/nn/max_pool2d.hpp"
+#include "kat/nn/residual.hpp"
+#include "kat/nn/sequential.hpp"
+
+#include <memory>
+#include <string>
+
+namespace kat::nn::models {
+
+/// 784-256-256-classes multilayer perceptron with ReLU.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+Sequential<Scalar, MemorySpace> mlp(FeatureShape input, int classes) {
+  Sequential<Scalar, MemorySpace> model(input);
+  model.template add<Flatten>();
+  model.template add<Dense>(input.size(), 256);
+  model.template add<ReLU>();
+  model.template add<Dense>(256, 256);
+  model.template add<ReLU>();
+  model.template add<Dense>(256, classes);
+  return model;
+}
+
+/// The classic two-convolution network: conv5x5-32 (padding 2), ReLU, max-pool 2,
+/// conv5x5-64 (padding 2), ReLU, max-pool 2, dense (64·H/4·W/4)-256, ReLU, dense 256-classes.
+/// For 28x28 inputs the first dense layer is 3136-256.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+Sequential<Scalar, MemorySpace> cnn(FeatureShape input, int classes) {
+  Sequential<Scalar, MemorySpace> model(input);
+  model.template add<Conv2d>(input.channels, 32, 5, 1, 2);
+  model.template add<ReLU>();
+  model.template add<MaxPool2d>(2);
+  model.template add<Conv2d>(32, 64, 5, 1, 2);
+  model.template add<ReLU>();
+  model.template add<MaxPool2d>(2);
+  model.template add<Flatten>();
+  model.template add<Dense>(model.output_shape().size(), 256);
+  model.template add<ReLU>();
+  model.template add<Dense>(256, classes);
+  return model;
+}
+
+/// He et al.'s basic block (CVPR 2016, fig. 2 left): conv3x3-BN-ReLU-conv3x3-BN plus the
+/// identity, or a 1x1 strided conv + BN projection when the shape changes (option B).
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+std::unique_ptr<Residual<Scalar, MemorySpace>> basic_block(FeatureShape input, int channels,
+                                                           int stride) {
+  auto block = std::make_unique<Residual<Scalar, MemorySpace>>(input);
+  block->template add<Conv2d>(input.channels, channels, 3, stride, 1, 1, false);
+  block->template add<BatchNorm2d>(channels);
+  block->template add<ReLU>();
+  block->template add<Conv2d>(channels, channels, 3, 1, 1, 1, false);
+  block->template add<BatchNorm2d>(channels);
+  if (stride != 1 || input.channels != channels) {
+    block->template add_shortcut<Conv2d>(input.channels, channels, 1, stride, 0, 1, false);
+    block->template add_shortcut<BatchNorm2d>(channels);
+  }
+  return block;
+}
+
+/// A small ResNet for 28x28 inputs (the CIFAR-style ResNet-14 of He et al. 2016, sec. 4.2,
+/// with n = 2): conv3x3-16 + BN + ReLU; three stages of two basic blocks with 16, 32 and 64
+/// channels (stride 2 entering stages 2 and 3: 28 -> 14 -> 7), ReLU after each block;
+/// global average pooling; dense 64-classes.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+Sequential<Scalar, MemorySpace> resnet(FeatureShape input, int classes) {
+  Sequential<Scalar, MemorySpace> model(input);
+  model.template add<Conv2d>(input.channels, 16, 3, 1, 1, 1, false);
+  model.template add<BatchNorm2d>(16);
+  model.template add<ReLU>();
+  for (int stage = 0; stage < 3; ++stage) {
+    const int channels = 16 << stage;
+    for (int b = 0; b < 2; ++b) {
+      const int stride = stage > 0 && b == 0 ? 2 : 1;
+      model.add(basic_block<Scalar, MemorySpace>(model.output_shape(), channels, stride));
+      model.template add<ReLU>();
+    }
+  }
+  model.template add<GlobalAvgPool2d>();
+  model.template add<Dense>(64, classes);
+  return model;
+}
+
+/// The model called `name` ("mlp", "cnn", "resnet").
+/// @throws ValueError for any other name.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+Sequential<Scalar, MemorySpace> by_name(const std::string &name, FeatureShape input,
+                                        int classes) {
+  if (name == "mlp") {
+    return mlp<Scalar, MemorySpace>(input, classes);
+  }
+  if (name == "cnn") {
+    return cnn<Scalar, MemorySpace>(input, classes);
+  }
+  if (name == "resnet") {
+    return resnet<Scalar, MemorySpace>(input, classes);
+  }
+  throw ValueError("kat::nn::models::by_name: name must be mlp, cnn or resnet, got '" + name +
+                   "'");
+}
+
+} // namespace kat::nn::models

@@ -96,8 +96,7 @@ Sequential<Scalar, MemorySpace> resnet(FeatureShape input, int classes) {
 /// The model called `name` ("mlp", "cnn", "resnet").
 /// @throws ValueError for any other name.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
-Sequential<Scalar, MemorySpace> by_name(const std::string &name, FeatureShape input,
-                                        int classes) {
+Sequential<Scalar, MemorySpace> by_name(const std::string &name, FeatureShape input, int classes) {
   if (name == "mlp") {
     return mlp<Scalar, MemorySpace>(input, classes);
   }
@@ -107,8 +106,7 @@ Sequential<Scalar, MemorySpace> by_name(const std::string &name, FeatureShape in
   if (name == "resnet") {
     return resnet<Scalar, MemorySpace>(input, classes);
   }
-  throw ValueError("kat::nn::models::by_name: name must be mlp, cnn or resnet, got '" + name +
-                   "'");
+  throw ValueError("kat::nn::models::by_name: name must be mlp, cnn or resnet, got '" + name + "'");
 }
 
 } // namespace kat::nn::models

@@ -9,8 +9,8 @@
 #include "kat/core/parameter_buffer.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
-#include "kat/core/region_timer.hpp"
 #include "kat/core/random.hpp"
+#include "kat/core/region_timer.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 

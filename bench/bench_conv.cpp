@@ -4,6 +4,7 @@
 //
 // Ratios are measured inside one benchmark, interleaving the two timings each iteration,
 // because the machines are shared and noisy.
+#include "common.hpp"
 #include <kat/core/blas.hpp>
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/core/views.hpp>
@@ -18,21 +19,7 @@
 
 namespace {
 
-using Space = Kokkos::DefaultExecutionSpace;
-using Mem = Space::memory_space;
-using Clock = std::chrono::steady_clock;
-using M = kat::Matrix<float, Mem>;
-
-double seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-M filled(std::size_t n, std::size_t m, std::uint64_t seed) {
-  M a("a", n, m);
-  kat::Vector<float, Mem> flat(a.data(), n * m);
-  kat::nn::uniform_(Space(), flat, -1.0, 1.0, seed, 0);
-  return a;
-}
+using namespace kat::bench;
 
 // The CNN's convolutions: 5x5, padding 2, stride 1.
 struct ConvShape {
@@ -130,13 +117,3 @@ BENCHMARK(BM_Conv2dForwardBackward)
     ->Unit(benchmark::kMillisecond);
 
 } // namespace
-
-int main(int argc, char **argv) {
-  Kokkos::ScopeGuard kokkos(argc, argv);
-  benchmark::Initialize(&argc, argv);
-  benchmark::AddCustomContext("kokkos_execution_space", Space::name());
-  benchmark::AddCustomContext("kokkos_concurrency", std::to_string(Space().concurrency()));
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

@@ -3,7 +3,7 @@
 //
 // Ratios are measured inside one benchmark, interleaving the two timings each iteration,
 // because the machines are shared and noisy.
-#include <kat/kat.hpp>
+#include "common.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -13,21 +13,7 @@
 
 namespace {
 
-using Space = Kokkos::DefaultExecutionSpace;
-using Mem = Space::memory_space;
-using Clock = std::chrono::steady_clock;
-using M = kat::Matrix<float, Mem>;
-
-double seconds(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-M filled(std::size_t n, std::size_t m, std::uint64_t seed) {
-  M a("a", n, m);
-  kat::Vector<float, Mem> flat(a.data(), n * m);
-  kat::nn::uniform_(Space(), flat, -1.0, 1.0, seed, 0);
-  return a;
-}
+using namespace kat::bench;
 
 // The three GEMMs of one Dense forward + backward (dx included): y = x Wᵀ, dW += dyᵀ x,
 // dx = dy W.
@@ -82,24 +68,6 @@ BENCHMARK(BM_DenseForwardBackward)
     ->Args({128, 256, 10})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
-
-kat::data::Dataset training_data() {
-  if (std::filesystem::exists(std::string(KAT_BENCH_DATA_DIR) + "/train-images-idx3-ubyte.gz")) {
-    return kat::data::load_fashion_mnist(KAT_BENCH_DATA_DIR, kat::data::Split::train);
-  }
-  // Same shapes without the data set: timing does not depend on pixel values.
-  kat::data::Dataset d;
-  d.shape = kat::FeatureShape{1, 28, 28};
-  d.classes = 10;
-  d.images.resize(60000 * 784);
-  d.labels.resize(60000);
-  kat::HostRng rng(1);
-  for (auto &p : d.images)
-    p = static_cast<std::uint8_t>(rng.next());
-  for (auto &l : d.labels)
-    l = static_cast<std::int32_t>(rng.uniform_index(10));
-  return d;
-}
 
 // One SGD epoch of the MLP (lr 0.05, momentum 0.9, batch 128, 60,000 images), as kat_train
 // runs it, against a floor: exactly the GEMM calls an epoch makes and nothing else.
@@ -161,13 +129,3 @@ void BM_MLPEpochSGD(benchmark::State &state) {
 BENCHMARK(BM_MLPEpochSGD)->Iterations(5)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 } // namespace
-
-int main(int argc, char **argv) {
-  Kokkos::ScopeGuard kokkos(argc, argv);
-  benchmark::Initialize(&argc, argv);
-  benchmark::AddCustomContext("kokkos_execution_space", Space::name());
-  benchmark::AddCustomContext("kokkos_concurrency", std::to_string(Space().concurrency()));
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

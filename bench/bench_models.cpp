@@ -2,7 +2,7 @@
 // of each reference model, with its peak device memory.
 //
 //   kat_bench_models --benchmark_filter=cnn
-#include <kat/kat.hpp>
+#include "common.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -13,26 +13,7 @@
 
 namespace {
 
-using Space = Kokkos::DefaultExecutionSpace;
-using Mem = Space::memory_space;
-using Clock = std::chrono::steady_clock;
-
-kat::data::Dataset training_data() {
-  if (std::filesystem::exists(std::string(KAT_BENCH_DATA_DIR) + "/train-images-idx3-ubyte.gz")) {
-    return kat::data::load_fashion_mnist(KAT_BENCH_DATA_DIR, kat::data::Split::train);
-  }
-  kat::data::Dataset d; // same shapes without the data set: timing does not depend on pixels
-  d.shape = kat::FeatureShape{1, 28, 28};
-  d.classes = 10;
-  d.images.resize(60000 * 784);
-  d.labels.resize(60000);
-  kat::HostRng rng(1);
-  for (auto &p : d.images)
-    p = static_cast<std::uint8_t>(rng.next());
-  for (auto &l : d.labels)
-    l = static_cast<std::int32_t>(rng.uniform_index(10));
-  return d;
-}
+using namespace kat::bench;
 
 void BM_Epoch(benchmark::State &state, const std::string &name) {
   const Space space;
@@ -99,13 +80,3 @@ BENCHMARK_CAPTURE(BM_Epoch, resnet, std::string("resnet"))
     ->Unit(benchmark::kSecond);
 
 } // namespace
-
-int main(int argc, char **argv) {
-  Kokkos::ScopeGuard kokkos(argc, argv);
-  benchmark::Initialize(&argc, argv);
-  benchmark::AddCustomContext("kokkos_execution_space", Space::name());
-  benchmark::AddCustomContext("kokkos_concurrency", std::to_string(Space().concurrency()));
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

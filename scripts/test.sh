@@ -13,6 +13,10 @@ backends=${KAT_BACKENDS:-serial openmp}
 for backend in $backends; do
   build=$root/build/test-$backend
   args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON)
+  # The Serial build also compiles the benchmarks (not run here), so they cannot rot.
+  if [ "$backend" = serial ]; then
+    args+=(-DKAT_ENABLE_BENCHMARKS=ON)
+  fi
   case $backend in
     serial) ;;
     openmp)

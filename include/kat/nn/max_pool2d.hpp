@@ -1,7 +1,6 @@
 #pragma once
 /// @file
-/// @brief 2-D max pooling (torch.nn.MaxPool2d), and the window geometry it shares with
-/// AvgPool2d.
+/// @brief 2-D max pooling (torch.nn.MaxPool2d).
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"

@@ -62,6 +62,20 @@ KOKKOS_INLINE_FUNCTION Accum batch_norm_team_sum(const Member &team, std::size_t
 /// since the compiler cannot hoist loads that may alias the output).
 constexpr std::size_t batch_norm_block = 4096;
 
+/// The channel and the value range [begin, end) of one of a channel's blocks of
+/// batch_norm_block values, for team `league_rank` of C·blocks_per_channel teams over M values
+/// per channel.
+struct BatchNormBlock {
+  std::size_t channel, begin, end;
+};
+KOKKOS_INLINE_FUNCTION BatchNormBlock batch_norm_block_of(std::size_t league_rank,
+                                                          std::size_t blocks_per_channel,
+                                                          std::size_t M) {
+  const std::size_t begin = (league_rank % blocks_per_channel) * batch_norm_block;
+  return {league_rank / blocks_per_channel, begin,
+          M - begin < batch_norm_block ? M : begin + batch_norm_block};
+}
+
 } // namespace detail
 
 /// Batch normalization (Ioffe & Szegedy, ICML 2015, Algorithm 1) with the semantics of
@@ -304,15 +318,13 @@ public:
     const auto beta = beta_;
     const bool affine = affine_;
     Scalar *yp = y.data();
-    const std::size_t block = detail::batch_norm_block;
-    const std::size_t blocks = (M + block - 1) / block;
+    const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
     Kokkos::parallel_for(
         "kat::nn::BatchNorm::forward_normalize", team_policy(space, C * blocks, Kokkos::AUTO),
         KOKKOS_LAMBDA(const member_type &team) {
-          const std::size_t league_rank = static_cast<std::size_t>(team.league_rank());
-          const std::size_t c = league_rank / blocks;
-          const std::size_t begin = (league_rank % blocks) * block;
-          const std::size_t end = M - begin < block ? M : begin + block;
+          const auto range =
+              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
+          const std::size_t c = range.channel, begin = range.begin, end = range.end;
           const Scalar mean = stats(c, 0);
           const Scalar scale = affine ? gamma(c) * stats(c, 1) : stats(c, 1);
           const Scalar shift = affine ? beta(c) : Scalar(0);
@@ -410,17 +422,15 @@ public:
     }
     ScopedRegion phase("kat::nn::BatchNorm::backward_dx");
     Scalar *dxp = dx.data();
-    const std::size_t block = detail::batch_norm_block;
-    const std::size_t blocks = (M + block - 1) / block;
+    const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
     // dx = γ·inv_std·(dy − dβ/M − x̂·dγ/M), with x̂·dγ/M = (x − μ)·(inv_std·dγ/M); in
     // evaluation both subtracted terms are 0.
     Kokkos::parallel_for(
         "kat::nn::BatchNorm::backward_dx", team_policy(space, C * blocks, Kokkos::AUTO),
         KOKKOS_LAMBDA(const member_type &team) {
-          const std::size_t league_rank = static_cast<std::size_t>(team.league_rank());
-          const std::size_t c = league_rank / blocks;
-          const std::size_t begin = (league_rank % blocks) * block;
-          const std::size_t end = M - begin < block ? M : begin + block;
+          const auto range =
+              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
+          const std::size_t c = range.channel, begin = range.begin, end = range.end;
           const Scalar mean = stats(c, 0);
           const Scalar a = coef(c, 0);
           const Scalar b = coef(c, 1);

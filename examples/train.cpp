@@ -2,7 +2,7 @@
 //
 //   kat_train --model mlp --optimizer sgd --lr 0.05 --momentum 0.9 --epochs 10
 //
-// Kokkos options (--kokkos-num-threads=N, ...) are accepted too; `--help` lists the rest.
+// Kokkos options (--kokkos-num-threads=N, ...) are passed on to Kokkos; `--help` lists ours.
 #include <kat/kat.hpp>
 
 #include <CLI/CLI.hpp>
@@ -192,6 +192,7 @@ Evaluation evaluate(const Space &space, kat::nn::Sequential<Scalar, Mem> &model,
 
 int run(const Options &o) {
   const Space space;
+  MetricsWriter metrics(o.metrics); // a bad path fails before the data is loaded
   const auto load_t0 = Clock::now();
   auto train_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::train);
   const auto test_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::test);
@@ -206,7 +207,6 @@ int run(const Options &o) {
   auto optimizer = build_optimizer(o, model.parameter_count());
   const std::int64_t steps_per_epoch = static_cast<std::int64_t>(train_loader.batches());
   const auto schedule = build_schedule(o, steps_per_epoch * o.epochs);
-  MetricsWriter metrics(o.metrics);
   const bool live = o.progress == "always" || (o.progress == "auto" && isatty(fileno(stdout)));
 
   std::printf("KAT %s on %s (concurrency %d); data %s (%zu train, %zu test, loaded in %.2f s)\n",
@@ -256,7 +256,6 @@ int run(const Options &o) {
 } // namespace
 
 int main(int argc, char **argv) {
-  Kokkos::ScopeGuard kokkos(argc, argv); // consumes --kokkos-* flags
   Options o;
   CLI::App app{"Train a network on Fashion-MNIST with KAT (Kokkos Accelerated Training).\n"
                "Kokkos flags such as --kokkos-num-threads=N are accepted as well."};
@@ -312,14 +311,23 @@ int main(int argc, char **argv) {
                  "never")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
+  // Our flags are parsed before Kokkos sees the command line, so --help is ours (Kokkos's is
+  // --kokkos-help); --kokkos-* flags pass through to Kokkos::initialize below.
+  app.allow_extras();
   try {
     app.parse(argc, argv);
+    for (const auto &extra : app.remaining()) {
+      if (extra.rfind("--kokkos-", 0) != 0) {
+        throw CLI::ExtrasError({extra});
+      }
+    }
     if (o.schedule == "step" && o.step_size == 0) {
       throw CLI::ValidationError("--step-size", "is required with --schedule step");
     }
   } catch (const CLI::ParseError &e) {
     return app.exit(e);
   }
+  Kokkos::ScopeGuard kokkos(argc, argv);
   if (o.lr < 0) {
     o.lr = o.optimizer == "sgd" ? 0.05 : 1e-3;
   }

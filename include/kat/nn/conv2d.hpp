@@ -8,6 +8,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/image.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
 
@@ -53,16 +54,6 @@ struct Conv2dGeometry {
   std::size_t out_size() const { return static_cast<std::size_t>(out_channels) * positions(); }
 };
 
-inline std::string conv_pair(const std::array<int, 2> &v) {
-  return kat::detail::concat('(', v[0], ", ", v[1], ')');
-}
-
-/// Vector length for the per-sample inner loops: the batch index is the fastest in memory,
-/// so GPU lanes over it coalesce; host backends run the loop as one vectorizable loop.
-template <class ExecSpace> int conv_vector_length() {
-  return std::min(32, Kokkos::TeamPolicy<ExecSpace>::vector_length_max());
-}
-
 /// im2col (Chellapilla, Puri & Simard 2006) for the output positions p = oh + H_out * ow in
 /// [p0, p1): writes the (n * (p1 - p0)) x cols column-major matrix `patches` whose row
 /// `b + n * (p - p0)` holds sample b's receptive field at position p, column
@@ -84,7 +75,7 @@ void conv2d_im2col(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
   const int patch = static_cast<int>(g.patch_size());
   Kokkos::parallel_for(
       "kat::nn::Conv2d::im2col",
-      policy(space, static_cast<int>(cols), Kokkos::AUTO, conv_vector_length<ExecSpace>()),
+      policy(space, static_cast<int>(cols), Kokkos::AUTO, batch_vector_length<ExecSpace>()),
       KOKKOS_LAMBDA(const member &team) {
         const int k = team.league_rank();
         const int i = k % g.kernel_h;
@@ -168,7 +159,7 @@ void conv2d_col2im(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
   const int step_qw = g.dilation_w / g.stride_w, step_rw = g.dilation_w % g.stride_w;
   Kokkos::parallel_for(
       "kat::nn::Conv2d::col2im",
-      policy(space, g.in_channels * band_w, Kokkos::AUTO, conv_vector_length<ExecSpace>()),
+      policy(space, g.in_channels * band_w, Kokkos::AUTO, batch_vector_length<ExecSpace>()),
       KOKKOS_LAMBDA(const member &team) {
         const int c = team.league_rank() / band_w;
         const int iw = iw_lo + team.league_rank() % band_w;
@@ -297,19 +288,19 @@ public:
     }
     if (kernel[0] < 1 || kernel[1] < 1) {
       throw ValueError(kat::detail::concat(where, "kernel must be >= 1 in both dimensions, got ",
-                                           detail::conv_pair(kernel)));
+                                           detail::format_pair(kernel)));
     }
     if (stride[0] < 1 || stride[1] < 1) {
       throw ValueError(kat::detail::concat(where, "stride must be >= 1 in both dimensions, got ",
-                                           detail::conv_pair(stride)));
+                                           detail::format_pair(stride)));
     }
     if (padding[0] < 0 || padding[1] < 0) {
       throw ValueError(kat::detail::concat(where, "padding must be >= 0 in both dimensions, got ",
-                                           detail::conv_pair(padding)));
+                                           detail::format_pair(padding)));
     }
     if (dilation[0] < 1 || dilation[1] < 1) {
       throw ValueError(kat::detail::concat(where, "dilation must be >= 1 in both dimensions, got ",
-                                           detail::conv_pair(dilation)));
+                                           detail::format_pair(dilation)));
     }
     geometry_.in_channels = static_cast<int>(in_channels);
     geometry_.out_channels = static_cast<int>(out_channels);
@@ -369,10 +360,10 @@ public:
     const int padded_w = input.width + 2 * g.pad_w;
     if (padded_h < span_h || padded_w < span_w) {
       throw ShapeError(kat::detail::concat(
-          where, ": input ", input, " with padding ", detail::conv_pair(padding()),
-          " must be at least the dilated kernel ", detail::conv_pair({span_h, span_w}),
+          where, ": input ", input, " with padding ", detail::format_pair(padding()),
+          " must be at least the dilated kernel ", detail::format_pair({span_h, span_w}),
           " in height and width (so that H_out, W_out >= 1), got ",
-          detail::conv_pair({padded_h, padded_w}), " after padding"));
+          detail::format_pair({padded_h, padded_w}), " after padding"));
     }
     g.height = input.height;
     g.width = input.width;

@@ -74,7 +74,7 @@ public:
     Kokkos::parallel_for(
         "kat::nn::MaxPool2d::forward",
         policy(space, g.channels * g.out_width, Kokkos::AUTO,
-               detail::pool_vector_length<execution_space>()),
+               detail::batch_vector_length<execution_space>()),
         KOKKOS_LAMBDA(const member &team) {
           const int c = team.league_rank() / g.out_width;
           const int ow = team.league_rank() % g.out_width;
@@ -140,7 +140,7 @@ public:
     Kokkos::parallel_for(
         "kat::nn::MaxPool2d::backward",
         policy(space, g.channels * g.width, Kokkos::AUTO,
-               detail::pool_vector_length<execution_space>()),
+               detail::batch_vector_length<execution_space>()),
         KOKKOS_LAMBDA(const member &team) {
           const int c = team.league_rank() / g.width;
           const int w = team.league_rank() % g.width;

@@ -6,6 +6,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/image.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -58,19 +59,6 @@ KOKKOS_INLINE_FUNCTION void pool_covering_range(int i, int k, int s, int p, int 
   }
 }
 
-/// Vector length of the per-sample inner loops. Kernels run one team per (channel, column)
-/// and one thread per row, and loop over the batch index, the fastest in memory, in vector
-/// lanes: GPU lanes coalesce, host backends get one vectorizable loop per window element.
-template <class ExecSpace> int pool_vector_length() {
-  return Kokkos::TeamPolicy<ExecSpace>::vector_length_max() < 32
-             ? Kokkos::TeamPolicy<ExecSpace>::vector_length_max()
-             : 32;
-}
-
-inline std::string pool_pair(const std::array<int, 2> &v) {
-  return kat::detail::concat('(', v[0], ", ", v[1], ')');
-}
-
 /// Common part of MaxPool2d and AvgPool2d: hyperparameter validation, output_shape() (which
 /// also fixes the input (C, H, W) that forward() expects: a batch matrix does not carry it)
 /// and the extent checks of forward() and backward().
@@ -106,9 +94,9 @@ public:
     const int padded_w = input.width + 2 * g.pad_w;
     if (padded_h < g.kernel_h || padded_w < g.kernel_w) {
       throw ShapeError(kat::detail::concat("kat::nn::", type_, ": input ", input, " with padding ",
-                                           pool_pair(padding()), " must be at least the kernel ",
-                                           pool_pair(kernel()), " in height and width, got ",
-                                           pool_pair({padded_h, padded_w}), " after padding"));
+                                           format_pair(padding()), " must be at least the kernel ",
+                                           format_pair(kernel()), " in height and width, got ",
+                                           format_pair({padded_h, padded_w}), " after padding"));
     }
     g.channels = input.channels;
     g.height = input.height;
@@ -125,20 +113,22 @@ protected:
       : type_(type) {
     const std::string where = kat::detail::concat("kat::nn::", type_, ": ");
     if (kernel[0] < 1 || kernel[1] < 1) {
-      throw ValueError(where + "kernel must be >= 1 in both dimensions, got " + pool_pair(kernel));
+      throw ValueError(where + "kernel must be >= 1 in both dimensions, got " +
+                       format_pair(kernel));
     }
     if (stride[0] < 1 || stride[1] < 1) {
-      throw ValueError(where + "stride must be >= 1 in both dimensions, got " + pool_pair(stride));
+      throw ValueError(where + "stride must be >= 1 in both dimensions, got " +
+                       format_pair(stride));
     }
     if (padding[0] < 0 || padding[1] < 0) {
       throw ValueError(where + "padding must be >= 0 in both dimensions, got " +
-                       pool_pair(padding));
+                       format_pair(padding));
     }
     if (2 * padding[0] > kernel[0] || 2 * padding[1] > kernel[1]) {
       // PyTorch's rule; it keeps every window overlapping the input.
       throw ValueError(where + "padding must be at most half the kernel, (" +
                        std::to_string(kernel[0] / 2) + ", " + std::to_string(kernel[1] / 2) +
-                       ") for kernel " + pool_pair(kernel) + ", got " + pool_pair(padding));
+                       ") for kernel " + format_pair(kernel) + ", got " + format_pair(padding));
     }
     geometry_.kernel_h = kernel[0];
     geometry_.kernel_w = kernel[1];

@@ -77,26 +77,14 @@ void BM_Conv2dForwardBackward(benchmark::State &state) {
   layer.backward(space, dy, dx);
   gemms.run(space);
   space.fence();
-  double layer_s = 0, gemm_s = 0;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    layer.forward(space, x, y);
-    layer.backward(space, dy, dx);
-    space.fence();
-    const double this_layer_s = seconds(t0);
-    layer_s += this_layer_s;
-    t0 = Clock::now();
-    gemms.run(space);
-    space.fence();
-    gemm_s += seconds(t0);
-    state.SetIterationTime(this_layer_s);
-  }
   const double gemm_count = shape.needs_dx ? 3.0 : 2.0;
-  const double flop =
-      gemm_count * 2.0 * double(rows) * double(k + 1) * shape.out_channels * state.iterations();
-  state.counters["layer_GFLOPs"] = flop / layer_s * 1e-9;
-  state.counters["gemm_GFLOPs"] = flop / gemm_s * 1e-9;
-  state.counters["fraction_of_gemm"] = gemm_s / layer_s;
+  time_against_gemms(
+      state, gemm_count * 2.0 * double(rows) * double(k + 1) * shape.out_channels,
+      [&] {
+        layer.forward(space, x, y);
+        layer.backward(space, dy, dx);
+      },
+      [&] { gemms.run(space); });
 }
 BENCHMARK(BM_Conv2dForwardBackward)
     ->ArgNames({"conv", "recording", "chunk_KiB"})

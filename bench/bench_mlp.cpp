@@ -42,24 +42,13 @@ void BM_DenseForwardBackward(benchmark::State &state) {
   const M x = filled(n, in, 4), dy = filled(n, out, 5);
   M y("y", n, out), dx("dx", n, in);
   const DenseGemms gemms(n, in, out);
-  double layer_s = 0, gemm_s = 0;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    layer.forward(space, x, y);
-    layer.backward(space, dy, dx);
-    space.fence();
-    const double this_layer_s = seconds(t0);
-    layer_s += this_layer_s;
-    t0 = Clock::now();
-    gemms.run(space);
-    space.fence();
-    gemm_s += seconds(t0);
-    state.SetIterationTime(this_layer_s);
-  }
-  const double flop = 3.0 * 2.0 * double(n) * double(in) * double(out) * state.iterations();
-  state.counters["layer_GFLOPs"] = flop / layer_s * 1e-9;
-  state.counters["gemm_GFLOPs"] = flop / gemm_s * 1e-9;
-  state.counters["fraction_of_gemm"] = gemm_s / layer_s;
+  time_against_gemms(
+      state, 3.0 * 2.0 * double(n) * double(in) * double(out),
+      [&] {
+        layer.forward(space, x, y);
+        layer.backward(space, dy, dx);
+      },
+      [&] { gemms.run(space); });
 }
 BENCHMARK(BM_DenseForwardBackward)
     ->ArgNames({"batch", "in", "out"})
@@ -75,13 +64,7 @@ void BM_MLPEpochSGD(benchmark::State &state) {
   const Space space;
   const auto train = training_data();
   kat::data::DataLoader<float, Mem> loader(train, 128, true, 0);
-  kat::nn::Sequential<float, Mem> model(train.shape);
-  model.add<kat::nn::Flatten>();
-  model.add<kat::nn::Dense>(784, 256);
-  model.add<kat::nn::ReLU>();
-  model.add<kat::nn::Dense>(256, 256);
-  model.add<kat::nn::ReLU>();
-  model.add<kat::nn::Dense>(256, 10);
+  auto model = kat::nn::models::mlp<float, Mem>(train.shape, train.classes);
   model.compile(space, 0);
   kat::optim::SGD<float, Mem>::Options o;
   o.lr = 0.05;

@@ -2,6 +2,8 @@
 // Shared by KAT's benchmarks: types, timing, filled matrices and the training data.
 #include <kat/kat.hpp>
 
+#include <benchmark/benchmark.h>
+
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -24,6 +26,33 @@ inline M filled(std::size_t n, std::size_t m, std::uint64_t seed) {
   kat::Vector<float, Mem> flat(a.data(), n * m);
   kat::nn::uniform_(Space(), flat, -1.0, 1.0, seed, 0);
   return a;
+}
+
+// Times `layer_step` and `gemm_step` alternately in every iteration (each fenced), so the
+// ratio comes from one run on a noisy machine. The layer's time is the iteration time; the
+// counters are both throughputs for `flop_per_iteration` and fraction_of_gemm = GEMM time /
+// layer time.
+template <class LayerStep, class GemmStep>
+void time_against_gemms(benchmark::State &state, double flop_per_iteration,
+                        const LayerStep &layer_step, const GemmStep &gemm_step) {
+  const Space space;
+  double layer_s = 0, gemm_s = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    layer_step();
+    space.fence();
+    const double this_layer_s = seconds(t0);
+    layer_s += this_layer_s;
+    t0 = Clock::now();
+    gemm_step();
+    space.fence();
+    gemm_s += seconds(t0);
+    state.SetIterationTime(this_layer_s);
+  }
+  const double flop = flop_per_iteration * double(state.iterations());
+  state.counters["layer_GFLOPs"] = flop / layer_s * 1e-9;
+  state.counters["gemm_GFLOPs"] = flop / gemm_s * 1e-9;
+  state.counters["fraction_of_gemm"] = gemm_s / layer_s;
 }
 
 // The Fashion-MNIST training split, or random data of the same shape when the data set is

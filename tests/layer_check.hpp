@@ -17,11 +17,7 @@ void check_layer_gradients(
     const std::function<void()> &before_forward = [] {}, double tol = 1e-7) {
   const Space space;
   const FeatureShape out = layer.output_shape(in);
-  ParameterBuffer<double, Mem> buffer;
-  buffer.reserve("layer", layer.parameter_count());
-  buffer.allocate();
-  layer.bind(buffer.parameters().data(), buffer.gradients().data());
-  layer.reset_parameters(space, seed);
+  auto buffer = bind_fresh<double>(layer, seed);
 
   auto x = random_matrix<double>(n, in.size(), seed + 1);
   auto r = random_matrix<double>(n, out.size(), seed + 2);

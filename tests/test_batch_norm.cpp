@@ -14,16 +14,6 @@ using namespace kat::test;
 
 namespace {
 
-template <class Scalar, class L>
-ParameterBuffer<Scalar, Mem> bind_fresh(L &layer, std::uint64_t seed = 0) {
-  ParameterBuffer<Scalar, Mem> buffer;
-  buffer.reserve("bn", layer.parameter_count());
-  buffer.allocate();
-  layer.bind(buffer.parameters().data(), buffer.gradients().data());
-  layer.reset_parameters(Space(), seed);
-  return buffer;
-}
-
 template <class V> void set_from(const V &v, const std::vector<double> &values) {
   auto h = Kokkos::create_mirror_view(v);
   for (std::size_t k = 0; k < values.size(); ++k)

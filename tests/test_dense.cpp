@@ -11,19 +11,6 @@
 using namespace kat;
 using namespace kat::test;
 
-namespace {
-// Binds a layer to a fresh buffer of its own.
-template <class Scalar, class L>
-ParameterBuffer<Scalar, Mem> bind_fresh(L &layer, std::uint64_t seed) {
-  ParameterBuffer<Scalar, Mem> buffer;
-  buffer.reserve("w", layer.parameter_count());
-  buffer.allocate();
-  layer.bind(buffer.parameters().data(), buffer.gradients().data());
-  layer.reset_parameters(Space(), seed);
-  return buffer;
-}
-} // namespace
-
 TEST_CASE("dense: forward equals a nested-loop reference", "[dense]") {
   nn::Dense<double, Mem> layer(5, 3);
   auto buffer = bind_fresh<double>(layer, 7);
@@ -98,17 +85,8 @@ TEST_CASE("dense: PyTorch-default initialization", "[dense][init]") {
   nn::Dense<float, Mem> layer(in, out);
   auto buffer = bind_fresh<float>(layer, 99);
   auto w = to_host(buffer.parameters());
-  const double bound = 1.0 / std::sqrt(double(in));
-  double sum = 0, sq = 0;
-  for (std::size_t k = 0; k < w.extent(0); ++k) {
-    REQUIRE(std::abs(w(k)) <= bound);
-    sum += w(k);
-    sq += double(w(k)) * w(k);
-  }
-  const double n = double(w.extent(0));
   // U(-b, b): mean 0, variance b^2/3; 120,300 draws put both well inside these bounds.
-  CHECK(std::abs(sum / n) < 0.01 * bound);
-  CHECK(sq / n == Approx(bound * bound / 3).epsilon(0.02));
+  check_uniform(buffer.parameters(), 1.0 / std::sqrt(double(in)), 0.01, 0.02);
 
   SECTION("same seed, same parameters; different seed, different parameters") {
     nn::Dense<float, Mem> again(in, out), other(in, out);

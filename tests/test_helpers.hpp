@@ -1,9 +1,11 @@
 #pragma once
 // Shared helpers for KAT's tests: host/device transfer, random inputs, finite differences.
+#include <kat/core/parameter_buffer.hpp>
 #include <kat/core/random.hpp>
 #include <kat/core/views.hpp>
 
 #include <Kokkos_Core.hpp>
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -36,6 +38,33 @@ Matrix<Scalar, Mem> random_matrix(std::size_t n, std::size_t m, std::uint64_t se
       h(i, j) = static_cast<Scalar>(lo + (hi - lo) * (rng.next() >> 11) * 0x1.0p-53);
   Kokkos::deep_copy(d, h);
   return d;
+}
+
+// Binds a layer to a parameter buffer of its own and initializes it from `seed`.
+template <class Scalar, class L>
+ParameterBuffer<Scalar, Mem> bind_fresh(L &layer, std::uint64_t seed = 0) {
+  ParameterBuffer<Scalar, Mem> buffer;
+  buffer.reserve("layer", layer.parameter_count());
+  buffer.allocate();
+  layer.bind(buffer.parameters().data(), buffer.gradients().data());
+  layer.reset_parameters(Space(), seed);
+  return buffer;
+}
+
+// Checks that `values` look like U(-bound, bound) draws: all inside the bounds, mean within
+// mean_tol * bound of 0, mean square within relative var_tol of bound^2 / 3.
+template <class View>
+void check_uniform(const View &values, double bound, double mean_tol, double var_tol) {
+  auto h = to_host(values);
+  double sum = 0, sq = 0;
+  for (std::size_t k = 0; k < h.extent(0); ++k) {
+    REQUIRE(std::abs(h(k)) <= bound);
+    sum += h(k);
+    sq += double(h(k)) * h(k);
+  }
+  const double n = double(h.extent(0));
+  CHECK(std::abs(sum / n) < mean_tol * bound);
+  CHECK(sq / n == Approx(bound * bound / 3).epsilon(var_tol));
 }
 
 // A device vector of class labels.

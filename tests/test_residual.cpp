@@ -18,11 +18,7 @@ TEST_CASE("residual: identity shortcut adds the input", "[residual]") {
   nn::Residual<double, Mem> block(FeatureShape{3});
   auto &dense = block.add<nn::Dense>(3, 3);
   REQUIRE(block.output_shape(FeatureShape{3}) == FeatureShape{3});
-  ParameterBuffer<double, Mem> buffer;
-  buffer.reserve("block", block.parameter_count());
-  buffer.allocate();
-  block.bind(buffer.parameters().data(), buffer.gradients().data());
-  block.reset_parameters(space, 4);
+  auto buffer = bind_fresh<double>(block, 4);
   auto x = random_matrix<double>(5, 3, 1);
   Matrix<double, Mem> y("y", 5, 3);
   block.forward(space, x, y);

@@ -558,7 +558,7 @@ public:
   /// quantities of ALGORITHMS.md section 1; forming A = aᵀa / (N·H_out·W_out) and
   /// G = gᵀg / (N·H_out·W_out) (after undoing the 1/N) is the preconditioner's job.
   CurvatureRecord<Scalar, MemorySpace> curvature() const override {
-    return {a_view_, g_, grad_weight_bias_, weight_bias_};
+    return {a_view_, g_, grad_weight_bias_, weight_bias_, batch_};
   }
 
   /// (Re)allocations of the layer's workspaces so far; constant once the largest batch has

@@ -152,7 +152,7 @@ public:
 
   bool supports_curvature() const override { return true; }
   CurvatureRecord<Scalar, MemorySpace> curvature() const override {
-    return {a_view_, g_, grad_weight_bias_, weight_bias_};
+    return {a_view_, g_, grad_weight_bias_, weight_bias_, x_.extent(0)};
   }
 
 private:

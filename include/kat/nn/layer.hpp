@@ -2,6 +2,7 @@
 /// @file
 /// @brief The interface every layer implements.
 
+#include "kat/core/curvature.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/views.hpp"
 
@@ -13,17 +14,9 @@
 
 namespace kat::nn {
 
-/// What a curvature method (K-FAC) needs of a layer with a weight matrix W (out x in) and
-/// bias b: the layer input with a ones column appended, `a` (N x (in+1)), the gradient of the
-/// loss with respect to the layer output, `g` (N x out), and the gradient of [W b] as one
-/// out x (in+1) column-major matrix. All three are views of memory the layer owns or of the
-/// flat gradient buffer, valid until the next forward/backward.
-template <class Scalar, class MemorySpace> struct CurvatureRecord {
-  Matrix<Scalar, MemorySpace> a;
-  Matrix<Scalar, MemorySpace> g;
-  Matrix<Scalar, MemorySpace> weight_gradient;
-  Matrix<Scalar, MemorySpace> weight;
-};
+/// See kat/core/curvature.hpp.
+using kat::CurvatureRecord;
+
 
 /// Base class of all layers. A layer maps a batch x in_shape.size() matrix to a batch x
 /// out_shape.size() matrix (see FeatureShape for image layouts).

@@ -12,12 +12,14 @@ namespace kat::math {
 #if KOKKOS_VERSION >= 30700
 using Kokkos::exp;
 using Kokkos::fabs;
+using Kokkos::isfinite;
 using Kokkos::log;
 using Kokkos::sqrt;
 using Kokkos::tanh;
 #else
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::fabs;
+using Kokkos::Experimental::isfinite;
 using Kokkos::Experimental::log;
 using Kokkos::Experimental::sqrt;
 using Kokkos::Experimental::tanh;

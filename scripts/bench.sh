@@ -2,7 +2,7 @@
 # Builds the benchmarks against the Serial and the OpenMP Kokkos and runs them, writing
 # console output and JSON to build/bench-<backend>-<name>.{txt,json}.
 #   KAT_BACKENDS="serial openmp"         which backends (default both)
-#   KAT_BENCHES="mlp conv models linalg" which binaries (default all; models runs one full
+#   KAT_BENCHES="mlp conv models linalg kfac" binaries (default all; models runs one full
 #                                        epoch of each reference model, minutes)
 #   extra arguments go to every benchmark binary (e.g. --benchmark_filter=Epoch)
 set -euo pipefail
@@ -21,7 +21,7 @@ for backend in ${KAT_BACKENDS:-serial openmp}; do
   fi
   cmake -S "$root" -B "$build" "${args[@]}" >/dev/null
   cmake --build "$build" -j "$(nproc)" >/dev/null
-  for bench in ${KAT_BENCHES:-mlp conv models linalg}; do
+  for bench in ${KAT_BENCHES:-mlp conv models linalg kfac}; do
     echo "== $backend: $bench"
     env "${env[@]}" "$build/bench/kat_bench_$bench" --benchmark_out="$build-$bench.json" \
       --benchmark_out_format=json "$@" | tee "$build-$bench.txt"

@@ -4,7 +4,10 @@
 
 #include "kat/core/allocation_tracker.hpp"
 #include "kat/core/blas.hpp"
+#include "kat/core/curvature.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/hyperparameter.hpp"
+#include "kat/core/linalg.hpp"
 #include "kat/core/math.hpp"
 #include "kat/core/parameter_buffer.hpp"
 #include "kat/core/policy.hpp"
@@ -36,6 +39,8 @@
 #include "kat/optim/lr_schedule.hpp"
 #include "kat/optim/optimizer.hpp"
 #include "kat/optim/sgd.hpp"
+#include "kat/precond/kfac.hpp"
+#include "kat/precond/kronecker_factor.hpp"
 
 #include "kat/data/data_loader.hpp"
 #include "kat/data/dataset.hpp"

@@ -1,0 +1,728 @@
+#pragma once
+/// @file
+/// @brief K-FAC: Kronecker-factored approximate curvature preconditioning of layer gradients.
+
+#include "kat/core/blas.hpp"
+#include "kat/core/curvature.hpp"
+#include "kat/core/error.hpp"
+#include "kat/core/hyperparameter.hpp"
+#include "kat/core/policy.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/precond/kronecker_factor.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace kat {
+
+/// How K-FAC turns the factors into a preconditioner (ALGORITHMS.md section 1).
+enum class ComputeMethod {
+  eigen,  ///< eigendecompositions; damping added to the Kronecker product of eigenvalues
+  inverse ///< Cholesky inverses of the factors with Tikhonov damping split between them
+};
+
+/// How the loss reduces over the batch; decides the scale of G.
+enum class LossReduction {
+  mean, ///< the loss is a batch mean, so backpropagated g carries a 1/N (KAT's losses)
+  sum   ///< the loss is a batch sum
+};
+
+/// K-FAC preconditioner (Martens & Grosse 2015, "Optimizing Neural Networks with
+/// Kronecker-factored Approximate Curvature"; Grosse & Martens 2016 for convolutions), in the
+/// formulation of KAISA (Pauloski et al. 2021, reference code kfac-pytorch) and exactly as
+/// ALGORITHMS.md section 1 states. It acts between backward and the base optimizer:
+///
+///     model.forward / loss / model.backward   (layers record a and g when kfac asks)
+///     kfac.step(space);                       (preconditions the weight gradients in place)
+///     sgd.step(space, params, grads);
+///
+/// For each registered layer with weight gradient ∇ = d[W b] (out x (in+1)), input rows `a`
+/// (rows x (in+1), with the ones column) and output gradients `g` (rows x out):
+///
+/// - factors, every `factor_update_steps` steps: A = aᵀa / rows and G = gᵀg · N² / rows for a
+///   batch-mean loss (N = samples in the batch: undoing the 1/N that g carries), or
+///   G = gᵀg / rows for a sum. For Dense rows = N, so A = aᵀa/N and G = N·gᵀg; for Conv2d
+///   rows = N·H_out·W_out (KAISA's convention). Both are running averages with
+///   `factor_decay` α: F ← α·F + (1 − α)·F_new (the first update sets F = F_new),
+///   symmetrized.
+/// - decompositions, every `inv_update_steps` steps, in InverseScalar (double by default).
+/// - eigen path: P = Q_G [(Q_Gᵀ ∇ Q_A) ⊘ (d_G d_Aᵀ + λ)] Q_Aᵀ, which is exactly
+///   (A ⊗ G + λI)⁻¹ vec(∇), with the damping λ of the current step.
+/// - inverse path: P = (G + λ_G I)⁻¹ ∇ (A + λ_A I)⁻¹ with λ_A = λ_G = √λ, or with
+///   `pi_correction` π = sqrt((tr A / dim A) / (tr G / dim G)), λ_A = π√λ, λ_G = √λ/π
+///   (π = 1 if either trace is 0). The damping is the one at the decomposition step.
+/// - KL clip: ν = min(1, sqrt(κ / |Σ_layers Σ P ⊙ ∇ · lr²|)), every P is multiplied by ν and
+///   written over ∇ (κ = `kl_clip`; 0 disables the clip).
+///
+/// Layers are registered with register_layer() (any code: views only, see
+/// ARCHITECTURE.md "Preconditioners do not require kat::nn") or register_model() (every
+/// kat::nn layer that supports curvature, containers included). Layers without a weight
+/// matrix (BatchNorm) are left to the base optimizer.
+///
+/// @tparam Scalar         the model's scalar (gradients, a and g).
+/// @tparam MemorySpace    where the model lives.
+/// @tparam InverseScalar  precision of decompositions and of the preconditioning products
+///                        (double by default).
+/// @tparam FactorScalar   precision the factors are accumulated in (the model's by default).
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace,
+          class InverseScalar = double, class FactorScalar = Scalar>
+class KFAC {
+public:
+  using scalar_type = Scalar;
+  using memory_space = MemorySpace;
+  using execution_space = typename MemorySpace::execution_space;
+  using record_type = CurvatureRecord<Scalar, MemorySpace>;
+  using factor_type = KroneckerFactor<FactorScalar, MemorySpace, InverseScalar>;
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using inverse_matrix_type = Matrix<InverseScalar, MemorySpace>;
+
+  /// Hyperparameters, named as in kfac-pytorch; each may be a constant or a function of the
+  /// step (kat::Hyperparameter). Defaults are kfac-pytorch's.
+  struct Options {
+    /// Steps between factor updates, >= 1.
+    Hyperparameter<std::int64_t> factor_update_steps = std::int64_t(1);
+    /// Steps between decompositions, >= 1; should be a multiple of factor_update_steps
+    /// (a warning is logged otherwise).
+    Hyperparameter<std::int64_t> inv_update_steps = std::int64_t(1);
+    /// Damping λ > 0 (Tikhonov regularization of the curvature).
+    Hyperparameter<double> damping = 0.001;
+    /// Running-average decay α of the factors, in [0, 1).
+    Hyperparameter<double> factor_decay = 0.95;
+    /// KL clip κ >= 0 (trust region on the preconditioned step); 0 disables it.
+    Hyperparameter<double> kl_clip = 0.001;
+    /// The base optimizer's learning rate as seen by the KL clip, >= 0.
+    Hyperparameter<double> lr = 0.1;
+    ComputeMethod compute_method = ComputeMethod::eigen;
+    /// π-corrected damping split (inverse path only).
+    bool pi_correction = false;
+    /// Layers to leave to the base optimizer, by registered name or by type ("Conv2d"),
+    /// case-insensitive.
+    std::vector<std::string> skip_layers;
+    LossReduction loss_reduction = LossReduction::mean;
+    /// false (default): a factor or decomposition with NaN/Inf, or a failed decomposition,
+    /// throws NumericalError naming the layer and factor. true: the previous factor or
+    /// decomposition is kept and a warning is written to `log`.
+    bool keep_previous_on_failure = false;
+    /// Where warnings go (never null).
+    std::ostream *log = &std::cerr;
+  };
+
+  /// Values of the hyperparameters at one step (what state() records).
+  struct Values {
+    std::int64_t factor_update_steps, inv_update_steps;
+    double damping, factor_decay, kl_clip, lr;
+  };
+
+  /// Host copy of what a checkpoint needs: the step counter, the hyperparameter values at
+  /// that step and every factor (column-major, double). Decompositions are not stored; they
+  /// are recomputed by load_state().
+  struct State {
+    struct Layer {
+      std::string name;
+      std::size_t a_dim = 0, g_dim = 0;
+      std::size_t a_updates = 0, g_updates = 0;
+      std::vector<double> A, G;
+    };
+    std::int64_t steps = 0;
+    Values values{};
+    std::vector<Layer> layers;
+  };
+
+  /// @throws ValueError naming the option, its valid range and its value, for any constant
+  ///   hyperparameter out of range, a null log, or pi_correction with the eigen method.
+  explicit KFAC(Options options = Options()) : opt_(std::move(options)) {
+    if (opt_.log == nullptr) {
+      throw ValueError("kat::KFAC: log must not be null");
+    }
+    if (opt_.pi_correction && opt_.compute_method == ComputeMethod::eigen) {
+      throw ValueError("kat::KFAC: pi_correction needs compute_method inverse, got eigen "
+                       "(the eigen path damps the Kronecker product exactly)");
+    }
+    Values v{};
+    if (opt_.factor_update_steps.is_constant()) {
+      v.factor_update_steps = opt_.factor_update_steps.value();
+      check_steps("factor_update_steps", v.factor_update_steps, -1);
+    }
+    if (opt_.inv_update_steps.is_constant()) {
+      v.inv_update_steps = opt_.inv_update_steps.value();
+      check_steps("inv_update_steps", v.inv_update_steps, -1);
+    }
+    if (opt_.factor_update_steps.is_constant() && opt_.inv_update_steps.is_constant()) {
+      warn_if_not_multiple(v.factor_update_steps, v.inv_update_steps);
+    }
+    if (opt_.damping.is_constant())
+      check_damping(opt_.damping.value(), -1);
+    if (opt_.factor_decay.is_constant())
+      check_decay(opt_.factor_decay.value(), -1);
+    if (opt_.kl_clip.is_constant())
+      check_nonnegative("kl_clip", opt_.kl_clip.value(), -1);
+    if (opt_.lr.is_constant())
+      check_nonnegative("lr", opt_.lr.value(), -1);
+  }
+
+  KFAC(const KFAC &) = delete;
+  KFAC &operator=(const KFAC &) = delete;
+
+  const Options &options() const { return opt_; }
+
+  /// Registers a layer given only by views (no kat::nn needed).
+  ///
+  /// @param name     unique name, used in errors, skip_layers and checkpoints.
+  /// @param views    called once per step() (and once here): returns the layer's current
+  ///                 CurvatureRecord: weight_gradient
+  ///                 (out x (in+1), LayoutLeft, preconditioned in place by step()) must be
+  ///                 valid from registration on; a (rows x (in+1)), g (rows x out) and
+  ///                 samples (N) must be valid after the backward of every step for which
+  ///                 needs_curvature() was true before its forward.
+  /// @param record   optional: called with needs_curvature() for the next step, so a layer
+  ///                 can skip recording a and g when they are not needed.
+  /// @param type     optional type name matched by skip_layers.
+  /// @return whether the layer was registered (false when skip_layers names it).
+  /// @throws ValueError if `name` is already registered or `views` is empty;
+  ///   ShapeError if weight_gradient is empty.
+  bool register_layer(const std::string &name, std::function<record_type()> views,
+                      std::function<void(bool)> record = {}, const std::string &type = "") {
+    if (!views) {
+      throw ValueError(kat::detail::concat("kat::KFAC::register_layer: views of layer '", name,
+                                           "' must be a callable, got an empty function"));
+    }
+    for (const auto &l : layers_) {
+      if (l->name == name) {
+        throw ValueError(kat::detail::concat("kat::KFAC::register_layer: name '", name,
+                                             "' is already registered"));
+      }
+    }
+    if (skipped(name) || (!type.empty() && skipped(type))) {
+      return false;
+    }
+    const record_type r = views();
+    if (r.weight_gradient.extent(0) == 0 || r.weight_gradient.extent(1) == 0) {
+      throw ShapeError(kat::detail::concat("kat::KFAC::register_layer: weight_gradient of layer '",
+                                           name, "' must be a non-empty out x (in+1) matrix, got ",
+                                           r.weight_gradient.extent(0), "x",
+                                           r.weight_gradient.extent(1)));
+    }
+    const std::size_t out = r.weight_gradient.extent(0), cols = r.weight_gradient.extent(1);
+    const std::string label = "kat::KFAC::" + name;
+    layers_.push_back(
+        std::make_unique<Entry>(name, type, std::move(views), std::move(record), out, cols, label));
+    if (layers_.back()->record) {
+      layers_.back()->record(needs_curvature());
+    }
+    return true;
+  }
+
+  /// Registers every layer of a kat::nn model (Sequential) that supports curvature, walking
+  /// into containers (Residual). Names are the index path in the model ("0", "3.1"), types
+  /// the layer's name() ("Dense", "Conv2d"). Turns on the layers' recording as needed.
+  /// @return the number of layers registered.
+  template <class Model> std::size_t register_model(Model &model) {
+    std::size_t count = 0;
+    const auto &layers = model.layers();
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      count += register_nn_layer(std::to_string(i), *layers[i]);
+    }
+    return count;
+  }
+
+  /// Number of registered layers.
+  std::size_t size() const { return layers_.size(); }
+  /// The registered names, in registration order.
+  std::vector<std::string> layer_names() const {
+    std::vector<std::string> names;
+    for (const auto &l : layers_)
+      names.push_back(l->name);
+    return names;
+  }
+  /// Factor A (activations) of registered layer i.
+  const factor_type &factor_a(std::size_t i) const { return layers_.at(i)->A; }
+  /// Factor G (output gradients) of registered layer i.
+  const factor_type &factor_g(std::size_t i) const { return layers_.at(i)->G; }
+
+  /// Number of completed step() calls.
+  std::int64_t steps() const { return steps_; }
+
+  /// Whether the next step() updates factors, so a and g must be recorded during the
+  /// forward/backward before it.
+  bool needs_curvature() const {
+    const std::int64_t every = opt_.factor_update_steps(steps_);
+    check_steps("factor_update_steps", every, steps_);
+    return steps_ % every == 0;
+  }
+
+  /// ν of the last step (1 when the clip did not act or is disabled).
+  double kl_scale() const { return kl_scale_; }
+  /// Σ_layers Σ P ⊙ ∇ of the last step (before the clip).
+  double vg_sum() const { return vg_sum_; }
+
+  /// One K-FAC step: updates factors and decompositions when due, then overwrites every
+  /// registered weight gradient with its (KL-clipped) preconditioned gradient.
+  ///
+  /// @throws ValueError if a callable hyperparameter returns a value out of range (naming it
+  ///   and the step); ShapeError if a layer's a, g or weight_gradient do not match its
+  ///   registration or a and g are missing on a factor-update step; NumericalError if a
+  ///   factor or decomposition is not finite or a decomposition fails (unless
+  ///   keep_previous_on_failure) or a preconditioned gradient is not finite.
+  void step(const execution_space &space) {
+    ScopedRegion region("kat::KFAC::step");
+    const Values v = values(steps_);
+    warn_if_not_multiple(v.factor_update_steps, v.inv_update_steps);
+    for (auto &l : layers_) {
+      l->current = l->views(); // once per step: the callback may do work
+    }
+    if (steps_ % v.factor_update_steps == 0) {
+      update_factors(space, v.factor_decay);
+    }
+    if (steps_ % v.inv_update_steps == 0) {
+      decompose(space, v.damping);
+    }
+    precondition(space, v);
+    ++steps_;
+    for (auto &l : layers_) {
+      l->current = record_type(); // do not keep the layer's workspaces alive
+    }
+    const bool next = needs_curvature();
+    for (auto &l : layers_) {
+      if (l->record) {
+        l->record(next);
+      }
+    }
+  }
+
+  /// The hyperparameters evaluated (and validated) at `step`.
+  Values values(std::int64_t step) const {
+    Values v;
+    v.factor_update_steps = opt_.factor_update_steps(step);
+    check_steps("factor_update_steps", v.factor_update_steps, step);
+    v.inv_update_steps = opt_.inv_update_steps(step);
+    check_steps("inv_update_steps", v.inv_update_steps, step);
+    v.damping = opt_.damping(step);
+    check_damping(v.damping, step);
+    v.factor_decay = opt_.factor_decay(step);
+    check_decay(v.factor_decay, step);
+    v.kl_clip = opt_.kl_clip(step);
+    check_nonnegative("kl_clip", v.kl_clip, step);
+    v.lr = opt_.lr(step);
+    check_nonnegative("lr", v.lr, step);
+    return v;
+  }
+
+  /// Step counter, hyperparameter values and factors, copied to the host.
+  State state() const {
+    State s;
+    s.steps = steps_;
+    s.values = values(steps_);
+    for (const auto &l : layers_) {
+      typename State::Layer out;
+      out.name = l->name;
+      out.a_dim = l->A.dim();
+      out.g_dim = l->G.dim();
+      out.a_updates = l->A.updates();
+      out.g_updates = l->G.updates();
+      out.A = to_host_vector(l->A.factor());
+      out.G = to_host_vector(l->G.factor());
+      s.layers.push_back(std::move(out));
+    }
+    return s;
+  }
+
+  /// Restores state() output: the step counter, the constant hyperparameters (callables are
+  /// kept as they are) and the factors; recomputes the decompositions of restored factors.
+  /// @throws ShapeError if the layers (names, order or dimensions) differ from the
+  ///   registered ones; ValueError if a stored hyperparameter is out of range.
+  void load_state(const execution_space &space, const State &s) {
+    const char *where = "kat::KFAC::load_state";
+    kat::detail::require_extent(where, "number of layers", layers_.size(), s.layers.size());
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const auto &l = *layers_[i];
+      const auto &in = s.layers[i];
+      if (in.name != l.name) {
+        throw ShapeError(kat::detail::concat(where, ": layer ", i, " must be '", l.name, "', got '",
+                                             in.name, "'"));
+      }
+      kat::detail::require_extent(where, "A dimension", l.A.dim(), in.a_dim);
+      kat::detail::require_extent(where, "G dimension", l.G.dim(), in.g_dim);
+      kat::detail::require_extent(where, "A entries", in.a_dim * in.a_dim, in.A.size());
+      kat::detail::require_extent(where, "G entries", in.g_dim * in.g_dim, in.G.size());
+    }
+    check_steps("factor_update_steps", s.values.factor_update_steps, s.steps);
+    check_steps("inv_update_steps", s.values.inv_update_steps, s.steps);
+    check_damping(s.values.damping, s.steps);
+    check_decay(s.values.factor_decay, s.steps);
+    check_nonnegative("kl_clip", s.values.kl_clip, s.steps);
+    check_nonnegative("lr", s.values.lr, s.steps);
+    if (s.steps < 0) {
+      throw ValueError(kat::detail::concat(where, ": steps must be >= 0, got ", s.steps));
+    }
+    if (opt_.factor_update_steps.is_constant())
+      opt_.factor_update_steps = s.values.factor_update_steps;
+    if (opt_.inv_update_steps.is_constant())
+      opt_.inv_update_steps = s.values.inv_update_steps;
+    if (opt_.damping.is_constant())
+      opt_.damping = s.values.damping;
+    if (opt_.factor_decay.is_constant())
+      opt_.factor_decay = s.values.factor_decay;
+    if (opt_.kl_clip.is_constant())
+      opt_.kl_clip = s.values.kl_clip;
+    if (opt_.lr.is_constant())
+      opt_.lr = s.values.lr;
+    steps_ = s.steps;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      auto &l = *layers_[i];
+      const auto &in = s.layers[i];
+      if (in.a_updates > 0)
+        l.A.assign(space, host_matrix<FactorScalar>(in.A, in.a_dim));
+      if (in.g_updates > 0)
+        l.G.assign(space, host_matrix<FactorScalar>(in.G, in.g_dim));
+    }
+    // The decompositions of the last decomposition step are recomputed from the restored
+    // factors, with the damping of the current step.
+    decompose(space, opt_.damping(steps_));
+    const bool next = needs_curvature();
+    for (auto &l : layers_) {
+      if (l->record)
+        l->record(next);
+    }
+  }
+
+private:
+  struct Entry {
+    Entry(std::string n, std::string t, std::function<record_type()> v, std::function<void(bool)> r,
+          std::size_t out_, std::size_t cols_, const std::string &label)
+        : name(std::move(n)), type(std::move(t)), views(std::move(v)), record(std::move(r)),
+          out(out_), cols(cols_), A(label + "::A", cols_), G(label + "::G", out_),
+          p(Kokkos::view_alloc(label + "::P", Kokkos::WithoutInitializing), out_, cols_) {}
+    std::string name, type;
+    std::function<record_type()> views;
+    std::function<void(bool)> record;
+    std::size_t out, cols;
+    factor_type A, G;
+    inverse_matrix_type p; // this step's preconditioned gradient, before the KL scale
+    bool ready = false;    // has a decomposition to precondition with
+    bool applied = false;  // preconditioned in this step
+    double damping_a = 0, damping_g = 0;
+    record_type current; // views() of this step
+  };
+
+  template <class L> std::size_t register_nn_layer(const std::string &path, L &layer) {
+    std::size_t count = 0;
+    const auto subs = layer.sublayers();
+    for (std::size_t j = 0; j < subs.size(); ++j) {
+      count += register_nn_layer(path + "." + std::to_string(j), *subs[j]);
+    }
+    if (!layer.supports_curvature()) {
+      return count;
+    }
+    L *ptr = &layer;
+    const bool added = register_layer(
+        path, [ptr]() { return ptr->curvature(); }, [ptr](bool on) { ptr->record_curvature(on); },
+        layer.name());
+    return count + (added ? 1 : 0);
+  }
+
+  static std::string lower(std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return s;
+  }
+
+  bool skipped(const std::string &name) const {
+    const std::string n = lower(name);
+    for (const auto &s : opt_.skip_layers) {
+      if (lower(s) == n)
+        return true;
+    }
+    return false;
+  }
+
+  static std::string at_step(std::int64_t step) {
+    return step < 0 ? std::string() : kat::detail::concat(" at step ", step);
+  }
+  static void check_steps(const char *what, std::int64_t v, std::int64_t step) {
+    if (v < 1) {
+      throw ValueError(
+          kat::detail::concat("kat::KFAC: ", what, " must be >= 1, got ", v, at_step(step)));
+    }
+  }
+  static void check_damping(double v, std::int64_t step) {
+    if (!(std::isfinite(v) && v > 0.0)) {
+      throw ValueError(
+          kat::detail::concat("kat::KFAC: damping must be finite and > 0, got ", v, at_step(step)));
+    }
+  }
+  static void check_decay(double v, std::int64_t step) {
+    if (!(std::isfinite(v) && v >= 0.0 && v < 1.0)) {
+      throw ValueError(
+          kat::detail::concat("kat::KFAC: factor_decay must be in [0, 1), got ", v, at_step(step)));
+    }
+  }
+  static void check_nonnegative(const char *what, double v, std::int64_t step) {
+    if (!(std::isfinite(v) && v >= 0.0)) {
+      throw ValueError(kat::detail::concat("kat::KFAC: ", what, " must be finite and >= 0, got ", v,
+                                           at_step(step)));
+    }
+  }
+  void warn_if_not_multiple(std::int64_t factor_every, std::int64_t inv_every) {
+    if (!warned_multiple_ && inv_every % factor_every != 0) {
+      warned_multiple_ = true;
+      *opt_.log << "kat::KFAC: warning: inv_update_steps (" << inv_every
+                << ") is not a multiple of factor_update_steps (" << factor_every
+                << "); some decompositions will reuse unchanged factors\n";
+    }
+  }
+
+  void warn(const std::string &message) const {
+    *opt_.log << "kat::KFAC: warning: " << message << '\n';
+  }
+
+  /// Checks the record of `l` for a factor update and returns it.
+  record_type checked_record(const Entry &l) const {
+    const record_type &r = l.current;
+    const std::string where = "kat::KFAC::step: layer '" + l.name + "'";
+    if (r.a.extent(0) == 0 || r.g.extent(0) == 0) {
+      throw ShapeError(kat::detail::concat(
+          where, ": a and g must be recorded on a factor-update step (step ", steps_, "), got a ",
+          r.a.extent(0), "x", r.a.extent(1), " and g ", r.g.extent(0), "x", r.g.extent(1),
+          "; turn on recording when needs_curvature() is true"));
+    }
+    kat::detail::require_extent(where.c_str(), "a columns", l.cols,
+                                static_cast<std::size_t>(r.a.extent(1)));
+    kat::detail::require_extent(where.c_str(), "g columns", l.out,
+                                static_cast<std::size_t>(r.g.extent(1)));
+    kat::detail::require_extent(where.c_str(), "g rows (= a rows)",
+                                static_cast<std::size_t>(r.a.extent(0)),
+                                static_cast<std::size_t>(r.g.extent(0)));
+    if (r.samples == 0 || r.a.extent(0) % r.samples != 0) {
+      throw ShapeError(kat::detail::concat(where, ": samples must divide the ", r.a.extent(0),
+                                           " rows of a and be > 0, got ", r.samples));
+    }
+    return r;
+  }
+
+  void update_factors(const execution_space &space, double decay) {
+    ScopedRegion region("kat::KFAC::update_factors");
+    for (auto &lp : layers_) {
+      Entry &l = *lp;
+      const record_type r = checked_record(l);
+      const double rows = static_cast<double>(r.a.extent(0));
+      const double n = static_cast<double>(r.samples);
+      const double g_scale = opt_.loss_reduction == LossReduction::mean ? n * n / rows : 1.0 / rows;
+      if (!l.A.update(space, r.a, 1.0 / rows, decay)) {
+        factor_failure(l, "A", "the batch estimate aᵀa/rows has a NaN or an infinity");
+      }
+      if (!l.G.update(space, r.g, g_scale, decay)) {
+        factor_failure(l, "G", "the batch estimate of gᵀg has a NaN or an infinity");
+      }
+    }
+  }
+
+  void factor_failure(const Entry &l, const char *factor, const std::string &what) const {
+    const std::string message = kat::detail::concat("layer '", l.name, "' factor ", factor,
+                                                    " at step ", steps_, ": ", what);
+    if (!opt_.keep_previous_on_failure) {
+      throw NumericalError("kat::KFAC: " + message);
+    }
+    warn(message + "; keeping the previous factor");
+  }
+
+  void decompose(const execution_space &space, double damping) {
+    ScopedRegion region("kat::KFAC::decompose");
+    for (auto &lp : layers_) {
+      Entry &l = *lp;
+      if (l.A.updates() == 0 || l.G.updates() == 0) {
+        continue; // nothing to decompose yet (a factor update failed and was skipped)
+      }
+      bool ok = false;
+      if (opt_.compute_method == ComputeMethod::eigen) {
+        try_decompose(l, "A", [&] { l.A.compute_eigen(space); });
+        try_decompose(l, "G", [&] { l.G.compute_eigen(space); });
+        ok = l.A.has_eigen() && l.G.has_eigen();
+      } else {
+        double pi = 1.0;
+        if (opt_.pi_correction) {
+          const double ta = l.A.mean_eigenvalue(space), tg = l.G.mean_eigenvalue(space);
+          if (ta > 0.0 && tg > 0.0 && std::isfinite(ta) && std::isfinite(tg)) {
+            pi = std::sqrt(ta / tg);
+          }
+        }
+        const double root = std::sqrt(damping);
+        const double da = pi * root, dg = root / pi;
+        const bool a_ok = try_decompose(l, "A", [&] { l.A.compute_inverse(space, da); });
+        const bool g_ok = try_decompose(l, "G", [&] { l.G.compute_inverse(space, dg); });
+        if (a_ok)
+          l.damping_a = da;
+        if (g_ok)
+          l.damping_g = dg;
+        ok = l.A.has_inverse() && l.G.has_inverse();
+      }
+      l.ready = ok;
+    }
+  }
+
+  template <class F> bool try_decompose(const Entry &l, const char *factor, F &&compute) const {
+    try {
+      compute();
+      return true;
+    } catch (const NumericalError &e) {
+      const std::string message =
+          kat::detail::concat("layer '", l.name, "' factor ", factor, " at step ", steps_,
+                              ": the decomposition failed: ", e.what());
+      if (!opt_.keep_previous_on_failure) {
+        throw NumericalError("kat::KFAC: " + message);
+      }
+      warn(message + "; keeping the previous decomposition");
+      return false;
+    }
+  }
+
+  void precondition(const execution_space &space, const Values &v) {
+    ScopedRegion region("kat::KFAC::precondition");
+    double vg = 0;
+    for (auto &lp : layers_) {
+      Entry &l = *lp;
+      l.applied = false;
+      if (!l.ready) {
+        continue;
+      }
+      const matrix_type grad = l.current.weight_gradient;
+      const std::string where = "kat::KFAC::step: layer '" + l.name + "'";
+      kat::detail::require_extent(where.c_str(), "weight_gradient rows", l.out,
+                                  static_cast<std::size_t>(grad.extent(0)));
+      kat::detail::require_extent(where.c_str(), "weight_gradient columns", l.cols,
+                                  static_cast<std::size_t>(grad.extent(1)));
+      if (opt_.compute_method == ComputeMethod::eigen) {
+        precondition_eigen(space, l, grad, v.damping);
+      } else {
+        precondition_inverse(space, l, grad);
+      }
+      const double layer_vg = dot(space, l.p, grad);
+      if (!std::isfinite(layer_vg)) {
+        throw NumericalError(
+            kat::detail::concat(where, ": the preconditioned gradient is not finite at step ",
+                                steps_, " (is the gradient finite?)"));
+      }
+      vg += layer_vg;
+      l.applied = true;
+    }
+    vg_sum_ = vg;
+    double nu = 1.0;
+    if (v.kl_clip > 0.0 && vg != 0.0 && v.lr > 0.0) {
+      nu = std::min(1.0, std::sqrt(v.kl_clip / std::fabs(vg * v.lr * v.lr)));
+    }
+    kl_scale_ = nu;
+    const InverseScalar scale = static_cast<InverseScalar>(nu);
+    for (auto &lp : layers_) {
+      Entry &l = *lp;
+      if (!l.applied)
+        continue;
+      const matrix_type grad = l.current.weight_gradient;
+      const inverse_matrix_type p = l.p;
+      Kokkos::parallel_for(
+          "kat::KFAC::apply", matrix_policy(space, l.out, l.cols),
+          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+            grad(i, j) = static_cast<Scalar>(scale * p(i, j));
+          });
+    }
+  }
+
+  /// The gradient as an InverseScalar matrix: the view itself when the types agree.
+  inverse_matrix_type as_inverse(const execution_space &space, const matrix_type &grad) {
+    if constexpr (std::is_same<Scalar, InverseScalar>::value) {
+      return grad;
+    } else {
+      const inverse_matrix_type c = cast_.matrix(grad.extent(0), grad.extent(1));
+      Kokkos::parallel_for(
+          "kat::KFAC::cast_gradient", matrix_policy(space, grad.extent(0), grad.extent(1)),
+          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+            c(i, j) = static_cast<InverseScalar>(grad(i, j));
+          });
+      return c;
+    }
+  }
+
+  void precondition_eigen(const execution_space &space, Entry &l, const matrix_type &grad,
+                          double damping) {
+    const inverse_matrix_type g = as_inverse(space, grad);
+    const inverse_matrix_type w = work_.matrix(l.out, l.cols);
+    const auto &qa = l.A.eigenvectors();
+    const auto &qg = l.G.eigenvectors();
+    const auto da = l.A.eigenvalues();
+    const auto dg = l.G.eigenvalues();
+    const InverseScalar one(1), zero(0);
+    gemm(space, Trans::T, Trans::N, one, qg, g, zero, w);   // Q_Gᵀ ∇
+    gemm(space, Trans::N, Trans::N, one, w, qa, zero, l.p); // (Q_Gᵀ ∇) Q_A
+    const inverse_matrix_type p = l.p;
+    const InverseScalar lambda = static_cast<InverseScalar>(damping);
+    Kokkos::parallel_for(
+        "kat::KFAC::eigen_scale", matrix_policy(space, l.out, l.cols),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+          p(i, j) /= dg(i) * da(j) + lambda;
+        });
+    gemm(space, Trans::N, Trans::N, one, qg, l.p, zero, w); // Q_G (·)
+    gemm(space, Trans::N, Trans::T, one, w, qa, zero, l.p); // (·) Q_Aᵀ
+  }
+
+  void precondition_inverse(const execution_space &space, Entry &l, const matrix_type &grad) {
+    const inverse_matrix_type g = as_inverse(space, grad);
+    const inverse_matrix_type w = work_.matrix(l.out, l.cols);
+    const InverseScalar one(1), zero(0);
+    gemm(space, Trans::N, Trans::N, one, l.G.inverse(), g, zero, w);
+    gemm(space, Trans::N, Trans::N, one, w, l.A.inverse(), zero, l.p);
+  }
+
+  static double dot(const execution_space &space, const inverse_matrix_type &p,
+                    const matrix_type &grad) {
+    double sum = 0;
+    Kokkos::parallel_reduce(
+        "kat::KFAC::vg_sum", matrix_policy(space, p.extent(0), p.extent(1)),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, double &s) {
+          s += static_cast<double>(p(i, j)) * static_cast<double>(grad(i, j));
+        },
+        sum);
+    return sum;
+  }
+
+  template <class View> static std::vector<double> to_host_vector(const View &m) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+    std::vector<double> out(m.extent(0) * m.extent(1));
+    for (std::size_t j = 0; j < m.extent(1); ++j)
+      for (std::size_t i = 0; i < m.extent(0); ++i)
+        out[i + m.extent(0) * j] = static_cast<double>(h(i, j));
+    return out;
+  }
+
+  template <class T>
+  static Kokkos::View<T **, Kokkos::LayoutLeft, Kokkos::HostSpace>
+  host_matrix(const std::vector<double> &values, std::size_t dim) {
+    Kokkos::View<T **, Kokkos::LayoutLeft, Kokkos::HostSpace> h("kat::KFAC::load_state", dim, dim);
+    for (std::size_t j = 0; j < dim; ++j)
+      for (std::size_t i = 0; i < dim; ++i)
+        h(i, j) = static_cast<T>(values[i + dim * j]);
+    return h;
+  }
+
+  Options opt_;
+  std::vector<std::unique_ptr<Entry>> layers_;
+  Workspace<InverseScalar, MemorySpace> work_{"kat::KFAC::work"};
+  Workspace<InverseScalar, MemorySpace> cast_{"kat::KFAC::cast"};
+  std::int64_t steps_ = 0;
+  double kl_scale_ = 1.0, vg_sum_ = 0.0;
+  bool warned_multiple_ = false;
+};
+
+} // namespace kat

@@ -1,0 +1,224 @@
+#pragma once
+/// @file
+/// @brief One running-averaged Kronecker factor of K-FAC and its decomposition.
+
+#include "kat/core/blas.hpp"
+#include "kat/core/error.hpp"
+#include "kat/core/linalg.hpp"
+#include "kat/core/policy.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <utility>
+
+namespace kat {
+
+/// A symmetric d x d Kronecker factor F of K-FAC (Martens & Grosse 2015, Sec. 3; Grosse &
+/// Martens 2016 for convolutions), kept as an exponential running average of batch estimates
+/// `scale * xᵀx`, together with its latest decomposition:
+///
+/// - eigen: F = Q diag(d) Qᵀ with d clamped at 0 (negative eigenvalues are rounding noise of
+///   a positive semi-definite matrix);
+/// - inverse: (F + λI)⁻¹ for a Tikhonov damping λ given at decomposition time.
+///
+/// @tparam Scalar         precision the factor is accumulated in ("factor precision").
+/// @tparam MemorySpace    where the factor and its decomposition live.
+/// @tparam InverseScalar  precision of the decomposition ("inverse precision"; double by
+///                        default, as in ALGORITHMS.md section 1).
+///
+/// A failed decomposition leaves the previous one in place (the new one is computed into a
+/// second buffer and swapped in only on success), so a caller may choose to keep using it.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace,
+          class InverseScalar = double>
+class KroneckerFactor {
+public:
+  using scalar_type = Scalar;
+  using inverse_scalar_type = InverseScalar;
+  using memory_space = MemorySpace;
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using inverse_matrix_type = Matrix<InverseScalar, MemorySpace>;
+  using inverse_vector_type = Vector<InverseScalar, MemorySpace>;
+
+  /// An empty factor of dimension `dim`; `label` names its allocations and errors
+  /// (e.g. "kat::KFAC::0.Dense::A").
+  KroneckerFactor(std::string label, std::size_t dim)
+      : label_(std::move(label)), dim_(dim),
+        factor_(Kokkos::view_alloc(label_, Kokkos::WithoutInitializing), dim, dim),
+        batch_(Kokkos::view_alloc(label_ + "::batch", Kokkos::WithoutInitializing), dim, dim),
+        cast_(label_ + "::cast") {}
+
+  const std::string &label() const { return label_; }
+  std::size_t dim() const { return dim_; }
+
+  /// Number of update() calls that changed the factor (0: the factor holds no data yet).
+  std::size_t updates() const { return updates_; }
+
+  /// The running average F (dim x dim, symmetric).
+  const matrix_type &factor() const { return factor_; }
+
+  /// Folds a batch estimate into the running average (ALGORITHMS.md section 1):
+  /// `F_new = scale · xᵀx`, symmetrized; `F ← decay·F + (1 − decay)·F_new`, or `F = F_new` on
+  /// the first update.
+  ///
+  /// @param x      rows x dim LayoutLeft view (a or g of a layer), any scalar type; converted
+  ///               to Scalar first when it differs.
+  /// @param scale  the estimator's normalization (1/rows for A, N²/rows for G of a mean loss).
+  /// @param decay  factor_decay in [0, 1).
+  /// @return false, leaving F unchanged, if F_new has a NaN or an infinity; true otherwise.
+  /// @throws ShapeError if x has not dim columns.
+  template <class ExecSpace, class XView>
+  bool update(const ExecSpace &space, const XView &x, double scale, double decay) {
+    ScopedRegion region("kat::KroneckerFactor::update");
+    kat::detail::require_extent((label_ + "::update").c_str(), "x columns", dim_,
+                                static_cast<std::size_t>(x.extent(1)));
+    using x_scalar = typename XView::non_const_value_type;
+    if constexpr (std::is_same<x_scalar, Scalar>::value) {
+      gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), x, x, Scalar(0), batch_);
+    } else {
+      const matrix_type xs = cast_.matrix(x.extent(0), x.extent(1));
+      Kokkos::parallel_for(
+          "kat::KroneckerFactor::cast", matrix_policy(space, x.extent(0), x.extent(1)),
+          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+            xs(i, j) = static_cast<Scalar>(x(i, j));
+          });
+      gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), xs, xs, Scalar(0), batch_);
+    }
+    if (!all_finite(space, batch_)) {
+      return false;
+    }
+    const matrix_type f = factor_, b = batch_;
+    const bool first = updates_ == 0;
+    const Scalar alpha = static_cast<Scalar>(first ? 0.0 : decay);
+    const Scalar beta = static_cast<Scalar>(first ? 1.0 : 1.0 - decay);
+    // Each (i, j) with i <= j writes both symmetric entries from both batch entries, so the
+    // kernel is race-free and F stays exactly symmetric.
+    Kokkos::parallel_for(
+        "kat::KroneckerFactor::running_average", matrix_policy(space, dim_, dim_),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+          if (i > j) {
+            return;
+          }
+          const Scalar sym = Scalar(0.5) * (b(i, j) + b(j, i));
+          const Scalar v = first ? sym : alpha * f(i, j) + beta * sym;
+          f(i, j) = v;
+          f(j, i) = v;
+        });
+    ++updates_;
+    return true;
+  }
+
+  /// Overwrites F (for load_state); `values` is a dim x dim host or device view.
+  template <class ExecSpace, class View> void assign(const ExecSpace &space, const View &values) {
+    kat::detail::require_extent((label_ + "::assign").c_str(), "rows", dim_,
+                                static_cast<std::size_t>(values.extent(0)));
+    kat::detail::require_extent((label_ + "::assign").c_str(), "columns", dim_,
+                                static_cast<std::size_t>(values.extent(1)));
+    Kokkos::deep_copy(space, factor_, values);
+    updates_ = 1;
+  }
+
+  /// tr(F) / dim, the mean eigenvalue (π-correction of the inverse path).
+  template <class ExecSpace> double mean_eigenvalue(const ExecSpace &space) const {
+    const matrix_type f = factor_;
+    double trace = 0;
+    Kokkos::parallel_reduce(
+        "kat::KroneckerFactor::trace", Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
+        KOKKOS_LAMBDA(const std::size_t i, double &t) { t += static_cast<double>(f(i, i)); },
+        trace);
+    return dim_ == 0 ? 0.0 : trace / static_cast<double>(dim_);
+  }
+
+  /// Computes F = Q diag(d) Qᵀ in InverseScalar (kat::symmetric_eigen), d clamped at 0.
+  /// @throws NumericalError (from the solver) if F is not finite or the solver fails; the
+  ///   previous decomposition is then still in place.
+  template <class ExecSpace> void compute_eigen(const ExecSpace &space) {
+    ScopedRegion region("kat::KroneckerFactor::compute_eigen");
+    ensure(next_q_, label_ + "::Q");
+    if (next_d_.extent(0) != dim_) {
+      next_d_ = inverse_vector_type(label_ + "::d", dim_);
+    }
+    copy_factor(space, next_q_, 0.0);
+    symmetric_eigen(space, next_q_, next_d_);
+    const inverse_vector_type d = next_d_;
+    Kokkos::parallel_for(
+        "kat::KroneckerFactor::clamp_eigenvalues", Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
+        KOKKOS_LAMBDA(const std::size_t i) {
+          d(i) = d(i) > InverseScalar(0) ? d(i) : InverseScalar(0);
+        });
+    std::swap(q_, next_q_);
+    std::swap(d_, next_d_);
+    has_eigen_ = true;
+  }
+
+  /// Computes (F + damping·I)⁻¹ in InverseScalar through a Cholesky factorization
+  /// (kat::cholesky_inverse).
+  /// @throws NumericalError if F + damping·I is not finite or not positive definite; the
+  ///   previous inverse is then still in place.
+  template <class ExecSpace> void compute_inverse(const ExecSpace &space, double damping) {
+    ScopedRegion region("kat::KroneckerFactor::compute_inverse");
+    ensure(next_inverse_, label_ + "::inverse");
+    copy_factor(space, next_inverse_, damping);
+    cholesky_inverse(space, next_inverse_);
+    std::swap(inverse_, next_inverse_);
+    has_inverse_ = true;
+  }
+
+  bool has_eigen() const { return has_eigen_; }
+  bool has_inverse() const { return has_inverse_; }
+  /// Q: eigenvectors in columns (dim x dim), valid when has_eigen().
+  const inverse_matrix_type &eigenvectors() const { return q_; }
+  /// d: eigenvalues, ascending, >= 0 (dim), valid when has_eigen().
+  const inverse_vector_type &eigenvalues() const { return d_; }
+  /// (F + λI)⁻¹ (dim x dim), valid when has_inverse().
+  const inverse_matrix_type &inverse() const { return inverse_; }
+
+  /// Whether every entry of `m` is finite (one reduction on the device).
+  template <class ExecSpace, class View>
+  static bool all_finite(const ExecSpace &space, const View &m) {
+    int bad = 0;
+    Kokkos::parallel_reduce(
+        "kat::KroneckerFactor::count_nonfinite", matrix_policy(space, m.extent(0), m.extent(1)),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, int &count) {
+          const double v = static_cast<double>(m(i, j));
+          count += (v - v != 0.0) ? 1 : 0; // NaN and ±Inf give NaN
+        },
+        bad);
+    return bad == 0;
+  }
+
+private:
+  void ensure(inverse_matrix_type &m, const std::string &label) const {
+    if (m.extent(0) != dim_) {
+      m = inverse_matrix_type(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), dim_, dim_);
+    }
+  }
+
+  /// dst = F + shift·I, converted to InverseScalar.
+  template <class ExecSpace>
+  void copy_factor(const ExecSpace &space, const inverse_matrix_type &dst, double shift) const {
+    const matrix_type f = factor_;
+    const InverseScalar s = static_cast<InverseScalar>(shift);
+    Kokkos::parallel_for(
+        "kat::KroneckerFactor::copy", matrix_policy(space, dim_, dim_),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+          dst(i, j) = static_cast<InverseScalar>(f(i, j)) + (i == j ? s : InverseScalar(0));
+        });
+  }
+
+  std::string label_;
+  std::size_t dim_;
+  matrix_type factor_, batch_;
+  Workspace<Scalar, MemorySpace> cast_;
+  std::size_t updates_ = 0;
+  inverse_matrix_type q_, next_q_, inverse_, next_inverse_;
+  inverse_vector_type d_, next_d_;
+  bool has_eigen_ = false, has_inverse_ = false;
+};
+
+} // namespace kat

@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 namespace {
 
@@ -43,6 +45,17 @@ struct Options {
   std::size_t train_subset = 0;
   std::string metrics;
   std::string progress = "auto";
+  // --optimizer kfac: K-FAC preconditioning (kat::KFAC) in front of SGD with momentum.
+  std::int64_t factor_update_steps = 10;
+  std::int64_t inv_update_steps = 100;
+  double damping = 0.003;
+  double factor_decay = 0.95;
+  double kl_clip = 0.001;
+  std::string compute_method = "eigen";
+  bool pi_correction = false;
+  std::vector<std::string> skip_layers;
+  std::string factor_precision = "float";
+  std::string inverse_precision = "double";
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -51,7 +64,7 @@ double seconds_since(Clock::time_point t0) {
 
 std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> build_optimizer(const Options &o,
                                                                     std::size_t n) {
-  if (o.optimizer == "sgd") {
+  if (o.optimizer == "sgd" || o.optimizer == "kfac") {
     typename kat::optim::SGD<Scalar, Mem>::Options s;
     s.lr = o.lr;
     s.momentum = o.momentum;
@@ -69,6 +82,50 @@ std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> build_optimizer(const Option
   a.lr = o.lr;
   a.weight_decay = o.weight_decay;
   return std::make_unique<kat::optim::AdamW<Scalar, Mem>>(n, a);
+}
+
+// K-FAC with the precisions chosen on the command line, behind one step function.
+using Preconditioner = std::function<void(const Space &)>;
+
+template <class InverseScalar, class FactorScalar>
+Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
+                         const kat::optim::LRSchedule &schedule) {
+  using KFAC = kat::KFAC<Scalar, Mem, InverseScalar, FactorScalar>;
+  typename KFAC::Options k;
+  k.factor_update_steps = o.factor_update_steps;
+  k.inv_update_steps = o.inv_update_steps;
+  k.damping = o.damping;
+  k.factor_decay = o.factor_decay;
+  k.kl_clip = o.kl_clip;
+  k.lr = [schedule](std::int64_t step) { return schedule(step); }; // the SGD step's rate
+  k.compute_method =
+      o.compute_method == "eigen" ? kat::ComputeMethod::eigen : kat::ComputeMethod::inverse;
+  k.pi_correction = o.pi_correction;
+  k.skip_layers = o.skip_layers;
+  auto kfac = std::make_shared<KFAC>(k);
+  const std::size_t layers = kfac->register_model(model);
+  std::printf("K-FAC on %zu layers (%s path; factors %s, decompositions %s): "
+              "factor_update_steps %lld, inv_update_steps %lld, damping %g, factor_decay %g, "
+              "kl_clip %g\n",
+              layers, o.compute_method.c_str(), o.factor_precision.c_str(),
+              o.inverse_precision.c_str(), static_cast<long long>(o.factor_update_steps),
+              static_cast<long long>(o.inv_update_steps), o.damping, o.factor_decay, o.kl_clip);
+  return [kfac](const Space &space) { kfac->step(space); };
+}
+
+Preconditioner build_preconditioner(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
+                                    const kat::optim::LRSchedule &schedule) {
+  if (o.optimizer != "kfac") {
+    return {};
+  }
+  const bool inverse_double = o.inverse_precision == "double";
+  const bool factor_double = o.factor_precision == "double";
+  if (inverse_double) {
+    return factor_double ? make_kfac<double, double>(o, model, schedule)
+                         : make_kfac<double, float>(o, model, schedule);
+  }
+  return factor_double ? make_kfac<float, double>(o, model, schedule)
+                       : make_kfac<float, float>(o, model, schedule);
 }
 
 kat::optim::LRSchedule build_schedule(const Options &o, std::int64_t total_steps) {
@@ -207,14 +264,16 @@ int run(const Options &o) {
   auto optimizer = build_optimizer(o, model.parameter_count());
   const std::int64_t steps_per_epoch = static_cast<std::int64_t>(train_loader.batches());
   const auto schedule = build_schedule(o, steps_per_epoch * o.epochs);
+  const Preconditioner precondition = build_preconditioner(o, model, schedule);
   const bool live = o.progress == "always" || (o.progress == "auto" && isatty(fileno(stdout)));
 
   std::printf("KAT %s on %s (concurrency %d); data %s (%zu train, %zu test, loaded in %.2f s)\n",
               o.model.c_str(), Space::name(), Space().concurrency(), o.data_dir.c_str(),
               train_set.size(), test_set.size(), seconds_since(load_t0));
   std::printf("%s\n", model.summary().c_str());
-  std::printf("optimizer %s, lr %g, batch %d, %d epochs, seed %llu\n", optimizer->name().c_str(),
-              o.lr, o.batch_size, o.epochs, static_cast<unsigned long long>(o.seed));
+  std::printf("optimizer %s%s, lr %g, batch %d, %d epochs, seed %llu\n",
+              precondition ? "K-FAC + " : "", optimizer->name().c_str(), o.lr, o.batch_size,
+              o.epochs, static_cast<unsigned long long>(o.seed));
 
   kat::nn::SoftmaxCrossEntropy<Scalar, Mem> ce;
   kat::Workspace<Scalar, Mem> dlogits_ws("kat_train::dlogits");
@@ -233,6 +292,9 @@ int run(const Options &o) {
       const auto dlogits = dlogits_ws.matrix(n, logits.extent(1));
       loss_sum += ce.forward_backward(space, logits, y, dlogits) * static_cast<double>(n);
       model.backward(space, dlogits, kat::nn::Sequential<Scalar, Mem>::Gradients::overwrite);
+      if (precondition) {
+        precondition(space);
+      }
       optimizer->set_lr(schedule(step++));
       optimizer->step(space, model.parameters(), model.gradients());
       seen += n;
@@ -268,8 +330,9 @@ int main(int argc, char **argv) {
                  "blocks, batch norm, global average pooling)")
       ->check(CLI::IsMember({"mlp", "cnn", "resnet"}))
       ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw")
-      ->check(CLI::IsMember({"sgd", "adam", "adamw"}))
+  app.add_option("--optimizer", o.optimizer,
+                 "sgd | adam | adamw | kfac (K-FAC preconditioning + SGD with --momentum)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "kfac"}))
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the training set")
       ->check(CLI::PositiveNumber)
@@ -277,7 +340,8 @@ int main(int argc, char **argv) {
   app.add_option("--batch-size", o.batch_size, "Samples per step")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--lr", o.lr, "Learning rate [default: 0.05 for sgd, 0.001 for adam/adamw]")
+  app.add_option("--lr", o.lr,
+                 "Learning rate [default: 0.05 for sgd and kfac, 0.001 for adam/adamw]")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--momentum", o.momentum, "SGD momentum")
       ->check(CLI::Range(0.0, 1.0))
@@ -311,6 +375,38 @@ int main(int argc, char **argv) {
                  "never")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
+  auto *kfac = app.add_option_group("K-FAC", "Options of --optimizer kfac (kat::KFAC)");
+  kfac->add_option("--factor-update-steps", o.factor_update_steps,
+                   "Steps between Kronecker factor updates")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kfac->add_option("--inv-update-steps", o.inv_update_steps,
+                   "Steps between decompositions (a multiple of --factor-update-steps)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kfac->add_option("--damping", o.damping, "Damping (Tikhonov regularization), > 0")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  kfac->add_option("--factor-decay", o.factor_decay, "Running-average decay of the factors")
+      ->check(CLI::Range(0.0, 0.999999))
+      ->capture_default_str();
+  kfac->add_option("--kl-clip", o.kl_clip, "KL clip of the preconditioned step (0: off)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  kfac->add_option("--compute-method", o.compute_method, "eigen | inverse")
+      ->check(CLI::IsMember({"eigen", "inverse"}))
+      ->capture_default_str();
+  kfac->add_flag("--pi-correction", o.pi_correction,
+                 "pi-corrected damping split (--compute-method inverse)");
+  kfac->add_option("--skip-layers", o.skip_layers,
+                   "Layers left to SGD, by index path (\"0\", \"3.1\") or type (\"Conv2d\")");
+  kfac->add_option("--factor-precision", o.factor_precision, "float | double")
+      ->check(CLI::IsMember({"float", "double"}))
+      ->capture_default_str();
+  kfac->add_option("--inverse-precision", o.inverse_precision,
+                   "Precision of decompositions and preconditioning: float | double")
+      ->check(CLI::IsMember({"float", "double"}))
+      ->capture_default_str();
   // Our flags are parsed before Kokkos sees the command line, so --help is ours (Kokkos's is
   // --kokkos-help); --kokkos-* flags pass through to Kokkos::initialize below.
   app.allow_extras();
@@ -329,7 +425,7 @@ int main(int argc, char **argv) {
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   if (o.lr < 0) {
-    o.lr = o.optimizer == "sgd" ? 0.05 : 1e-3;
+    o.lr = o.optimizer == "sgd" || o.optimizer == "kfac" ? 0.05 : 1e-3;
   }
   if (o.weight_decay < 0) {
     o.weight_decay = o.optimizer == "adamw" ? 0.01 : 0.0;

@@ -5,6 +5,7 @@
 #include "kat/core/blas.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/linalg.hpp"
+#include "kat/core/math.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace kat {
@@ -89,26 +91,32 @@ public:
           });
       gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), xs, xs, Scalar(0), batch_);
     }
-    if (!all_finite(space, batch_)) {
-      return false;
-    }
+    // One pass: each (i, j) with i <= j reads both batch entries and F(i, j) and writes the
+    // new value to both symmetric entries of the batch buffer (no other work item touches
+    // them, so in place is race-free), counting non-finite results. On success the buffers
+    // swap, so a failed update leaves F untouched at no extra cost.
     const matrix_type f = factor_, b = batch_;
     const bool first = updates_ == 0;
     const Scalar alpha = static_cast<Scalar>(first ? 0.0 : decay);
     const Scalar beta = static_cast<Scalar>(first ? 1.0 : 1.0 - decay);
-    // Each (i, j) with i <= j writes both symmetric entries from both batch entries, so the
-    // kernel is race-free and F stays exactly symmetric.
-    Kokkos::parallel_for(
+    int bad = 0;
+    Kokkos::parallel_reduce(
         "kat::KroneckerFactor::running_average", matrix_policy(space, dim_, dim_),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, int &count) {
           if (i > j) {
             return;
           }
           const Scalar sym = Scalar(0.5) * (b(i, j) + b(j, i));
           const Scalar v = first ? sym : alpha * f(i, j) + beta * sym;
-          f(i, j) = v;
-          f(j, i) = v;
-        });
+          b(i, j) = v;
+          b(j, i) = v;
+          count += kat::math::isfinite(v) ? 0 : 1;
+        },
+        bad);
+    if (bad != 0) {
+      return false;
+    }
+    std::swap(factor_, batch_);
     ++updates_;
     return true;
   }
@@ -177,20 +185,6 @@ public:
   const inverse_vector_type &eigenvalues() const { return d_; }
   /// (F + λI)⁻¹ (dim x dim), valid when has_inverse().
   const inverse_matrix_type &inverse() const { return inverse_; }
-
-  /// Whether every entry of `m` is finite (one reduction on the device).
-  template <class ExecSpace, class View>
-  static bool all_finite(const ExecSpace &space, const View &m) {
-    int bad = 0;
-    Kokkos::parallel_reduce(
-        "kat::KroneckerFactor::count_nonfinite", matrix_policy(space, m.extent(0), m.extent(1)),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, int &count) {
-          const double v = static_cast<double>(m(i, j));
-          count += (v - v != 0.0) ? 1 : 0; // NaN and ±Inf give NaN
-        },
-        bad);
-    return bad == 0;
-  }
 
 private:
   void ensure(inverse_matrix_type &m, const std::string &label) const {

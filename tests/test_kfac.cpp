@@ -3,8 +3,11 @@
 #include "test_helpers.hpp"
 
 #include <kat/nn/activation.hpp>
+#include <kat/nn/batch_norm.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
+#include <kat/nn/residual.hpp>
 #include <kat/nn/sequential.hpp>
 #include <kat/precond/kfac.hpp>
 
@@ -635,4 +638,43 @@ TEST_CASE("kfac: state and load_state continue a run exactly", "[kfac]") {
   bad = st;
   bad.layers[0].A.pop_back();
   REQUIRE_THROWS_AS(kb.load_state(Space(), bad), ShapeError);
+}
+
+TEST_CASE("kfac: containers are walked and BatchNorm is left to the base optimizer",
+          "[kfac][residual]") {
+  // conv -> BN -> ReLU -> Residual(conv, BN | shortcut conv 1x1) -> flatten -> dense
+  const FeatureShape in{1, 4, 4};
+  nn::Sequential<double, Mem> model(in);
+  model.add<nn::Conv2d>(1, 2, 3, 1, 1);
+  model.add<nn::BatchNorm2d>(2);
+  model.add<nn::ReLU>();
+  auto block = std::make_unique<nn::Residual<double, Mem>>(FeatureShape{2, 4, 4});
+  block->add<nn::Conv2d>(2, 3, 3, 2, 1);
+  block->add<nn::BatchNorm2d>(3);
+  block->add_shortcut<nn::Conv2d>(2, 3, 1, 2, 0, 1, false);
+  model.add(std::move(block));
+  model.add<nn::Flatten>();
+  model.add<nn::Dense>(12, 2);
+  model.compile(Space(), 3);
+  KFAC<double, Mem> kfac(exact_options(ComputeMethod::eigen, 0.1));
+  REQUIRE(kfac.register_model(model) == 4);
+  CHECK(kfac.layer_names() == std::vector<std::string>{"0", "3.0", "3.2", "5"});
+  CHECK(kfac.factor_a(2).dim() == 2); // the 1x1 shortcut has no bias: C_in · 1 · 1
+  CHECK(kfac.factor_a(1).dim() == 2 * 9 + 1);
+  auto x = random_matrix<double>(3, in.size(), 4);
+  auto dy = random_matrix<double>(3, 2, 5);
+  model.zero_grad(Space());
+  model.forward(Space(), x);
+  model.backward(Space(), dy);
+  // BatchNorm's (gamma, beta) gradients sit between the conv blocks in the flat buffer.
+  const auto before = flatten(to_host(model.gradients()));
+  const auto &bn = model.layer(1);
+  const auto conv0 = model.layer(0).curvature().weight_gradient;
+  const std::size_t bn_begin = conv0.extent(0) * conv0.extent(1);
+  kfac.step(Space());
+  const auto after = flatten(to_host(model.gradients()));
+  for (std::size_t i = bn_begin; i < bn_begin + bn.parameter_count(); ++i)
+    CHECK(after[i] == before[i]);
+  CHECK(after[0] != before[0]); // the first conv's gradient was preconditioned
+  for (double v : after) CHECK(std::isfinite(v));
 }

@@ -4,6 +4,7 @@
 
 #include "kat/core/blas.hpp"
 #include "kat/core/curvature.hpp"
+#include "kat/core/detail/convert.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/hyperparameter.hpp"
 #include "kat/core/policy.hpp"
@@ -40,6 +41,58 @@ enum class ComputeMethod {
 enum class LossReduction {
   mean, ///< the loss is a batch mean, so backpropagated g carries a 1/N (KAT's losses)
   sum   ///< the loss is a batch sum
+};
+
+/// Hyperparameters, named as in kfac-pytorch; each may be a constant or a function of the
+/// step (kat::Hyperparameter). Defaults are kfac-pytorch's.
+struct KFACOptions {
+  /// Steps between factor updates, >= 1.
+  Hyperparameter<std::int64_t> factor_update_steps = std::int64_t(1);
+  /// Steps between decompositions, >= 1; should be a multiple of factor_update_steps
+  /// (a warning is logged otherwise).
+  Hyperparameter<std::int64_t> inv_update_steps = std::int64_t(1);
+  /// Damping λ > 0 (Tikhonov regularization of the curvature).
+  Hyperparameter<double> damping = 0.001;
+  /// Running-average decay α of the factors, in [0, 1).
+  Hyperparameter<double> factor_decay = 0.95;
+  /// KL clip κ >= 0 (trust region on the preconditioned step); 0 disables it.
+  Hyperparameter<double> kl_clip = 0.001;
+  /// The base optimizer's learning rate as seen by the KL clip, >= 0.
+  Hyperparameter<double> lr = 0.1;
+  ComputeMethod compute_method = ComputeMethod::eigen;
+  /// π-corrected damping split (inverse path only).
+  bool pi_correction = false;
+  /// Layers to leave to the base optimizer, by registered name or by type ("Conv2d"),
+  /// case-insensitive.
+  std::vector<std::string> skip_layers;
+  LossReduction loss_reduction = LossReduction::mean;
+  /// false (default): a factor or decomposition with NaN/Inf, or a failed decomposition,
+  /// throws NumericalError naming the layer and factor. true: the previous factor or
+  /// decomposition is kept and a warning is written to `log`.
+  bool keep_previous_on_failure = false;
+  /// Where warnings go (never null).
+  std::ostream *log = &std::cerr;
+};
+
+/// Values of the hyperparameters at one step (what state() records).
+struct KFACValues {
+  std::int64_t factor_update_steps, inv_update_steps;
+  double damping, factor_decay, kl_clip, lr;
+};
+
+/// Host copy of what a checkpoint needs: the step counter, the hyperparameter values at
+/// that step and every factor (column-major, double). Decompositions are not stored; they
+/// are recomputed by load_state().
+struct KFACState {
+  struct Layer {
+    std::string name;
+    std::size_t a_dim = 0, g_dim = 0;
+    std::size_t a_updates = 0, g_updates = 0;
+    std::vector<double> A, G;
+  };
+  std::int64_t steps = 0;
+  KFACValues values{};
+  std::vector<Layer> layers;
 };
 
 /// K-FAC preconditioner (Martens & Grosse 2015, "Optimizing Neural Networks with
@@ -91,57 +144,9 @@ public:
   using matrix_type = Matrix<Scalar, MemorySpace>;
   using inverse_matrix_type = Matrix<InverseScalar, MemorySpace>;
 
-  /// Hyperparameters, named as in kfac-pytorch; each may be a constant or a function of the
-  /// step (kat::Hyperparameter). Defaults are kfac-pytorch's.
-  struct Options {
-    /// Steps between factor updates, >= 1.
-    Hyperparameter<std::int64_t> factor_update_steps = std::int64_t(1);
-    /// Steps between decompositions, >= 1; should be a multiple of factor_update_steps
-    /// (a warning is logged otherwise).
-    Hyperparameter<std::int64_t> inv_update_steps = std::int64_t(1);
-    /// Damping λ > 0 (Tikhonov regularization of the curvature).
-    Hyperparameter<double> damping = 0.001;
-    /// Running-average decay α of the factors, in [0, 1).
-    Hyperparameter<double> factor_decay = 0.95;
-    /// KL clip κ >= 0 (trust region on the preconditioned step); 0 disables it.
-    Hyperparameter<double> kl_clip = 0.001;
-    /// The base optimizer's learning rate as seen by the KL clip, >= 0.
-    Hyperparameter<double> lr = 0.1;
-    ComputeMethod compute_method = ComputeMethod::eigen;
-    /// π-corrected damping split (inverse path only).
-    bool pi_correction = false;
-    /// Layers to leave to the base optimizer, by registered name or by type ("Conv2d"),
-    /// case-insensitive.
-    std::vector<std::string> skip_layers;
-    LossReduction loss_reduction = LossReduction::mean;
-    /// false (default): a factor or decomposition with NaN/Inf, or a failed decomposition,
-    /// throws NumericalError naming the layer and factor. true: the previous factor or
-    /// decomposition is kept and a warning is written to `log`.
-    bool keep_previous_on_failure = false;
-    /// Where warnings go (never null).
-    std::ostream *log = &std::cerr;
-  };
-
-  /// Values of the hyperparameters at one step (what state() records).
-  struct Values {
-    std::int64_t factor_update_steps, inv_update_steps;
-    double damping, factor_decay, kl_clip, lr;
-  };
-
-  /// Host copy of what a checkpoint needs: the step counter, the hyperparameter values at
-  /// that step and every factor (column-major, double). Decompositions are not stored; they
-  /// are recomputed by load_state().
-  struct State {
-    struct Layer {
-      std::string name;
-      std::size_t a_dim = 0, g_dim = 0;
-      std::size_t a_updates = 0, g_updates = 0;
-      std::vector<double> A, G;
-    };
-    std::int64_t steps = 0;
-    Values values{};
-    std::vector<Layer> layers;
-  };
+  using Options = KFACOptions;
+  using Values = KFACValues;
+  using State = KFACState;
 
   /// @throws ValueError naming the option, its valid range and its value, for any constant
   ///   hyperparameter out of range, a null log, or pi_correction with the eigen method.
@@ -369,18 +374,17 @@ public:
     if (s.steps < 0) {
       throw ValueError(kat::detail::concat(where, ": steps must be >= 0, got ", s.steps));
     }
-    if (opt_.factor_update_steps.is_constant())
-      opt_.factor_update_steps = s.values.factor_update_steps;
-    if (opt_.inv_update_steps.is_constant())
-      opt_.inv_update_steps = s.values.inv_update_steps;
-    if (opt_.damping.is_constant())
-      opt_.damping = s.values.damping;
-    if (opt_.factor_decay.is_constant())
-      opt_.factor_decay = s.values.factor_decay;
-    if (opt_.kl_clip.is_constant())
-      opt_.kl_clip = s.values.kl_clip;
-    if (opt_.lr.is_constant())
-      opt_.lr = s.values.lr;
+    const auto restore = [](auto &option, auto value) {
+      if (option.is_constant()) {
+        option = value;
+      }
+    };
+    restore(opt_.factor_update_steps, s.values.factor_update_steps);
+    restore(opt_.inv_update_steps, s.values.inv_update_steps);
+    restore(opt_.damping, s.values.damping);
+    restore(opt_.factor_decay, s.values.factor_decay);
+    restore(opt_.kl_clip, s.values.kl_clip);
+    restore(opt_.lr, s.values.lr);
     steps_ = s.steps;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       auto &l = *layers_[i];
@@ -646,11 +650,7 @@ private:
       return grad;
     } else {
       const inverse_matrix_type c = cast_.matrix(grad.extent(0), grad.extent(1));
-      Kokkos::parallel_for(
-          "kat::KFAC::cast_gradient", matrix_policy(space, grad.extent(0), grad.extent(1)),
-          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-            c(i, j) = static_cast<InverseScalar>(grad(i, j));
-          });
+      kat::detail::convert(space, grad, c);
       return c;
     }
   }

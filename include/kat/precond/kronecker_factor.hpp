@@ -3,6 +3,7 @@
 /// @brief One running-averaged Kronecker factor of K-FAC and its decomposition.
 
 #include "kat/core/blas.hpp"
+#include "kat/core/detail/convert.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/linalg.hpp"
 #include "kat/core/math.hpp"
@@ -84,11 +85,7 @@ public:
       gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), x, x, Scalar(0), batch_);
     } else {
       const matrix_type xs = cast_.matrix(x.extent(0), x.extent(1));
-      Kokkos::parallel_for(
-          "kat::KroneckerFactor::cast", matrix_policy(space, x.extent(0), x.extent(1)),
-          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-            xs(i, j) = static_cast<Scalar>(x(i, j));
-          });
+      kat::detail::convert(space, x, xs);
       gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), xs, xs, Scalar(0), batch_);
     }
     // One pass: each (i, j) with i <= j reads both batch entries and F(i, j) and writes the

@@ -1,0 +1,25 @@
+#pragma once
+/// @file
+/// @brief Element-wise copy between matrices of different scalar types.
+
+#include "kat/core/policy.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+
+namespace kat::detail {
+
+/// dst(i, j) = src(i, j) converted to dst's scalar type, on `space`; both rank 2, same extents,
+/// reachable from `space`. (Kokkos::deep_copy needs equal value types.)
+template <class ExecSpace, class Src, class Dst>
+void convert(const ExecSpace &space, const Src &src, const Dst &dst) {
+  using value = typename Dst::non_const_value_type;
+  Kokkos::parallel_for(
+      "kat::convert", matrix_policy(space, src.extent(0), src.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        dst(i, j) = static_cast<value>(src(i, j));
+      });
+}
+
+} // namespace kat::detail

@@ -293,9 +293,9 @@ public:
     if (steps_ % v.factor_update_steps == 0) {
       update_factors(space, v.factor_decay);
     }
-    if (steps_ % v.inv_update_steps == 0) {
-      decompose(space, v.damping);
-    }
+    // Besides every inv_update_steps, a layer whose first factors came late (a skipped
+    // non-finite update) is decomposed as soon as it has them, not up to inv_update_steps later.
+    decompose(space, v.damping, steps_ % v.inv_update_steps != 0);
     precondition(space, v);
     ++steps_;
     for (auto &l : layers_) {
@@ -544,11 +544,13 @@ private:
     warn(message + "; keeping the previous factor");
   }
 
-  void decompose(const execution_space &space, double damping) {
+  /// Decomposes every layer's factors, or with `only_missing` those of layers that have
+  /// factors but no decomposition yet.
+  void decompose(const execution_space &space, double damping, bool only_missing = false) {
     ScopedRegion region("kat::KFAC::decompose");
     for (auto &lp : layers_) {
       Entry &l = *lp;
-      if (l.A.updates() == 0 || l.G.updates() == 0) {
+      if (l.A.updates() == 0 || l.G.updates() == 0 || (only_missing && l.ready)) {
         continue; // nothing to decompose yet (a factor update failed and was skipped)
       }
       bool ok = false;

@@ -36,15 +36,20 @@ Sequential<Scalar, MemorySpace> mlp(FeatureShape input, int classes) {
 /// The classic two-convolution network: conv5x5-32 (padding 2), ReLU, max-pool 2,
 /// conv5x5-64 (padding 2), ReLU, max-pool 2, dense (64·H/4·W/4)-256, ReLU, dense 256-classes.
 /// For 28x28 inputs the first dense layer is 3136-256.
+///
+/// Each ReLU is applied after its max-pool rather than before, on a quarter of the elements:
+/// ReLU is monotone non-decreasing, so relu(maxpool(x)) == maxpool(relu(x)) exactly and the
+/// gradients agree too (tests/test_pooling.cpp checks both orders bit for bit). The one
+/// exception is a NaN activation, which max pooling propagates but ReLU maps to 0.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 Sequential<Scalar, MemorySpace> cnn(FeatureShape input, int classes) {
   Sequential<Scalar, MemorySpace> model(input);
   model.template add<Conv2d>(input.channels, 32, 5, 1, 2);
-  model.template add<ReLU>();
   model.template add<MaxPool2d>(2);
+  model.template add<ReLU>();
   model.template add<Conv2d>(32, 64, 5, 1, 2);
-  model.template add<ReLU>();
   model.template add<MaxPool2d>(2);
+  model.template add<ReLU>();
   model.template add<Flatten>();
   model.template add<Dense>(model.output_shape().size(), 256);
   model.template add<ReLU>();

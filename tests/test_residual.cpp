@@ -3,6 +3,7 @@
 
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
 #include <kat/nn/residual.hpp>
 #include <kat/nn/sequential.hpp>
 
@@ -48,6 +49,17 @@ TEST_CASE("residual: finite-difference gradients in double", "[residual][gradche
     block.add<nn::Sigmoid>();
     block.add_shortcut<nn::Dense>(4, 5, false);
     check_layer_gradients(block, FeatureShape{4}, 3, 12);
+  }
+  SECTION("pass-through Flatten first and last in a chain") {
+    // The chains alias Flatten's input and output; as the first layer of a chain it still
+    // writes the container's dx.
+    nn::Residual<double, Mem> block(FeatureShape{4});
+    block.add<nn::Flatten>();
+    block.add<nn::Dense>(4, 4);
+    block.add<nn::Tanh>();
+    block.add<nn::Flatten>();
+    block.add_shortcut<nn::Flatten>();
+    check_layer_gradients(block, FeatureShape{4}, 3, 14);
   }
   SECTION("overwrite mode") {
     nn::Residual<double, Mem> block(FeatureShape{3});

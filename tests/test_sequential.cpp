@@ -132,3 +132,32 @@ TEST_CASE("sequential: a steady-state training step allocates nothing", "[sequen
   CHECK(tracker.allocations() == 0);
   CHECK(tracker.deallocations() == 0);
 }
+
+TEST_CASE("sequential: Flatten passes its input through without a copy", "[sequential][flatten]") {
+  const Space space;
+  nn::Sequential<double, Mem> with(FeatureShape{1, 2, 3}), without(FeatureShape{6});
+  with.add<nn::Flatten>();
+  with.add<nn::Dense>(6, 5);
+  with.add<nn::Flatten>();
+  with.add<nn::Tanh>();
+  with.add<nn::Dense>(5, 3);
+  with.add<nn::Flatten>();
+  without.add<nn::Dense>(6, 5);
+  without.add<nn::Tanh>();
+  without.add<nn::Dense>(5, 3);
+  with.compile(space, 3);
+  without.compile(space, 3);
+  REQUIRE(with.parameter_count() == without.parameter_count());
+  Kokkos::deep_copy(without.parameters(), with.parameters());
+  auto x = random_matrix<double>(4, 6, 9);
+  const auto y_a = to_host(with.forward(space, x)), y_b = to_host(without.forward(space, x));
+  auto dy = random_matrix<double>(4, 3, 10);
+  with.backward(space, dy, nn::Sequential<double, Mem>::Gradients::overwrite);
+  without.backward(space, dy, nn::Sequential<double, Mem>::Gradients::overwrite);
+  for (std::size_t j = 0; j < 3; ++j)
+    for (std::size_t i = 0; i < 4; ++i)
+      REQUIRE(y_a(i, j) == y_b(i, j));
+  const auto g_a = to_host(with.gradients()), g_b = to_host(without.gradients());
+  for (std::size_t k = 0; k < g_a.extent(0); ++k)
+    REQUIRE(g_a(k) == g_b(k));
+}

@@ -13,7 +13,8 @@
 namespace kat::nn {
 
 /// Reinterprets (C, H, W) sample features as a flat vector. KAT's batch matrices already
-/// store features in that order, so the data is copied unchanged.
+/// store features in that order, so y = x: Sequential and Residual pass the input through
+/// without calling forward() or backward() (passes_through()); called directly, they copy.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Flatten final : public Layer<Scalar, MemorySpace> {
   using base = Layer<Scalar, MemorySpace>;
@@ -26,6 +27,7 @@ public:
   FeatureShape output_shape(const FeatureShape &input) const override {
     return FeatureShape{static_cast<int>(input.size())};
   }
+  bool passes_through() const override { return true; }
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region("kat::nn::Flatten::forward");
     Kokkos::deep_copy(space, y, x);

@@ -17,7 +17,6 @@ namespace kat::nn {
 /// See kat/core/curvature.hpp.
 using kat::CurvatureRecord;
 
-
 /// Base class of all layers. A layer maps a batch x in_shape.size() matrix to a batch x
 /// out_shape.size() matrix (see FeatureShape for image layouts).
 ///
@@ -55,6 +54,11 @@ public:
   /// stay valid and unchanged until backward().
   virtual void forward(const execution_space &space, const matrix_type &x,
                        const matrix_type &y) = 0;
+
+  /// Whether y = x exactly (same extents, same memory layout, no parameters), so that a
+  /// container may skip forward() and backward() and pass the input (or dy) through as the
+  /// output (or dx) without a copy. false by default; Flatten says true.
+  virtual bool passes_through() const { return false; }
 
   /// Given dy = dL/dy, adds the parameter gradients to the gradient buffer (or overwrites it,
   /// see accumulate_gradients()) and writes dx = dL/dx. `dx` may be an empty view (extent 0)

@@ -89,8 +89,12 @@ public:
     outputs_.resize(layers_.size());
     const matrix_type *in = &input_;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      outputs_[i] = activations_[i].matrix(n, shapes_[i].size());
-      layers_[i]->forward(space, *in, outputs_[i]);
+      if (layers_[i]->passes_through()) {
+        outputs_[i] = *in; // y = x: no workspace, no copy
+      } else {
+        outputs_[i] = activations_[i].matrix(n, shapes_[i].size());
+        layers_[i]->forward(space, *in, outputs_[i]);
+      }
       in = &outputs_[i];
     }
     return *in;
@@ -110,6 +114,15 @@ public:
     grad_views_.resize(layers_.size());
     const matrix_type *grad_out = &dy;
     for (std::size_t i = layers_.size(); i-- > 0;) {
+      if (layers_[i]->passes_through()) {
+        // dx = dy: no workspace and no copy, except into the caller's dx.
+        grad_views_[i] = i > 0 ? *grad_out : dx;
+        if (i == 0 && dx.extent(0) != 0) {
+          Kokkos::deep_copy(space, dx, *grad_out);
+        }
+        grad_out = &grad_views_[i];
+        continue;
+      }
       grad_views_[i] = i > 0 ? input_grads_[i].matrix(n, shapes_[i - 1].size()) : dx;
       layers_[i]->accumulate_gradients(accumulate);
       layers_[i]->backward(space, *grad_out, grad_views_[i]);

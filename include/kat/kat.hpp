@@ -45,3 +45,8 @@
 #include "kat/data/data_loader.hpp"
 #include "kat/data/dataset.hpp"
 #include "kat/data/idx.hpp"
+
+// kat::dist needs MPI (KAT configured with -DKAT_ENABLE_MPI=ON).
+#ifdef KAT_ENABLE_MPI
+#include "kat/dist/communicator.hpp"
+#endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs what is missing, then builds and runs the whole test suite twice: against Debian's
-# Kokkos 3.4.1 (Serial backend) and against Kokkos 3.4.1 built with the OpenMP backend from
-# Debian's trilinos source package (cached; see scripts/build_kokkos_openmp.sh).
+# Installs what is missing, then builds and runs the whole test suite twice, with MPI (Open
+# MPI), against Debian's Kokkos 3.4.1 (Serial backend) and against Kokkos 3.4.1 built with the
+# OpenMP backend from Debian's trilinos source package (cached; see
+# scripts/build_kokkos_openmp.sh).
 #   KAT_BACKENDS="serial openmp"   which backends to test (default both)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,7 +13,10 @@ backends=${KAT_BACKENDS:-serial openmp}
 
 for backend in $backends; do
   build=$root/build/test-$backend
-  args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON)
+  # MPI on for both backends: ctest then also runs the "[mpi]" tests under mpiexec at 1, 2
+  # and 4 ranks (tests mpi_ranks_*, one OpenMP thread per rank; see tests/CMakeLists.txt).
+  args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON
+    -DKAT_ENABLE_MPI=ON)
   # The Serial build also compiles the benchmarks (not run here), so they cannot rot.
   if [ "$backend" = serial ]; then
     args+=(-DKAT_ENABLE_BENCHMARKS=ON)

@@ -123,4 +123,21 @@ BENCHMARK_TEMPLATE(BM_KFACStep, float)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
+// The CNN on the inverse path (its 3137 x 3137 dense-layer factor makes eigendecompositions
+// take seconds): one block of 100 steps, about a minute per precision.
+BENCHMARK_TEMPLATE(BM_KFACStep, double)
+    ->Name("BM_KFACStep/inverse_precision:double")
+    ->ArgNames({"model", "inverse", "steps"})
+    ->Args({1, 1, 100})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(BM_KFACStep, float)
+    ->Name("BM_KFACStep/inverse_precision:float")
+    ->ArgNames({"model", "inverse", "steps"})
+    ->Args({1, 1, 100})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 } // namespace

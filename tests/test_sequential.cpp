@@ -161,3 +161,44 @@ TEST_CASE("sequential: Flatten passes its input through without a copy", "[seque
   for (std::size_t k = 0; k < g_a.extent(0); ++k)
     REQUIRE(g_a(k) == g_b(k));
 }
+
+TEST_CASE("sequential: the backward hook sees every layer in reverse order", "[sequential][hook]") {
+  const Space space;
+  nn::Sequential<double, Mem> model(FeatureShape{1, 2, 3});
+  model.add<nn::Flatten>();
+  model.add<nn::Dense>(6, 5);
+  model.add<nn::Tanh>();
+  model.add<nn::Dense>(5, 3);
+  model.compile(space, 4);
+  auto x = random_matrix<double>(4, 6, 1);
+  auto dy = random_matrix<double>(4, 3, 2);
+
+  model.forward(space, x);
+  model.backward(space, dy, nn::Sequential<double, Mem>::Gradients::overwrite);
+  const auto reference = to_host(model.gradients());
+
+  CHECK_FALSE(model.has_backward_hook());
+  std::vector<std::size_t> calls;
+  const auto &blocks = model.buffer().blocks();
+  REQUIRE(blocks.size() == 4);
+  model.set_backward_hook([&](std::size_t layer) {
+    calls.push_back(layer);
+    space.fence();
+    // The block of a layer whose hook has run is final.
+    const auto g = to_host(model.gradients());
+    for (std::size_t k = blocks[layer].offset; k < blocks[layer].offset + blocks[layer].size; ++k)
+      REQUIRE(g(k) == reference(k));
+  });
+  CHECK(model.has_backward_hook());
+  model.zero_grad(space);
+  model.forward(space, x);
+  model.backward(space, dy);
+  CHECK(calls == std::vector<std::size_t>{3, 2, 1, 0});
+
+  model.clear_backward_hook();
+  CHECK_FALSE(model.has_backward_hook());
+  calls.clear();
+  model.forward(space, x);
+  model.backward(space, dy);
+  CHECK(calls.empty());
+}

@@ -14,6 +14,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -117,6 +118,25 @@ public:
     chain_.backward(space, dy, matrix_type(), mode == Gradients::accumulate);
   }
 
+  /// Called by backward() after each layer's backward, with the layer's index i (the index
+  /// into layers() and into buffer().blocks(), whose block i holds layer i's parameters).
+  using BackwardHook = std::function<void(std::size_t)>;
+
+  /// Installs `hook`, called by every later backward() right after layer i's backward has
+  /// been enqueued on the execution space, for i = layers().size() - 1 down to 0 (pass-through
+  /// and parameter-free layers included). When it runs, layer i's gradient block is final for
+  /// this backward (possibly still being written by kernels on the space: fence, or use a
+  /// call that fences, before reading it on the host), and so are the blocks of every later
+  /// layer. Data-parallel training uses it to start all-reducing gradient buckets while
+  /// backward goes on (kat::dist::DataParallel::backward_hook). The hook may throw; the
+  /// exception leaves backward() with the remaining layers not processed.
+  /// An empty function removes the hook; without one backward() pays one branch per layer.
+  void set_backward_hook(BackwardHook hook) { chain_.set_backward_hook(std::move(hook)); }
+  /// Removes the backward hook.
+  void clear_backward_hook() { chain_.set_backward_hook(BackwardHook()); }
+  /// Whether a backward hook is installed.
+  bool has_backward_hook() const { return chain_.has_backward_hook(); }
+
   /// Sets every gradient to zero.
   void zero_grad(const execution_space &space) {
     require_compiled("zero_grad");
@@ -127,6 +147,9 @@ public:
   const vector_type &parameters() const { return buffer_.parameters(); }
   /// The flat gradient vector (length parameter_count()).
   const vector_type &gradients() const { return buffer_.gradients(); }
+  /// The flat buffers and their blocks: after compile(), block i ("i.<layer name>") is layer
+  /// i's parameters, [offset, offset + size) of parameters() and gradients(), in layer order
+  /// and contiguous (size 0 for layers without parameters).
   const ParameterBuffer<Scalar, MemorySpace> &buffer() const { return buffer_; }
   std::size_t parameter_count() const { return chain_.parameter_count(); }
 

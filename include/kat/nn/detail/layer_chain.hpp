@@ -12,6 +12,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -100,8 +101,17 @@ public:
     return *in;
   }
 
+  /// Called by backward() after layer i's backward has been enqueued (see set_backward_hook).
+  using BackwardHook = std::function<void(std::size_t)>;
+
+  /// Installs (or, with an empty function, removes) the hook backward() calls after each
+  /// layer, with the layer's index, in decreasing order.
+  void set_backward_hook(BackwardHook hook) { backward_hook_ = std::move(hook); }
+  bool has_backward_hook() const { return static_cast<bool>(backward_hook_); }
+
   /// Back-propagates dy through the layers. The first layer writes its input gradient into
-  /// `dx` (skipped when dx is empty). Parameter gradients are added or overwritten.
+  /// `dx` (skipped when dx is empty). Parameter gradients are added or overwritten. After each
+  /// layer (pass-through layers included) the backward hook, if set, gets the layer's index.
   void backward(const execution_space &space, const matrix_type &dy, const matrix_type &dx,
                 bool accumulate) {
     if (outputs_.size() != layers_.size() || layers_.empty()) {
@@ -121,12 +131,15 @@ public:
           Kokkos::deep_copy(space, dx, *grad_out);
         }
         grad_out = &grad_views_[i];
-        continue;
+      } else {
+        grad_views_[i] = i > 0 ? input_grads_[i].matrix(n, shapes_[i - 1].size()) : dx;
+        layers_[i]->accumulate_gradients(accumulate);
+        layers_[i]->backward(space, *grad_out, grad_views_[i]);
+        grad_out = &grad_views_[i];
       }
-      grad_views_[i] = i > 0 ? input_grads_[i].matrix(n, shapes_[i - 1].size()) : dx;
-      layers_[i]->accumulate_gradients(accumulate);
-      layers_[i]->backward(space, *grad_out, grad_views_[i]);
-      grad_out = &grad_views_[i];
+      if (backward_hook_) {
+        backward_hook_(i);
+      }
     }
   }
 
@@ -153,6 +166,7 @@ private:
   std::vector<Workspace<Scalar, MemorySpace>> activations_, input_grads_;
   std::vector<matrix_type> outputs_, grad_views_;
   matrix_type input_;
+  BackwardHook backward_hook_;
 };
 
 } // namespace kat::nn::detail

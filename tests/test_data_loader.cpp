@@ -210,3 +210,65 @@ TEST_CASE("data: DataLoader shuffles are seeded permutations", "[data][loader]")
   // The order depends only on (seed, epoch): replaying epoch 0 after epoch 1 reproduces it.
   CHECK(sample_ids(run_epoch(a, 0)) == ids_a0);
 }
+
+TEST_CASE("data: DataLoader serves a given order", "[data][loader]") {
+  const Dataset d = synthetic(10);
+  DataLoader<double> loader(d, 4, true, 5);
+  DataLoader<double>::execution_space space;
+  DataLoader<double>::matrix_type x;
+  DataLoader<double>::label_vector y;
+
+  // A subset in a chosen order, with a repeat: 3 batches of 4, 4 and 1.
+  const std::vector<std::size_t> order{7, 2, 9, 0, 2, 5, 8, 1, 3};
+  loader.start_epoch(3, order);
+  CHECK(loader.epoch() == 3);
+  CHECK(loader.epoch_size() == 9);
+  CHECK(loader.size() == 10);
+  CHECK(loader.batches() == 3);
+  CHECK(loader.order() == order);
+  std::vector<std::size_t> seen;
+  std::vector<std::size_t> sizes;
+  while (loader.next(space, x, y)) {
+    const auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+    const auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+    sizes.push_back(x.extent(0));
+    for (std::size_t i = 0; i < x.extent(0); ++i) {
+      const auto s = static_cast<std::size_t>(hx(i, 0) * 255 / 10 + 0.5);
+      seen.push_back(s);
+      for (std::size_t f = 0; f < kFeatures; ++f) {
+        CHECK(hx(i, f) == static_cast<double>(d.images[s * kFeatures + f]) / 255.0);
+      }
+      CHECK(hy(i) == d.labels[s]);
+    }
+  }
+  CHECK(seen == order);
+  CHECK(sizes == std::vector<std::size_t>{4, 4, 1});
+
+  // Longer than the data set, with a batch larger than the data set: the buffers grow.
+  DataLoader<double> big(d, 32, false, 0);
+  std::vector<std::size_t> twice(20);
+  for (std::size_t k = 0; k < 20; ++k)
+    twice[k] = k % 10;
+  big.start_epoch(0, twice);
+  REQUIRE(big.next(space, x, y));
+  CHECK(x.extent(0) == 20);
+  const auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  CHECK(hx(15, 0) == 50.0 / 255.0);
+  CHECK_FALSE(big.next(space, x, y));
+
+  // Back to the loader's own order.
+  loader.start_epoch(4);
+  CHECK(loader.epoch_size() == 10);
+  CHECK(loader.batches() == 3);
+
+  // Out-of-range indices are rejected and leave the loader as it was.
+  loader.start_epoch(0, {1, 2});
+  CHECK_THROWS_AS(loader.start_epoch(1, {0, 10}), kat::ValueError);
+  CHECK(loader.order() == std::vector<std::size_t>{1, 2});
+  CHECK(loader.epoch() == 0);
+
+  // An empty order is an empty epoch.
+  loader.start_epoch(2, {});
+  CHECK(loader.batches() == 0);
+  CHECK_FALSE(loader.next(space, x, y));
+}

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 namespace kat::data {
@@ -91,12 +92,16 @@ public:
     start_epoch(0);
   }
 
-  /// Batches per epoch: ceil(size / batch_size), or floor with drop_last.
+  /// Batches in the current epoch: ceil(epoch_size() / batch_size), or floor with drop_last.
   std::size_t batches() const {
-    return drop_last_ ? size_ / batch_size_ : (size_ + batch_size_ - 1) / batch_size_;
+    const std::size_t n = epoch_size();
+    return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
   }
-  /// Number of samples.
+  /// Number of samples in the data set.
   std::size_t size() const { return size_; }
+  /// Samples the current epoch serves: size(), or the length of the order given to
+  /// start_epoch(epoch, order).
+  std::size_t epoch_size() const { return host_order_.size(); }
   /// Samples per full batch, as given to the constructor.
   std::size_t batch_size() const { return batch_size_; }
   /// Per-sample shape.
@@ -106,7 +111,7 @@ public:
   /// All labels, on the host, in data set order (for evaluation code).
   const std::vector<std::int32_t> &host_labels() const { return host_labels_; }
   /// The current epoch's sample order, on the host: batch k holds samples
-  /// order()[k*batch_size, ...).
+  /// order()[k*batch_size, ...). Its length is epoch_size().
   const std::vector<std::size_t> &order() const { return host_order_; }
   /// The epoch last passed to start_epoch.
   std::size_t epoch() const { return epoch_; }
@@ -125,11 +130,32 @@ public:
       kat::HostRng rng(seed_ ^ kat::splitmix64(static_cast<std::uint64_t>(epoch)));
       rng.shuffle(host_order_.begin(), host_order_.end());
     }
-    // When MemorySpace is host memory the mirror aliases order_, which a kernel launched by
-    // next() may still read.
-    Kokkos::fence();
-    std::copy(host_order_.begin(), host_order_.end(), order_host_.data());
-    Kokkos::deep_copy(order_, order_host_);
+    upload_order();
+  }
+
+  /// Starts epoch `epoch` serving exactly the samples `order` names, in that order, instead of
+  /// the loader's own (shuffled or sequential) order: batch k holds samples
+  /// order[k*batch_size, ...), and the epoch has order.size() samples (see epoch_size(),
+  /// batches()). Indices may repeat and need not cover the data set. This is how a sampler
+  /// the loader knows nothing about (kat::dist::DistributedSampler gives each rank its shard)
+  /// drives it; the `shuffle` and `seed` given to the constructor are not used for this epoch.
+  ///
+  /// Waits (Kokkos::fence) for gathers still reading the previous order. Allocates only if
+  /// `order` is longer than any order before (the batch buffers grow if the batch does: the
+  /// x and y of earlier next() calls then stop being updated).
+  /// @throws ValueError if an index is >= size(), naming its position and value; the loader
+  ///   is then unchanged.
+  void start_epoch(std::size_t epoch, std::vector<std::size_t> order) {
+    for (std::size_t k = 0; k < order.size(); ++k) {
+      if (order[k] >= size_) {
+        throw ValueError(kat::detail::concat("DataLoader::start_epoch: order[", k, "] = ", order[k],
+                                             " must be < size() = ", size_));
+      }
+    }
+    epoch_ = epoch;
+    cursor_ = 0;
+    host_order_ = std::move(order);
+    upload_order();
   }
 
   /// Gathers the next batch of the epoch.
@@ -147,10 +173,11 @@ public:
   ///   drop_last, when only a short batch remains).
   bool next(const execution_space &space, matrix_type &x, label_vector &y) {
     kat::ScopedRegion region("kat::data::DataLoader::next");
-    if (cursor_ >= size_) {
+    const std::size_t n = host_order_.size();
+    if (cursor_ >= n) {
       return false;
     }
-    const std::size_t b = std::min(batch_size_, size_ - cursor_);
+    const std::size_t b = std::min(batch_size_, n - cursor_);
     if (drop_last_ && b < batch_size_) {
       return false;
     }
@@ -187,6 +214,26 @@ public:
 private:
   using ImageView = Kokkos::View<std::uint8_t **, Kokkos::LayoutLeft, MemorySpace>;
   using IndexView = Kokkos::View<std::size_t *, MemorySpace>;
+
+  /// Copies host_order_ to the device, growing order_ (and the batch buffers) if needed.
+  void upload_order() {
+    // When MemorySpace is host memory the mirror aliases order_, which a kernel launched by
+    // next() may still read.
+    Kokkos::fence();
+    const std::size_t n = host_order_.size();
+    if (n > order_.extent(0)) {
+      order_ = IndexView("kat::data::DataLoader::order", n);
+      order_host_ = Kokkos::create_mirror_view(order_);
+    }
+    const std::size_t rows = std::min(batch_size_, n);
+    if (rows > x_.extent(0)) {
+      x_ = matrix_type("kat::data::DataLoader::x", rows, shape_.size());
+      y_ = label_vector("kat::data::DataLoader::y", rows);
+    }
+    std::copy(host_order_.begin(), host_order_.end(), order_host_.data());
+    const auto used = std::make_pair(std::size_t(0), n);
+    Kokkos::deep_copy(Kokkos::subview(order_, used), Kokkos::subview(order_host_, used));
+  }
 
   std::size_t batch_size_;
   bool shuffle_;

@@ -46,7 +46,10 @@
 #include "kat/data/dataset.hpp"
 #include "kat/data/idx.hpp"
 
-// kat::dist needs MPI (KAT configured with -DKAT_ENABLE_MPI=ON).
+// DistributedSampler needs no MPI; the rest of kat::dist does (KAT configured with
+// -DKAT_ENABLE_MPI=ON).
+#include "kat/dist/distributed_sampler.hpp"
 #ifdef KAT_ENABLE_MPI
 #include "kat/dist/communicator.hpp"
+#include "kat/dist/data_parallel.hpp"
 #endif

@@ -3,9 +3,16 @@
 //   kat_train --model mlp --optimizer sgd --lr 0.05 --momentum 0.9 --epochs 10
 //
 // Kokkos options (--kokkos-num-threads=N, ...) are passed on to Kokkos; `--help` lists ours.
+//
+// Built with -DKAT_ENABLE_MPI=ON, `mpirun -n P kat_train ...` trains data-parallel
+// (kat::dist::DataParallel): --batch-size is the global batch, each rank takes
+// --batch-size / P samples of it; see docs/distributed.md.
 #include <kat/kat.hpp>
 
 #include <CLI/CLI.hpp>
+#ifdef KAT_ENABLE_MPI
+#include <mpi.h>
+#endif
 
 #include <chrono>
 #include <cmath>
@@ -225,57 +232,106 @@ private:
   Clock::time_point last_ = Clock::now() - std::chrono::seconds(1);
 };
 
+// Sums over the test samples evaluated (all of them, or this rank's shard).
 struct Evaluation {
-  double loss;
-  double accuracy;
+  double loss_sum = 0;
+  std::size_t correct = 0;
+  std::size_t samples = 0;
+  double loss() const { return loss_sum / static_cast<double>(samples); }
+  double accuracy() const { return static_cast<double>(correct) / static_cast<double>(samples); }
 };
 
+// The whole test set, or with `shard` only the samples it names.
 Evaluation evaluate(const Space &space, kat::nn::Sequential<Scalar, Mem> &model,
-                    kat::data::DataLoader<Scalar, Mem> &loader) {
+                    kat::data::DataLoader<Scalar, Mem> &loader,
+                    const std::vector<std::size_t> *shard = nullptr) {
   kat::nn::SoftmaxCrossEntropy<Scalar, Mem> ce;
   model.eval();
-  loader.start_epoch(0);
+  if (shard != nullptr) {
+    loader.start_epoch(0, *shard);
+  } else {
+    loader.start_epoch(0);
+  }
   kat::Matrix<Scalar, Mem> x;
   kat::Vector<std::int32_t, Mem> y;
-  double loss = 0;
-  std::size_t correct = 0;
+  Evaluation e;
   while (loader.next(space, x, y)) {
     const auto &logits = model.forward(space, x);
-    loss += ce.forward(space, logits, y) * static_cast<double>(x.extent(0));
-    correct += kat::nn::count_correct(space, logits, kat::Vector<const std::int32_t, Mem>(y));
+    e.loss_sum += ce.forward(space, logits, y) * static_cast<double>(x.extent(0));
+    e.correct += kat::nn::count_correct(space, logits, kat::Vector<const std::int32_t, Mem>(y));
   }
   model.train();
-  const double n = static_cast<double>(loader.size());
-  return {loss / n, static_cast<double>(correct) / n};
+  e.samples = loader.epoch_size();
+  return e;
 }
 
-int run(const Options &o) {
+// This process's place among the MPI ranks: rank 0 of 1 without MPI or under one rank.
+struct Ranks {
+  int rank = 0;
+  int size = 1;
+};
+
+int run(const Options &o, const Ranks &ranks) {
   const Space space;
-  MetricsWriter metrics(o.metrics); // a bad path fails before the data is loaded
+  const bool root = ranks.rank == 0;    // only rank 0 prints and writes --metrics
+  const bool parallel = ranks.size > 1; // data parallel over the ranks
+  const std::size_t local_batch = static_cast<std::size_t>(o.batch_size / ranks.size);
+  MetricsWriter metrics(root ? o.metrics : std::string()); // a bad path fails before the data
   const auto load_t0 = Clock::now();
   auto train_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::train);
   const auto test_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::test);
   if (o.train_subset > 0) {
     train_set = train_set.take(std::min(o.train_subset, train_set.size()));
   }
-  kat::data::DataLoader<Scalar, Mem> train_loader(train_set, o.batch_size, true, o.seed);
+  kat::data::DataLoader<Scalar, Mem> train_loader(train_set, local_batch, true, o.seed);
   kat::data::DataLoader<Scalar, Mem> test_loader(test_set, 1000, false, 0);
+  // With P > 1 ranks every rank holds the whole data set and trains on its shard of one
+  // shared permutation per epoch (same seed everywhere), and evaluates the test samples
+  // rank, rank + P, ... (all 10000 over the ranks, counts summed by reduce_metrics).
+  const kat::dist::DistributedSampler sampler(train_set.size(), ranks.rank, ranks.size, o.seed);
+  std::vector<std::size_t> test_shard;
+  for (std::size_t i = static_cast<std::size_t>(ranks.rank); parallel && i < test_set.size();
+       i += static_cast<std::size_t>(ranks.size)) {
+    test_shard.push_back(i);
+  }
 
   auto model = kat::nn::models::by_name<Scalar, Mem>(o.model, train_set.shape, train_set.classes);
   model.compile(space, o.seed);
+#ifdef KAT_ENABLE_MPI
+  // The Communicator outlives the DataParallel, which outlives the hook it installs.
+  auto comm = kat::dist::Communicator::world();
+  std::unique_ptr<kat::dist::DataParallel<Scalar, Mem>> dp;
+  if (parallel) {
+    dp = std::make_unique<kat::dist::DataParallel<Scalar, Mem>>(comm, model);
+    dp->broadcast_parameters(space); // equal seeds give equal models; make sure of it
+    model.set_backward_hook(dp->backward_hook(space));
+  }
+#endif
   auto optimizer = build_optimizer(o, model.parameter_count());
-  const std::int64_t steps_per_epoch = static_cast<std::int64_t>(train_loader.batches());
+  const std::int64_t steps_per_epoch =
+      static_cast<std::int64_t>(parallel ? sampler.batches(local_batch) : train_loader.batches());
   const auto schedule = build_schedule(o, steps_per_epoch * o.epochs);
   const Preconditioner precondition = build_preconditioner(o, model, schedule);
-  const bool live = o.progress == "always" || (o.progress == "auto" && isatty(fileno(stdout)));
+  const bool live =
+      root && (o.progress == "always" || (o.progress == "auto" && isatty(fileno(stdout))));
 
-  std::printf("KAT %s on %s (concurrency %d); data %s (%zu train, %zu test, loaded in %.2f s)\n",
-              o.model.c_str(), Space::name(), Space().concurrency(), o.data_dir.c_str(),
-              train_set.size(), test_set.size(), seconds_since(load_t0));
-  std::printf("%s\n", model.summary().c_str());
-  std::printf("optimizer %s%s, lr %g, batch %d, %d epochs, seed %llu\n",
-              precondition ? "K-FAC + " : "", optimizer->name().c_str(), o.lr, o.batch_size,
-              o.epochs, static_cast<unsigned long long>(o.seed));
+  if (root) {
+    std::printf("KAT %s on %s (concurrency %d); data %s (%zu train, %zu test, loaded in %.2f s)\n",
+                o.model.c_str(), Space::name(), Space().concurrency(), o.data_dir.c_str(),
+                train_set.size(), test_set.size(), seconds_since(load_t0));
+    std::printf("%s\n", model.summary().c_str());
+    std::printf("optimizer %s%s, lr %g, batch %d, %d epochs, seed %llu\n",
+                precondition ? "K-FAC + " : "", optimizer->name().c_str(), o.lr, o.batch_size,
+                o.epochs, static_cast<unsigned long long>(o.seed));
+#ifdef KAT_ENABLE_MPI
+    if (parallel) {
+      std::printf("data parallel on %d ranks: global batch %d (%zu per rank), %zu samples per "
+                  "rank and epoch, %zu gradient bucket%s\n",
+                  ranks.size, o.batch_size, local_batch, sampler.per_rank(), dp->buckets().size(),
+                  dp->buckets().size() == 1 ? "" : "s");
+    }
+#endif
+  }
 
   kat::nn::SoftmaxCrossEntropy<Scalar, Mem> ce;
   kat::Workspace<Scalar, Mem> dlogits_ws("kat_train::dlogits");
@@ -283,8 +339,16 @@ int run(const Options &o) {
   kat::Vector<std::int32_t, Mem> y;
   std::int64_t step = 0;
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
-    Progress progress(live, epoch, o.epochs, train_loader.batches());
-    train_loader.start_epoch(static_cast<std::size_t>(epoch - 1));
+    Progress progress(live, epoch, o.epochs, static_cast<std::size_t>(steps_per_epoch));
+#ifdef KAT_ENABLE_MPI
+    if (parallel) {
+      train_loader.start_epoch(static_cast<std::size_t>(epoch - 1),
+                               sampler.indices(static_cast<std::size_t>(epoch - 1)));
+      dp->reset_stats();
+      comm.barrier(); // the epoch's wall time starts together on all ranks
+    } else
+#endif
+      train_loader.start_epoch(static_cast<std::size_t>(epoch - 1));
     double loss_sum = 0;
     std::size_t seen = 0, batch = 0;
     const auto t0 = Clock::now();
@@ -294,32 +358,91 @@ int run(const Options &o) {
       const auto dlogits = dlogits_ws.matrix(n, logits.extent(1));
       loss_sum += ce.forward_backward(space, logits, y, dlogits) * static_cast<double>(n);
       model.backward(space, dlogits, kat::nn::Sequential<Scalar, Mem>::Gradients::overwrite);
+#ifdef KAT_ENABLE_MPI
+      if (dp) {
+        dp->finish(space); // gradients = mean over the ranks = gradient of the global batch
+      }
+#endif
       if (precondition) {
         precondition(space);
       }
       optimizer->set_lr(schedule(step++));
       optimizer->step(space, model.parameters(), model.gradients());
       seen += n;
-      progress.update(++batch, loss_sum / seen, seen / seconds_since(t0));
+      progress.update(++batch, loss_sum / seen, seen * ranks.size / seconds_since(t0));
     }
     space.fence();
     const double wall = seconds_since(t0);
     progress.finish();
-    const auto test = evaluate(space, model, test_loader);
+    auto test = evaluate(space, model, test_loader, parallel ? &test_shard : nullptr);
+    double exposed = 0; // communication seconds backward did not hide (rank 0's)
+#ifdef KAT_ENABLE_MPI
+    if (parallel) {
+      exposed = dp->stats().exposed_seconds;
+      kat::dist::Metrics train_local, test_local;
+      train_local.loss_sum = loss_sum;
+      train_local.samples = static_cast<std::int64_t>(seen);
+      test_local.loss_sum = test.loss_sum;
+      test_local.correct = static_cast<std::int64_t>(test.correct);
+      test_local.samples = static_cast<std::int64_t>(test.samples);
+      const auto train_all = dp->reduce_metrics(train_local);
+      const auto test_all = dp->reduce_metrics(test_local);
+      loss_sum = train_all.loss_sum;
+      seen = static_cast<std::size_t>(train_all.samples);
+      test.loss_sum = test_all.loss_sum;
+      test.correct = static_cast<std::size_t>(test_all.correct);
+      test.samples = static_cast<std::size_t>(test_all.samples);
+    }
+#endif
     const double train_loss = loss_sum / static_cast<double>(seen);
     const double rate = static_cast<double>(seen) / wall;
-    std::printf("epoch %2d  %.3f s  %8.0f samples/s  train loss %.4f  test loss %.4f  "
-                "test accuracy %.2f%%\n",
-                epoch, wall, rate, train_loss, test.loss, 100 * test.accuracy);
-    std::fflush(stdout);
-    metrics.write(epoch, wall, rate, train_loss, test.loss, test.accuracy, optimizer->lr());
+    if (root) {
+      std::printf("epoch %2d  %.3f s  %8.0f samples/s  train loss %.4f  test loss %.4f  "
+                  "test accuracy %.2f%%",
+                  epoch, wall, rate, train_loss, test.loss(), 100 * test.accuracy());
+      if (parallel) {
+        std::printf("  exposed communication %.3f s", exposed);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+    metrics.write(epoch, wall, rate, train_loss, test.loss(), test.accuracy(), optimizer->lr());
   }
+#ifdef KAT_ENABLE_MPI
+  model.clear_backward_hook(); // before dp goes away
+#endif
   return 0;
 }
+
+#ifdef KAT_ENABLE_MPI
+// MPI_Init_thread before Kokkos, MPI_Finalize after Kokkos has finalized: declared before the
+// Kokkos::ScopeGuard, so destroyed after it. Only the thread that called it calls MPI.
+struct MPIGuard {
+  MPIGuard(int &argc, char **&argv) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  }
+  MPIGuard(const MPIGuard &) = delete;
+  MPIGuard &operator=(const MPIGuard &) = delete;
+  ~MPIGuard() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized == 0) {
+      MPI_Finalize();
+    }
+  }
+};
+#endif
 
 } // namespace
 
 int main(int argc, char **argv) {
+  Ranks ranks;
+#ifdef KAT_ENABLE_MPI
+  MPIGuard mpi(argc, argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &ranks.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks.size);
+#endif
   Options o;
   CLI::App app{"Train a network on Fashion-MNIST with KAT (Kokkos Accelerated Training).\n"
                "Kokkos flags such as --kokkos-num-threads=N are accepted as well."};
@@ -339,7 +462,9 @@ int main(int argc, char **argv) {
   app.add_option("--epochs", o.epochs, "Passes over the training set")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "Samples per step")
+  app.add_option("--batch-size", o.batch_size,
+                 "Samples per step (with MPI: the global batch over all ranks, divisible by "
+                 "their number)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--lr", o.lr,
@@ -422,8 +547,20 @@ int main(int argc, char **argv) {
     if (o.schedule == "step" && o.step_size == 0) {
       throw CLI::ValidationError("--step-size", "is required with --schedule step");
     }
+#ifdef KAT_ENABLE_MPI
+    if (ranks.size > 1 && o.batch_size % ranks.size != 0) {
+      throw CLI::ValidationError("--batch-size",
+                                 "is the global batch and must be divisible by the " +
+                                     std::to_string(ranks.size) + " ranks, got " +
+                                     std::to_string(o.batch_size));
+    }
+    if (ranks.size > 1 && o.optimizer == "kfac") {
+      throw CLI::ValidationError("--optimizer kfac with more than one rank needs "
+                                 "--dist-strategy, coming with distributed K-FAC");
+    }
+#endif
   } catch (const CLI::ParseError &e) {
-    return app.exit(e);
+    return ranks.rank == 0 ? app.exit(e) : e.get_exit_code(); // every rank reaches it
   }
   Kokkos::ScopeGuard kokkos(argc, argv);
   if (o.lr < 0) {
@@ -433,9 +570,15 @@ int main(int argc, char **argv) {
     o.weight_decay = o.optimizer == "adamw" ? 0.01 : 0.0;
   }
   try {
-    return run(o);
+    return run(o, ranks);
   } catch (const kat::Error &e) {
     std::fprintf(stderr, "kat_train: error: %s\n", e.what());
+#ifdef KAT_ENABLE_MPI
+    if (ranks.size > 1) { // the other ranks may be waiting in a collective
+      std::fprintf(stderr, "kat_train: rank %d of %d aborts\n", ranks.rank, ranks.size);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+#endif
     return 1;
   }
 }

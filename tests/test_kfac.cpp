@@ -388,6 +388,76 @@ TEST_CASE("kfac: running averages follow factor_decay and the update intervals",
   CHECK(max_rel(flatten(to_host(kfac.factor_a(0).factor())), want) < 1e-13);
 }
 
+TEST_CASE("kfac: the factor hook sees every batch estimate and may modify it", "[kfac]") {
+  // Two runs on the same data, factor_decay 0.5, factors every 2 steps: one plain, one whose
+  // hook checks the estimate and doubles it; the hooked factors are twice the plain ones.
+  SmallMLP plain_net, hooked_net;
+  auto o = exact_options(ComputeMethod::eigen, 0.01);
+  o.factor_update_steps = std::int64_t(2);
+  o.inv_update_steps = std::int64_t(2);
+  KFAC<double, Mem> plain(o), hooked(o);
+  plain.register_model(plain_net.model);
+  hooked.register_model(hooked_net.model);
+  CHECK(!hooked.factor_hook());
+  std::vector<std::pair<std::size_t, char>> calls;
+  std::vector<std::size_t> dims;
+  HostMat first_a, first_want; // layer 0's A estimate of the first step: hook, reference
+  hooked.set_factor_hook(
+      [&](const Space &space, const Matrix<double, Mem> &batch, std::size_t layer, char factor) {
+        calls.emplace_back(layer, factor);
+        dims.push_back(batch.extent(0));
+        REQUIRE(batch.extent(0) == batch.extent(1));
+        if (calls.size() == 1)
+          first_a = flatten(to_host(batch));
+        Kokkos::parallel_for(
+            "double", matrix_policy(space, batch.extent(0), batch.extent(1)),
+            KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { batch(i, j) *= 2.0; });
+      });
+  CHECK(static_cast<bool>(hooked.factor_hook()));
+  std::size_t bytes_at_3 = 0;
+  for (int s = 0; s < 6; ++s) {
+    auto x = random_matrix<double>(6, 5, 500 + s);
+    auto dy = random_matrix<double>(6, 3, 600 + s);
+    plain_net.run(x, dy);
+    hooked_net.run(x, dy);
+    if (s == 0)
+      first_want = gram(to_host(plain_net.model.layer(0).curvature().a), 1.0 / 6);
+    plain.step(Space());
+    hooked.step(Space());
+    if (s == 3)
+      bytes_at_3 = hooked.state_bytes();
+  }
+  // Called on steps 0, 2, 4 only, for each layer A then G, with the factor's dimensions.
+  const std::vector<std::pair<std::size_t, char>> round{{0, 'A'}, {0, 'G'}, {1, 'A'}, {1, 'G'}};
+  REQUIRE(calls.size() == 12);
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    CHECK(calls[k] == round[k % 4]);
+    CHECK(dims[k] == std::vector<std::size_t>{6, 4, 5, 3}[k % 4]);
+  }
+  // The estimate is scale · aᵀa (= aᵀa / 6) before symmetrization.
+  CHECK(max_rel(first_a, first_want) < 1e-14);
+  for (std::size_t l = 0; l < 2; ++l) {
+    for (const bool is_a : {true, false}) {
+      const auto &fp = is_a ? plain.factor_a(l) : plain.factor_g(l);
+      const auto &fh = is_a ? hooked.factor_a(l) : hooked.factor_g(l);
+      HostMat want = flatten(to_host(fp.factor()));
+      for (auto &v : want)
+        v *= 2.0;
+      CHECK(max_rel(flatten(to_host(fh.factor())), want) < 1e-14);
+    }
+  }
+  // state_bytes: at least every factor and its batch buffer, Q and its second buffer and the
+  // eigenvalues; constant once every buffer is in use.
+  std::size_t floor = 0;
+  for (const std::size_t d : {6u, 4u, 5u, 3u})
+    floor += (2 * d * d + 2 * d * d + 2 * d) * sizeof(double);
+  CHECK(hooked.state_bytes() >= floor);
+  CHECK(hooked.state_bytes() == bytes_at_3);
+  CHECK(plain.state_bytes() == hooked.state_bytes());
+  hooked.set_factor_hook({});
+  CHECK(!hooked.factor_hook());
+}
+
 TEST_CASE("kfac: the KL clip scale matches its formula", "[kfac]") {
   auto x = random_matrix<double>(8, 5, 11);
   auto dy = random_matrix<double>(8, 3, 12);

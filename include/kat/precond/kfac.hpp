@@ -143,6 +143,14 @@ public:
   using factor_type = KroneckerFactor<FactorScalar, MemorySpace, InverseScalar>;
   using matrix_type = Matrix<Scalar, MemorySpace>;
   using inverse_matrix_type = Matrix<InverseScalar, MemorySpace>;
+  using factor_scalar_type = FactorScalar;
+  /// A factor (or batch estimate) matrix: dim x dim, FactorScalar.
+  using factor_matrix_type = Matrix<FactorScalar, MemorySpace>;
+  /// See set_factor_hook(): `hook(space, batch_estimate, layer, factor)`, with `layer` the
+  /// registration index and `factor` 'A' or 'G'.
+  using FactorHook =
+      std::function<void(const execution_space &, const factor_matrix_type &batch_estimate,
+                         std::size_t layer, char factor)>;
 
   using Options = KFACOptions;
   using Values = KFACValues;
@@ -261,6 +269,35 @@ public:
 
   /// Number of completed step() calls.
   std::int64_t steps() const { return steps_; }
+
+  /// Installs (or, with an empty function, removes) a hook on the batch estimates. On every
+  /// factor update, for each registered layer i in order, A then G, it is called with the
+  /// layer's batch estimate F_new (A: aᵀa/rows, G: gᵀg·N²/rows or gᵀg/rows; a dim x dim
+  /// factor_matrix_type with both triangles filled) after it is computed and before it is
+  /// symmetrized, folded into the running average and checked for finiteness (see
+  /// KroneckerFactor::update). The hook may modify the entries in place (same shape, same
+  /// memory; keep no reference after it returns), and should enqueue its work on the given
+  /// execution space or fence it. Distributed K-FAC uses it to average F_new over ranks
+  /// (kat::dist::DKFAC); it must then be called, in the same order, on every rank, which
+  /// step() guarantees when every rank registers the same layers and steps together.
+  /// An exception from the hook propagates out of step() (the factor is left unchanged).
+  /// Without a hook (the default) factor updates cost nothing extra.
+  void set_factor_hook(FactorHook hook) { factor_hook_ = std::move(hook); }
+  /// The installed hook (empty if none).
+  const FactorHook &factor_hook() const { return factor_hook_; }
+
+  /// Bytes of memory the K-FAC state holds now on this process: every layer's factors and
+  /// batch buffers, decompositions (with their double buffers) and preconditioned-gradient
+  /// buffer, plus the shared work and conversion buffers. Buffers are allocated on first use
+  /// (the decompositions' second buffers at the second decomposition), so this grows during
+  /// the first steps and is constant afterwards.
+  std::size_t state_bytes() const {
+    std::size_t bytes = (work_.capacity() + cast_.capacity()) * sizeof(InverseScalar);
+    for (const auto &l : layers_) {
+      bytes += l->A.bytes() + l->G.bytes() + l->p.span() * sizeof(InverseScalar);
+    }
+    return bytes;
+  }
 
   /// Whether the next step() updates factors, so a and g must be recorded during the
   /// forward/backward before it.
@@ -520,19 +557,34 @@ private:
 
   void update_factors(const execution_space &space, double decay) {
     ScopedRegion region("kat::KFAC::update_factors");
+    std::size_t index = 0;
     for (auto &lp : layers_) {
       Entry &l = *lp;
       const record_type r = checked_record(l);
       const double rows = static_cast<double>(r.a.extent(0));
       const double n = static_cast<double>(r.samples);
       const double g_scale = opt_.loss_reduction == LossReduction::mean ? n * n / rows : 1.0 / rows;
-      if (!l.A.update(space, r.a, 1.0 / rows, decay)) {
+      if (!update_factor(space, l.A, r.a, 1.0 / rows, decay, index, 'A')) {
         factor_failure(l, "A", "the batch estimate aᵀa/rows has a NaN or an infinity");
       }
-      if (!l.G.update(space, r.g, g_scale, decay)) {
+      if (!update_factor(space, l.G, r.g, g_scale, decay, index, 'G')) {
         factor_failure(l, "G", "the batch estimate of gᵀg has a NaN or an infinity");
       }
+      ++index;
     }
+  }
+
+  /// factor.update, through the factor hook when one is installed.
+  template <class XView>
+  bool update_factor(const execution_space &space, factor_type &factor, const XView &x,
+                     double scale, double decay, std::size_t index, char which) {
+    if (!factor_hook_) {
+      return factor.update(space, x, scale, decay);
+    }
+    return factor.update(space, x, scale, decay,
+                         [&](const execution_space &s, const factor_matrix_type &batch) {
+                           factor_hook_(s, batch, index, which);
+                         });
   }
 
   void factor_failure(const Entry &l, const char *factor, const std::string &what) const {
@@ -719,6 +771,7 @@ private:
   }
 
   Options opt_;
+  FactorHook factor_hook_;
   std::vector<std::unique_ptr<Entry>> layers_;
   Workspace<InverseScalar, MemorySpace> work_{"kat::KFAC::work"};
   Workspace<InverseScalar, MemorySpace> cast_{"kat::KFAC::cast"};

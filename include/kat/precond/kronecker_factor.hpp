@@ -22,6 +22,11 @@
 
 namespace kat {
 
+/// The default batch hook of KroneckerFactor::update: does nothing (and costs nothing).
+struct NoBatchHook {
+  template <class ExecSpace, class View> void operator()(const ExecSpace &, const View &) const {}
+};
+
 /// A symmetric d x d Kronecker factor F of K-FAC (Martens & Grosse 2015, Sec. 3; Grosse &
 /// Martens 2016 for convolutions), kept as an exponential running average of batch estimates
 /// `scale * xᵀx`, together with its latest decomposition:
@@ -73,10 +78,19 @@ public:
   ///               to Scalar first when it differs.
   /// @param scale  the estimator's normalization (1/rows for A, N²/rows for G of a mean loss).
   /// @param decay  factor_decay in [0, 1).
+  /// @param hook   optional callable `hook(space, batch)`, called once with the batch estimate
+  ///               `batch = scale · xᵀx` (a dim x dim matrix_type, both triangles filled) after
+  ///               it is computed and before it is symmetrized, averaged into F and checked
+  ///               for finiteness. It may modify the entries in place (the shape and the
+  ///               memory are fixed; keep no reference to the view after it returns): e.g.
+  ///               distributed K-FAC averages it over ranks. Work it enqueues on `space` is
+  ///               ordered before the running average. The default does nothing.
   /// @return false, leaving F unchanged, if F_new has a NaN or an infinity; true otherwise.
-  /// @throws ShapeError if x has not dim columns.
-  template <class ExecSpace, class XView>
-  bool update(const ExecSpace &space, const XView &x, double scale, double decay) {
+  /// @throws ShapeError if x has not dim columns; whatever the hook throws (F is then
+  ///   unchanged).
+  template <class ExecSpace, class XView, class BatchHook = NoBatchHook>
+  bool update(const ExecSpace &space, const XView &x, double scale, double decay,
+              const BatchHook &hook = BatchHook()) {
     ScopedRegion region("kat::KroneckerFactor::update");
     kat::detail::require_extent((label_ + "::update").c_str(), "x columns", dim_,
                                 static_cast<std::size_t>(x.extent(1)));
@@ -88,6 +102,7 @@ public:
       kat::detail::convert(space, x, xs);
       gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), xs, xs, Scalar(0), batch_);
     }
+    hook(space, static_cast<const matrix_type &>(batch_));
     // One pass: each (i, j) with i <= j reads both batch entries and F(i, j) and writes the
     // new value to both symmetric entries of the batch buffer (no other work item touches
     // them, so in place is race-free), counting non-finite results. On success the buffers
@@ -182,6 +197,16 @@ public:
   const inverse_vector_type &eigenvalues() const { return d_; }
   /// (F + λI)⁻¹ (dim x dim), valid when has_inverse().
   const inverse_matrix_type &inverse() const { return inverse_; }
+
+  /// Bytes of memory this factor holds now: F and the batch buffer, the conversion
+  /// workspace, and the decompositions with their double buffers (allocated on first use).
+  std::size_t bytes() const {
+    const auto size = [](const auto &v) { return static_cast<std::size_t>(v.span()); };
+    return (size(factor_) + size(batch_) + cast_.capacity()) * sizeof(Scalar) +
+           (size(q_) + size(next_q_) + size(inverse_) + size(next_inverse_) + size(d_) +
+            size(next_d_)) *
+               sizeof(InverseScalar);
+  }
 
 private:
   void ensure(inverse_matrix_type &m, const std::string &label) const {

@@ -52,4 +52,5 @@
 #ifdef KAT_ENABLE_MPI
 #include "kat/dist/communicator.hpp"
 #include "kat/dist/data_parallel.hpp"
+#include "kat/dist/dkfac.hpp"
 #endif

@@ -1,0 +1,347 @@
+// kat::dist::DKFAC (ALGORITHMS.md section 2, D-KFAC): P ranks with B/P samples each equal one
+// process on the concatenated batch of B; symmetric (upper-triangle) and full communication
+// agree and send the analytic volume; one rank equals plain K-FAC exactly. The "[mpi]" cases
+// run under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*) and hold for any rank count that
+// divides the batch of 8.
+#ifdef KAT_ENABLE_MPI
+
+#include "test_helpers.hpp"
+
+#include <kat/dist/communicator.hpp>
+#include <kat/dist/data_parallel.hpp>
+#include <kat/dist/dkfac.hpp>
+#include <kat/nn/activation.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
+#include <kat/nn/sequential.hpp>
+#include <kat/nn/softmax_cross_entropy.hpp>
+#include <kat/optim/sgd.hpp>
+#include <kat/precond/kfac.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace kat;
+using namespace kat::test;
+using kat::dist::Communicator;
+
+namespace {
+
+using Model = nn::Sequential<double, Mem>;
+using KFACd = KFAC<double, Mem>;
+using DKFACd = dist::DKFAC<KFACd>;
+
+constexpr std::size_t kBatch = 8;
+constexpr int kSteps = 4;
+
+// Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4): factors A of 7, 13, 9 and
+// G of 12, 8, 4.
+void build_mlp(Model &model, std::uint64_t seed) {
+  model.add<nn::Flatten>();
+  model.add<nn::Dense>(6, 12);
+  model.add<nn::Tanh>();
+  model.add<nn::Dense>(12, 8);
+  model.add<nn::ReLU>();
+  model.add<nn::Dense>(8, 4);
+  model.compile(Space(), seed);
+}
+const std::vector<std::size_t> kFactorDims{7, 12, 13, 8, 9, 4};
+
+struct Config {
+  std::int64_t factor_every, inv_every;
+  ComputeMethod method;
+};
+
+std::string describe(const Config &c) {
+  return std::string(c.method == ComputeMethod::eigen ? "eigen" : "inverse") +
+         " factor_update_steps " + std::to_string(c.factor_every) + " inv_update_steps " +
+         std::to_string(c.inv_every);
+}
+
+const std::vector<Config> kConfigs{{1, 1, ComputeMethod::eigen},
+                                   {2, 2, ComputeMethod::eigen},
+                                   {1, 2, ComputeMethod::inverse},
+                                   {2, 4, ComputeMethod::inverse}};
+
+KFACd::Options kfac_options(const Config &c) {
+  KFACd::Options o;
+  o.factor_update_steps = c.factor_every;
+  o.inv_update_steps = c.inv_every;
+  o.compute_method = c.method;
+  o.damping = 0.01;
+  o.factor_decay = 0.8;
+  o.kl_clip = 0.01;
+  o.lr = 0.1;
+  return o;
+}
+
+// Rows [first, first + count) of step s's global batch, which every rank generates alike.
+struct Batch {
+  Matrix<double, Mem> x;
+  Vector<std::int32_t, Mem> y;
+};
+Batch batch_rows(int step, std::size_t first, std::size_t count) {
+  const auto x = to_host(random_matrix<double>(kBatch, 6, 300 + std::uint64_t(step)));
+  std::vector<std::int32_t> y(kBatch);
+  HostRng rng(400 + std::uint64_t(step));
+  for (auto &label : y)
+    label = static_cast<std::int32_t>(rng.uniform_index(4));
+  Batch b;
+  b.x = Matrix<double, Mem>("x", count, 6);
+  auto hx = Kokkos::create_mirror_view(b.x);
+  for (std::size_t j = 0; j < 6; ++j)
+    for (std::size_t i = 0; i < count; ++i)
+      hx(i, j) = x(first + i, j);
+  Kokkos::deep_copy(b.x, hx);
+  b.y = labels_of(std::vector<std::int32_t>(y.begin() + std::ptrdiff_t(first),
+                                            y.begin() + std::ptrdiff_t(first + count)));
+  return b;
+}
+
+struct Run {
+  std::vector<double> parameters;
+  std::vector<std::vector<double>> factors; // after each step: every A and G, concatenated
+  dist::DKFACStats stats;
+  dist::CollectiveCounter counted; // the allreduce counter of D-KFAC's own communicator
+  std::size_t analytic = 0;        // DKFAC::bytes_per_factor_update
+};
+
+// kSteps steps of K-FAC + SGD on rows [first, first + count) of each global batch. With
+// `comm`: data parallel over it (gradients averaged), and with `dkfac` the D-KFAC hook on a
+// duplicate of it (so its counters hold the factor all-reduces only).
+Run train(Communicator *comm, bool dkfac, bool symmetric, const Config &c, std::size_t first,
+          std::size_t count) {
+  const Space space;
+  Model model(FeatureShape{1, 2, 3});
+  build_mlp(model, comm != nullptr ? 11 + std::uint64_t(comm->rank()) : 11);
+  std::unique_ptr<dist::DataParallel<double, Mem>> dp;
+  if (comm != nullptr) {
+    dp = std::make_unique<dist::DataParallel<double, Mem>>(*comm, model);
+    dp->broadcast_parameters(space); // rank 0's initialization = the reference's
+    model.set_backward_hook(dp->backward_hook(space));
+  }
+  KFACd kfac(kfac_options(c));
+  REQUIRE(kfac.register_model(model) == 3);
+  std::optional<Communicator> kcomm;
+  std::unique_ptr<DKFACd> hook;
+  if (dkfac) {
+    REQUIRE(comm != nullptr);
+    kcomm.emplace(comm->dup());
+    dist::DKFACOptions options;
+    options.symmetric_communication = symmetric;
+    hook = std::make_unique<DKFACd>(*kcomm, kfac, options);
+  }
+  optim::SGD<double, Mem>::Options sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  optim::SGD<double, Mem> opt(model.parameter_count(), sgd);
+  nn::SoftmaxCrossEntropy<double, Mem> loss;
+  Matrix<double, Mem> dlogits("dlogits", count, 4);
+  Run run;
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch b = batch_rows(s, first, count);
+    loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
+    model.backward(space, dlogits, Model::Gradients::overwrite);
+    if (dp) {
+      dp->finish(space);
+    }
+    kfac.step(space);
+    opt.step(space, model.parameters(), model.gradients());
+    std::vector<double> factors;
+    for (const auto &layer : kfac.state().layers) {
+      factors.insert(factors.end(), layer.A.begin(), layer.A.end());
+      factors.insert(factors.end(), layer.G.begin(), layer.G.end());
+    }
+    run.factors.push_back(std::move(factors));
+  }
+  if (dp) {
+    model.clear_backward_hook();
+  }
+  const auto p = to_host(model.parameters());
+  run.parameters.assign(p.data(), p.data() + p.size());
+  if (hook) {
+    run.stats = hook->stats();
+    run.counted = kcomm->stats().allreduce;
+    run.analytic = hook->bytes_per_factor_update();
+  }
+  return run;
+}
+
+double max_abs_diff(const std::vector<double> &a, const std::vector<double> &b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    worst = std::max(worst, std::abs(a[k] - b[k]));
+  return worst;
+}
+
+double max_abs(const std::vector<double> &a) {
+  double m = 0;
+  for (double v : a)
+    m = std::max(m, std::abs(v));
+  return m;
+}
+
+std::string rank_of(const Communicator &comm) {
+  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+}
+
+std::uint64_t factor_updates(const Config &c) {
+  return std::uint64_t((kSteps + c.factor_every - 1) / c.factor_every);
+}
+
+} // namespace
+
+TEST_CASE("dkfac: P ranks with B/P samples each equal one process on the concatenated batch",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  const std::size_t p = std::size_t(comm.size()), local = kBatch / p;
+  REQUIRE(kBatch % p == 0);
+  INFO(rank_of(comm));
+  for (const Config &c : kConfigs) {
+    INFO(describe(c));
+    const Run got = train(&comm, true, true, c, std::size_t(comm.rank()) * local, local);
+    const Run want = train(nullptr, false, false, c, 0, kBatch);
+    // The averaged factors (G with its N²/rows scale from each rank's local mean loss) equal
+    // the concatenated batch's after every step.
+    for (int s = 0; s < kSteps; ++s) {
+      INFO("step " << s);
+      CHECK(max_abs_diff(got.factors[std::size_t(s)], want.factors[std::size_t(s)]) <=
+            1e-13 * max_abs(want.factors[std::size_t(s)]));
+    }
+    CHECK(max_abs_diff(got.parameters, want.parameters) <= 1e-10);
+    // Without the hook, ranks with different local factors do not reproduce the reference
+    // (so the comparison above tests the averaging).
+    if (p > 1) {
+      const Run local_only = train(&comm, false, true, c, std::size_t(comm.rank()) * local, local);
+      CHECK(max_abs_diff(local_only.factors[0], want.factors[0]) > 1e-6);
+    }
+  }
+}
+
+TEST_CASE("dkfac: G averaged over ranks equals N squared gTg over rows of the whole batch",
+          "[mpi][dist][kfac]") {
+  // The G scaling checked on its own, without K-FAC: each rank's g carries 1/(B/P).
+  auto comm = Communicator::world();
+  const std::size_t p = std::size_t(comm.size()), local = kBatch / p;
+  INFO(rank_of(comm));
+  const Space space;
+  Model model(FeatureShape{1, 2, 3}), whole(FeatureShape{1, 2, 3});
+  build_mlp(model, 5);
+  build_mlp(whole, 5);
+  nn::SoftmaxCrossEntropy<double, Mem> loss;
+  const Batch mine = batch_rows(0, std::size_t(comm.rank()) * local, local);
+  const Batch all = batch_rows(0, 0, kBatch);
+  Matrix<double, Mem> d_mine("d_mine", local, 4), d_all("d_all", kBatch, 4);
+  loss.forward_backward(space, model.forward(space, mine.x), mine.y, d_mine);
+  loss.forward_backward(space, whole.forward(space, all.x), all.y, d_all);
+  // g of the last layer is dlogits; G_r = N_r² g_rᵀg_r / rows_r with rows_r = N_r.
+  const auto gram = [](const Matrix<double, Mem> &g, double scale) {
+    const auto h = to_host(g);
+    Matrix<double, Mem> out("gram", 4, 4);
+    auto ho = Kokkos::create_mirror_view(out);
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 4; ++j) {
+        double s = 0;
+        for (std::size_t k = 0; k < h.extent(0); ++k)
+          s += h(k, i) * h(k, j);
+        ho(i, j) = scale * s;
+      }
+    Kokkos::deep_copy(out, ho);
+    return out;
+  };
+  const double n_r = double(local), n = double(kBatch);
+  const auto g_local = gram(d_mine, n_r * n_r / n_r);
+  comm.average(space, g_local);
+  const auto g_whole = gram(d_all, n * n / n);
+  const auto a = to_host(g_local), b = to_host(g_whole);
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < 4; ++i)
+    for (std::size_t j = 0; j < 4; ++j) {
+      worst = std::max(worst, std::abs(a(i, j) - b(i, j)));
+      scale = std::max(scale, std::abs(b(i, j)));
+    }
+  CHECK(scale > 1e-3);
+  CHECK(worst <= 1e-14 * scale);
+}
+
+TEST_CASE("dkfac: symmetric and full communication agree and send the analytic volume",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  const std::size_t p = std::size_t(comm.size()), local = kBatch / p;
+  INFO(rank_of(comm));
+  std::size_t upper = 0, full = 0; // entries per factor update, from the layer shapes
+  for (const std::size_t d : kFactorDims) {
+    upper += d * (d + 1) / 2;
+    full += d * d;
+  }
+  REQUIRE(upper == 288);
+  REQUIRE(full == 523);
+  for (const Config &c : kConfigs) {
+    INFO(describe(c));
+    const std::size_t first = std::size_t(comm.rank()) * local;
+    const Run sym = train(&comm, true, true, c, first, local);
+    const Run all = train(&comm, true, false, c, first, local);
+    for (int s = 0; s < kSteps; ++s) {
+      INFO("step " << s);
+      CHECK(max_abs_diff(sym.factors[std::size_t(s)], all.factors[std::size_t(s)]) <=
+            1e-15 * max_abs(all.factors[std::size_t(s)]));
+    }
+    CHECK(max_abs_diff(sym.parameters, all.parameters) <= 1e-13);
+
+    const std::uint64_t updates = factor_updates(c);
+    CHECK(sym.stats.factor_updates == updates);
+    CHECK(all.stats.factor_updates == updates);
+    CHECK(sym.stats.factors == updates * 6);
+    CHECK(sym.analytic == upper * sizeof(double));
+    CHECK(all.analytic == full * sizeof(double));
+    // Counted by the Communicator (payload bytes handed to MPI, CommunicatorStats) on every
+    // rank: one average (= one allreduce) per factor.
+    CHECK(sym.counted.calls == updates * 6);
+    CHECK(all.counted.calls == updates * 6);
+    CHECK(sym.counted.bytes == updates * upper * sizeof(double));
+    CHECK(all.counted.bytes == updates * full * sizeof(double));
+    CHECK(sym.stats.allreduce.bytes == sym.counted.bytes);
+    CHECK(all.stats.allreduce.bytes == all.counted.bytes);
+    CHECK(sym.stats.allreduce.calls == sym.counted.calls);
+  }
+}
+
+TEST_CASE("dkfac: on one rank D-KFAC equals plain K-FAC exactly", "[mpi][dist][kfac]") {
+  auto world = Communicator::world();
+  INFO(rank_of(world));
+  Communicator single = world.split(world.rank(), 0); // every rank on its own
+  REQUIRE(single.size() == 1);
+  const std::size_t local = kBatch / std::size_t(world.size());
+  const std::size_t first = std::size_t(world.rank()) * local;
+  for (const Config &c : kConfigs) {
+    INFO(describe(c));
+    const Run plain = train(&single, false, false, c, first, local);
+    for (const bool symmetric : {true, false}) {
+      INFO("symmetric_communication " << symmetric);
+      const Run d = train(&single, true, symmetric, c, first, local);
+      CHECK(d.factors == plain.factors);
+      CHECK(d.parameters == plain.parameters);
+      CHECK(d.stats.factor_updates == factor_updates(c));
+    }
+  }
+}
+
+TEST_CASE("dkfac: the destructor removes the hook", "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  KFACd kfac;
+  {
+    DKFACd d(comm, kfac);
+    CHECK(static_cast<bool>(kfac.factor_hook()));
+    CHECK(d.options().symmetric_communication);
+  }
+  CHECK(!kfac.factor_hook());
+}
+
+#endif // KAT_ENABLE_MPI

@@ -65,6 +65,8 @@ struct Options {
   std::vector<std::string> skip_layers;
   std::string factor_precision = "float";
   std::string inverse_precision = "double";
+  // MPI builds: how K-FAC is distributed over the ranks ("" = not; "dkfac": kat::dist::DKFAC).
+  std::string dist_strategy;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -96,9 +98,16 @@ std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> build_optimizer(const Option
 // K-FAC with the precisions chosen on the command line, behind one step function.
 using Preconditioner = std::function<void(const Space &)>;
 
+// The communicator distributed K-FAC runs on (MPI builds with --dist-strategy), or none.
+#ifdef KAT_ENABLE_MPI
+using KFACComm = kat::dist::Communicator;
+#else
+struct KFACComm {};
+#endif
+
 template <class InverseScalar, class FactorScalar>
 Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
-                         const kat::optim::LRSchedule &schedule) {
+                         const kat::optim::LRSchedule &schedule, KFACComm *comm) {
   using KFAC = kat::KFAC<Scalar, Mem, InverseScalar, FactorScalar>;
   typename KFAC::Options k;
   k.factor_update_steps = o.factor_update_steps;
@@ -113,28 +122,47 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
   k.skip_layers = o.skip_layers;
   auto kfac = std::make_shared<KFAC>(k);
   const std::size_t layers = kfac->register_model(model);
-  std::printf("K-FAC on %zu layers (%s path; factors %s, decompositions %s): "
-              "factor_update_steps %lld, inv_update_steps %lld, damping %g, factor_decay %g, "
-              "kl_clip %g\n",
-              layers, o.compute_method.c_str(), o.factor_precision.c_str(),
-              o.inverse_precision.c_str(), static_cast<long long>(o.factor_update_steps),
-              static_cast<long long>(o.inv_update_steps), o.damping, o.factor_decay, o.kl_clip);
+  bool root = true; // only rank 0 prints
+#ifdef KAT_ENABLE_MPI
+  root = comm == nullptr || comm->rank() == 0;
+#endif
+  if (root)
+    std::printf("K-FAC on %zu layers (%s path; factors %s, decompositions %s): "
+                "factor_update_steps %lld, inv_update_steps %lld, damping %g, factor_decay %g, "
+                "kl_clip %g\n",
+                layers, o.compute_method.c_str(), o.factor_precision.c_str(),
+                o.inverse_precision.c_str(), static_cast<long long>(o.factor_update_steps),
+                static_cast<long long>(o.inv_update_steps), o.damping, o.factor_decay, o.kl_clip);
+#ifdef KAT_ENABLE_MPI
+  if (comm != nullptr && o.dist_strategy == "dkfac") {
+    // D-KFAC: the batch factor estimates are averaged over the ranks (upper triangles).
+    auto dkfac = std::make_shared<kat::dist::DKFAC<KFAC>>(*comm, *kfac);
+    if (root) {
+      std::printf("D-KFAC on %d ranks: every rank builds, averages (symmetric all-reduce, %zu "
+                  "bytes per factor update) and decomposes every factor\n",
+                  comm->size(), dkfac->bytes_per_factor_update());
+    }
+    return [kfac, dkfac](const Space &space) { kfac->step(space); };
+  }
+#else
+  (void)comm;
+#endif
   return [kfac](const Space &space) { kfac->step(space); };
 }
 
 Preconditioner build_preconditioner(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
-                                    const kat::optim::LRSchedule &schedule) {
+                                    const kat::optim::LRSchedule &schedule, KFACComm *comm) {
   if (o.optimizer != "kfac") {
     return {};
   }
   const bool inverse_double = o.inverse_precision == "double";
   const bool factor_double = o.factor_precision == "double";
   if (inverse_double) {
-    return factor_double ? make_kfac<double, double>(o, model, schedule)
-                         : make_kfac<double, float>(o, model, schedule);
+    return factor_double ? make_kfac<double, double>(o, model, schedule, comm)
+                         : make_kfac<double, float>(o, model, schedule, comm);
   }
-  return factor_double ? make_kfac<float, double>(o, model, schedule)
-                       : make_kfac<float, float>(o, model, schedule);
+  return factor_double ? make_kfac<float, double>(o, model, schedule, comm)
+                       : make_kfac<float, float>(o, model, schedule, comm);
 }
 
 kat::optim::LRSchedule build_schedule(const Options &o, std::int64_t total_steps) {
@@ -311,7 +339,17 @@ int run(const Options &o, const Ranks &ranks) {
   const std::int64_t steps_per_epoch =
       static_cast<std::int64_t>(parallel ? sampler.batches(local_batch) : train_loader.batches());
   const auto schedule = build_schedule(o, steps_per_epoch * o.epochs);
-  const Preconditioner precondition = build_preconditioner(o, model, schedule);
+#ifdef KAT_ENABLE_MPI
+  // The hook is collective: D-KFAC all-reduces on its own communicator (own counters).
+  std::unique_ptr<kat::dist::Communicator> kfac_comm;
+  if (!o.dist_strategy.empty()) {
+    kfac_comm = std::make_unique<kat::dist::Communicator>(comm.dup());
+  }
+  KFACComm *kfac_comm_ptr = kfac_comm.get();
+#else
+  KFACComm *kfac_comm_ptr = nullptr;
+#endif
+  const Preconditioner precondition = build_preconditioner(o, model, schedule, kfac_comm_ptr);
   const bool live =
       root && (o.progress == "always" || (o.progress == "auto" && isatty(fileno(stdout))));
 
@@ -534,6 +572,13 @@ int main(int argc, char **argv) {
                    "Precision of decompositions and preconditioning: float | double")
       ->check(CLI::IsMember({"float", "double"}))
       ->capture_default_str();
+#ifdef KAT_ENABLE_MPI
+  kfac->add_option("--dist-strategy", o.dist_strategy,
+                   "Distributed K-FAC over the MPI ranks (needed with more than one rank): "
+                   "dkfac (every rank builds every factor; batch factors averaged over the "
+                   "ranks; every rank decomposes and preconditions every layer)")
+      ->check(CLI::IsMember({"dkfac"}));
+#endif
   // Our flags are parsed before Kokkos sees the command line, so --help is ours (Kokkos's is
   // --kokkos-help); --kokkos-* flags pass through to Kokkos::initialize below.
   app.allow_extras();
@@ -554,9 +599,13 @@ int main(int argc, char **argv) {
                                      std::to_string(ranks.size) + " ranks, got " +
                                      std::to_string(o.batch_size));
     }
-    if (ranks.size > 1 && o.optimizer == "kfac") {
+    if (ranks.size > 1 && o.optimizer == "kfac" && o.dist_strategy.empty()) {
       throw CLI::ValidationError("--optimizer kfac with more than one rank needs "
-                                 "--dist-strategy, coming with distributed K-FAC");
+                                 "--dist-strategy (dkfac)");
+    }
+    if (!o.dist_strategy.empty() && o.optimizer != "kfac") {
+      throw CLI::ValidationError("--dist-strategy",
+                                 "needs --optimizer kfac, got --optimizer " + o.optimizer);
     }
 #endif
   } catch (const CLI::ParseError &e) {

@@ -151,6 +151,12 @@ public:
   using FactorHook =
       std::function<void(const execution_space &, const factor_matrix_type &batch_estimate,
                          std::size_t layer, char factor)>;
+  /// See set_precondition_hook(): `hook(space, layer, p)`, with `p` the layer's
+  /// preconditioned-gradient buffer (out x (in+1), InverseScalar).
+  using PreconditionHook =
+      std::function<void(const execution_space &, std::size_t layer, const inverse_matrix_type &p)>;
+  /// See set_owned(): whether this process builds the factors of registered layer i.
+  using Ownership = std::function<bool(std::size_t layer)>;
 
   using Options = KFACOptions;
   using Values = KFACValues;
@@ -234,8 +240,11 @@ public:
     const std::string label = "kat::KFAC::" + name;
     layers_.push_back(
         std::make_unique<Entry>(name, type, std::move(views), std::move(record), out, cols, label));
+    if (owned_) {
+      layers_.back()->owned = owned_(layers_.size() - 1);
+    }
     if (layers_.back()->record) {
-      layers_.back()->record(needs_curvature());
+      layers_.back()->record(needs_curvature() && layers_.back()->owned);
     }
     return true;
   }
@@ -286,11 +295,54 @@ public:
   /// The installed hook (empty if none).
   const FactorHook &factor_hook() const { return factor_hook_; }
 
+  /// Sets which registered layers this process owns (empty function: all, the default).
+  /// `owned(i)` is evaluated now for every registered layer i and for layers registered
+  /// later. A layer not owned records no a and g (its record callback is told false), builds
+  /// and decomposes no factors and allocates no factor or decomposition memory (call this
+  /// before the first step: factors already built are kept but no longer updated), and is
+  /// not preconditioned here: without a precondition hook it is left to the base optimizer;
+  /// with one, the hook fills its P buffer (distributed K-FAC in the DP-KFAC strategy,
+  /// kat::dist::DPKFAC, broadcasts each layer's P from its owner).
+  void set_owned(Ownership owned) {
+    owned_ = std::move(owned);
+    const bool next = needs_curvature();
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      Entry &l = *layers_[i];
+      l.owned = !owned_ || owned_(i);
+      if (!l.owned) {
+        l.ready = false;
+      }
+      if (l.record) {
+        l.record(next && l.owned);
+      }
+    }
+  }
+  /// Whether this process owns registered layer i (see set_owned()).
+  bool owned(std::size_t i) const { return layers_.at(i)->owned; }
+
+  /// Installs (or, with an empty function, removes) a hook on the preconditioned gradients.
+  /// With a hook, every step() first computes P for each owned layer that has a
+  /// decomposition (an owned layer without one, possible only after a failed decomposition
+  /// with keep_previous_on_failure, gets P = ∇), then calls the hook once per registered
+  /// layer, in registration order, with that layer's P buffer (out x (in+1), InverseScalar,
+  /// LayoutLeft, contiguous): the buffer holds this process's P for an owned layer and
+  /// unspecified values for a layer not owned, and the hook must leave the layer's P in it
+  /// (kat::dist::DPKFAC broadcasts it from the owner). Then every layer counts as
+  /// preconditioned: ν of the KL clip is computed from Σ over all layers of P ⊙ ∇, and every
+  /// layer's ν·P is written over its gradient. The hook should enqueue its work on the given
+  /// execution space or fence it; it is collective for DPKFAC, and step() calls it in the
+  /// same order on every process that registers the same layers. Without a hook (the
+  /// default) only owned layers with a decomposition are preconditioned.
+  void set_precondition_hook(PreconditionHook hook) { precondition_hook_ = std::move(hook); }
+  /// The installed hook (empty if none).
+  const PreconditionHook &precondition_hook() const { return precondition_hook_; }
+
   /// Bytes of memory the K-FAC state holds now on this process: every layer's factors and
   /// batch buffers, decompositions (with their double buffers) and preconditioned-gradient
   /// buffer, plus the shared work and conversion buffers. Buffers are allocated on first use
   /// (the decompositions' second buffers at the second decomposition), so this grows during
-  /// the first steps and is constant afterwards.
+  /// the first steps and is constant afterwards. A layer not owned (set_owned()) holds only
+  /// its preconditioned-gradient buffer.
   std::size_t state_bytes() const {
     std::size_t bytes = (work_.capacity() + cast_.capacity()) * sizeof(InverseScalar);
     for (const auto &l : layers_) {
@@ -341,7 +393,7 @@ public:
     const bool next = needs_curvature();
     for (auto &l : layers_) {
       if (l->record) {
-        l->record(next);
+        l->record(next && l->owned);
       }
     }
   }
@@ -376,8 +428,8 @@ public:
       out.g_dim = l->G.dim();
       out.a_updates = l->A.updates();
       out.g_updates = l->G.updates();
-      out.A = to_host_vector(l->A.factor());
-      out.G = to_host_vector(l->G.factor());
+      out.A = factor_host_vector(l->A);
+      out.G = factor_host_vector(l->G);
       s.layers.push_back(std::move(out));
     }
     return s;
@@ -426,6 +478,8 @@ public:
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       auto &l = *layers_[i];
       const auto &in = s.layers[i];
+      if (!l.owned)
+        continue; // another process builds this layer's factors
       if (in.a_updates > 0)
         l.A.assign(space, host_matrix<FactorScalar>(in.A, in.a_dim));
       if (in.g_updates > 0)
@@ -437,7 +491,7 @@ public:
     const bool next = needs_curvature();
     for (auto &l : layers_) {
       if (l->record)
-        l->record(next);
+        l->record(next && l->owned);
     }
   }
 
@@ -456,6 +510,7 @@ private:
     inverse_matrix_type p; // this step's preconditioned gradient, before the KL scale
     bool ready = false;    // has a decomposition to precondition with
     bool applied = false;  // preconditioned in this step
+    bool owned = true;     // builds its factors here (set_owned)
     double damping_a = 0, damping_g = 0;
     record_type current; // views() of this step
   };
@@ -560,6 +615,10 @@ private:
     std::size_t index = 0;
     for (auto &lp : layers_) {
       Entry &l = *lp;
+      if (!l.owned) {
+        ++index;
+        continue;
+      }
       const record_type r = checked_record(l);
       const double rows = static_cast<double>(r.a.extent(0));
       const double n = static_cast<double>(r.samples);
@@ -602,7 +661,7 @@ private:
     ScopedRegion region("kat::KFAC::decompose");
     for (auto &lp : layers_) {
       Entry &l = *lp;
-      if (l.A.updates() == 0 || l.G.updates() == 0 || (only_missing && l.ready)) {
+      if (!l.owned || l.A.updates() == 0 || l.G.updates() == 0 || (only_missing && l.ready)) {
         continue; // nothing to decompose yet (a factor update failed and was skipped)
       }
       bool ok = false;
@@ -651,11 +710,12 @@ private:
   void precondition(const execution_space &space, const Values &v) {
     ScopedRegion region("kat::KFAC::precondition");
     double vg = 0;
+    const bool hooked = static_cast<bool>(precondition_hook_);
     for (auto &lp : layers_) {
       Entry &l = *lp;
       l.applied = false;
-      if (!l.ready) {
-        continue;
+      if (!hooked && !(l.owned && l.ready)) {
+        continue; // left to the base optimizer
       }
       const matrix_type grad = l.current.weight_gradient;
       const std::string where = "kat::KFAC::step: layer '" + l.name + "'";
@@ -663,11 +723,29 @@ private:
                                   static_cast<std::size_t>(grad.extent(0)));
       kat::detail::require_extent(where.c_str(), "weight_gradient columns", l.cols,
                                   static_cast<std::size_t>(grad.extent(1)));
-      if (opt_.compute_method == ComputeMethod::eigen) {
-        precondition_eigen(space, l, grad, v.damping);
-      } else {
-        precondition_inverse(space, l, grad);
+      if (l.owned && l.ready) {
+        if (opt_.compute_method == ComputeMethod::eigen) {
+          precondition_eigen(space, l, grad, v.damping);
+        } else {
+          precondition_inverse(space, l, grad);
+        }
+      } else if (l.owned) {
+        kat::detail::convert(space, grad, l.p); // hooked, no decomposition: P = ∇
       }
+      l.applied = true;
+    }
+    if (hooked) {
+      for (std::size_t i = 0; i < layers_.size(); ++i) {
+        precondition_hook_(space, i, layers_[i]->p);
+      }
+    }
+    for (auto &lp : layers_) {
+      Entry &l = *lp;
+      if (!l.applied) {
+        continue;
+      }
+      const matrix_type grad = l.current.weight_gradient;
+      const std::string where = "kat::KFAC::step: layer '" + l.name + "'";
       const double layer_vg = dot(space, l.p, grad);
       if (!std::isfinite(layer_vg)) {
         throw NumericalError(
@@ -675,7 +753,6 @@ private:
                                 steps_, " (is the gradient finite?)"));
       }
       vg += layer_vg;
-      l.applied = true;
     }
     vg_sum_ = vg;
     double nu = 1.0;
@@ -751,6 +828,14 @@ private:
     return sum;
   }
 
+  /// A factor's entries (column-major); dim² zeros if it was never allocated.
+  static std::vector<double> factor_host_vector(const factor_type &f) {
+    if (f.factor().extent(0) != f.dim()) {
+      return std::vector<double>(f.dim() * f.dim(), 0.0);
+    }
+    return to_host_vector(f.factor());
+  }
+
   template <class View> static std::vector<double> to_host_vector(const View &m) {
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
     std::vector<double> out(m.extent(0) * m.extent(1));
@@ -772,6 +857,8 @@ private:
 
   Options opt_;
   FactorHook factor_hook_;
+  PreconditionHook precondition_hook_;
+  Ownership owned_;
   std::vector<std::unique_ptr<Entry>> layers_;
   Workspace<InverseScalar, MemorySpace> work_{"kat::KFAC::work"};
   Workspace<InverseScalar, MemorySpace> cast_{"kat::KFAC::cast"};

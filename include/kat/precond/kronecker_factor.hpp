@@ -54,12 +54,11 @@ public:
   using inverse_vector_type = Vector<InverseScalar, MemorySpace>;
 
   /// An empty factor of dimension `dim`; `label` names its allocations and errors
-  /// (e.g. "kat::KFAC::0.Dense::A").
+  /// (e.g. "kat::KFAC::0.Dense::A"). Nothing is allocated until the first update() or
+  /// assign(), so a factor that is never updated (a layer another rank owns in
+  /// kat::dist::DPKFAC) holds no memory.
   KroneckerFactor(std::string label, std::size_t dim)
-      : label_(std::move(label)), dim_(dim),
-        factor_(Kokkos::view_alloc(label_, Kokkos::WithoutInitializing), dim, dim),
-        batch_(Kokkos::view_alloc(label_ + "::batch", Kokkos::WithoutInitializing), dim, dim),
-        cast_(label_ + "::cast") {}
+      : label_(std::move(label)), dim_(dim), cast_(label_ + "::cast") {}
 
   const std::string &label() const { return label_; }
   std::size_t dim() const { return dim_; }
@@ -67,7 +66,8 @@ public:
   /// Number of update() calls that changed the factor (0: the factor holds no data yet).
   std::size_t updates() const { return updates_; }
 
-  /// The running average F (dim x dim, symmetric).
+  /// The running average F (dim x dim, symmetric); an empty view before the first update()
+  /// or assign().
   const matrix_type &factor() const { return factor_; }
 
   /// Folds a batch estimate into the running average (ALGORITHMS.md section 1):
@@ -94,6 +94,7 @@ public:
     ScopedRegion region("kat::KroneckerFactor::update");
     kat::detail::require_extent((label_ + "::update").c_str(), "x columns", dim_,
                                 static_cast<std::size_t>(x.extent(1)));
+    allocate();
     using x_scalar = typename XView::non_const_value_type;
     if constexpr (std::is_same<x_scalar, Scalar>::value) {
       gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), x, x, Scalar(0), batch_);
@@ -139,6 +140,7 @@ public:
                                 static_cast<std::size_t>(values.extent(0)));
     kat::detail::require_extent((label_ + "::assign").c_str(), "columns", dim_,
                                 static_cast<std::size_t>(values.extent(1)));
+    allocate();
     Kokkos::deep_copy(space, factor_, values);
     updates_ = 1;
   }
@@ -199,7 +201,8 @@ public:
   const inverse_matrix_type &inverse() const { return inverse_; }
 
   /// Bytes of memory this factor holds now: F and the batch buffer, the conversion
-  /// workspace, and the decompositions with their double buffers (allocated on first use).
+  /// workspace, and the decompositions with their double buffers (all allocated on first
+  /// use: 0 for a factor never updated).
   std::size_t bytes() const {
     const auto size = [](const auto &v) { return static_cast<std::size_t>(v.span()); };
     return (size(factor_) + size(batch_) + cast_.capacity()) * sizeof(Scalar) +
@@ -209,6 +212,17 @@ public:
   }
 
 private:
+  /// F and the batch buffer, on first use.
+  void allocate() {
+    if (factor_.extent(0) != dim_) {
+      factor_ = matrix_type(Kokkos::view_alloc(label_, Kokkos::WithoutInitializing), dim_, dim_);
+    }
+    if (batch_.extent(0) != dim_) {
+      batch_ = matrix_type(Kokkos::view_alloc(label_ + "::batch", Kokkos::WithoutInitializing),
+                           dim_, dim_);
+    }
+  }
+
   void ensure(inverse_matrix_type &m, const std::string &label) const {
     if (m.extent(0) != dim_) {
       m = inverse_matrix_type(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), dim_, dim_);

@@ -53,4 +53,5 @@
 #include "kat/dist/communicator.hpp"
 #include "kat/dist/data_parallel.hpp"
 #include "kat/dist/dkfac.hpp"
+#include "kat/dist/dpkfac.hpp"
 #endif

@@ -1,0 +1,194 @@
+#pragma once
+/// @file
+/// @brief kat::dist::DPKFAC: distributed K-FAC in the DP-KFAC strategy (ALGORITHMS.md
+/// section 2): each layer's factors are built, from its own local batch only, and decomposed
+/// by one rank, which preconditions the layer's gradient and broadcasts P; the other ranks
+/// keep no factors for that layer. Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
+
+#ifndef KAT_ENABLE_MPI
+// KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
+#error "kat/dist/dpkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#else
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/dist/communicator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kat::dist {
+
+/// How DPKFAC assigns layers to ranks.
+enum class LayerAssignment {
+  /// Layer l (registration order) goes to rank l mod P.
+  round_robin,
+  /// Contiguous blocks balanced by cost c_l = d_A³ + d_G³ (the decompositions' work): with
+  /// C = Σ c_l and S_l = Σ_{k<l} c_k, layer l goes to rank min(P − 1, ⌊P (S_l + c_l/2) / C⌋),
+  /// the rank whose share [r C/P, (r+1) C/P) holds the layer's cost midpoint.
+  balanced
+};
+
+/// Settings of DPKFAC; must be the same on every rank.
+struct DPKFACOptions {
+  LayerAssignment assignment = LayerAssignment::round_robin;
+};
+
+/// What one rank's DPKFAC did since construction or reset_stats().
+struct DPKFACStats {
+  /// K-FAC steps (each broadcasts every layer's P once).
+  std::uint64_t steps = 0;
+  /// The P broadcasts: calls and payload bytes, taken from the Communicator's broadcast
+  /// counter around each one (element count x sizeof(InverseScalar) per call, on every rank,
+  /// root included). Per step: L calls and Σ_layers out·(in+1)·sizeof(InverseScalar) bytes.
+  CollectiveCounter broadcast;
+};
+
+/// DP-KFAC: sets the ownership of a kat::KFAC's layers (KFAC::set_owned) by `assignment`
+/// and installs a precondition hook (KFAC::set_precondition_hook) that broadcasts each
+/// layer's preconditioned gradient P from its owner. The owner of layer l records a and g
+/// of its own local batch, builds A and G from them alone (no factor communication), decomposes
+/// them and computes P from the gradient that DataParallel has already averaged; every other
+/// rank records nothing for l, allocates no factor or decomposition for it and receives P.
+/// K-FAC then computes ν of the KL clip from Σ over all layers of P ⊙ ∇ on every rank (the
+/// same P and averaged ∇ everywhere), so every rank applies the same update.
+///
+///     kat::KFAC<float, Mem> kfac(options);
+///     kfac.register_model(model);
+///     kat::dist::DPKFAC<kat::KFAC<float, Mem>> dpkfac(comm, kfac);   // owners + hook
+///     ... forward, backward, dp.finish(space); kfac.step(space); sgd.step(...);
+///
+/// Register every layer before constructing it (the assignment is computed from the
+/// registered layers), on every rank the same layers in the same order, and call
+/// KFAC::step() on the same steps: the hook is collective. The destructor removes the hook
+/// and makes every layer owned again. Neither copyable nor movable; the Communicator and
+/// the KFAC must outlive it.
+///
+/// @tparam KFACType  a kat::KFAC instantiation.
+template <class KFACType> class DPKFAC {
+public:
+  using kfac_type = KFACType;
+  using execution_space = typename KFACType::execution_space;
+  using inverse_matrix_type = typename KFACType::inverse_matrix_type;
+  using inverse_scalar_type = typename inverse_matrix_type::non_const_value_type;
+  using Options = DPKFACOptions;
+  using Stats = DPKFACStats;
+
+  /// Assigns the layers of `kfac` to the ranks of `comm` and installs the hook (replacing any
+  /// precondition hook and ownership it had).
+  DPKFAC(Communicator &comm, KFACType &kfac, Options options = Options())
+      : comm_(comm), kfac_(kfac), options_(options),
+        owners_(owners(layer_costs(kfac), comm.size(), options.assignment)) {
+    const int rank = comm_.rank();
+    kfac_.set_owned([this, rank](std::size_t layer) {
+      return layer < owners_.size() && owners_[layer] == rank;
+    });
+    kfac_.set_precondition_hook(
+        [this](const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
+          broadcast(space, layer, p);
+        });
+  }
+  DPKFAC(const DPKFAC &) = delete;
+  DPKFAC &operator=(const DPKFAC &) = delete;
+  /// Removes the hook and the ownership from the KFAC.
+  ~DPKFAC() {
+    kfac_.set_precondition_hook({});
+    kfac_.set_owned({});
+  }
+
+  const Options &options() const { return options_; }
+  const Stats &stats() const { return stats_; }
+  void reset_stats() { stats_ = Stats(); }
+
+  /// The owning rank of each registered layer.
+  const std::vector<int> &owners() const { return owners_; }
+  /// The owning rank of registered layer i.
+  int owner(std::size_t i) const { return owners_.at(i); }
+  /// Number of layers this rank owns.
+  std::size_t owned_layers() const {
+    std::size_t n = 0;
+    for (const int o : owners_)
+      n += o == comm_.rank() ? 1 : 0;
+    return n;
+  }
+
+  /// Cost of each registered layer for the balanced assignment: d_A³ + d_G³.
+  static std::vector<double> layer_costs(const KFACType &kfac) {
+    std::vector<double> costs;
+    for (std::size_t i = 0; i < kfac.size(); ++i) {
+      const double a = static_cast<double>(kfac.factor_a(i).dim());
+      const double g = static_cast<double>(kfac.factor_g(i).dim());
+      costs.push_back(a * a * a + g * g * g);
+    }
+    return costs;
+  }
+
+  /// The owner of each layer given the layers' costs (LayerAssignment documents the rules).
+  /// @throws ValueError if ranks < 1 or a cost is negative or not finite.
+  static std::vector<int> owners(const std::vector<double> &costs, int ranks,
+                                 LayerAssignment assignment) {
+    if (ranks < 1) {
+      throw ValueError(
+          kat::detail::concat("kat::dist::DPKFAC: the number of ranks must be >= 1, got ", ranks));
+    }
+    std::vector<int> out(costs.size(), 0);
+    double total = 0;
+    for (const double c : costs) {
+      if (!(c >= 0.0 && std::isfinite(c))) {
+        throw ValueError(
+            kat::detail::concat("kat::dist::DPKFAC: layer costs must be finite and >= 0, got ", c));
+      }
+      total += c;
+    }
+    double before = 0;
+    for (std::size_t l = 0; l < costs.size(); ++l) {
+      if (assignment == LayerAssignment::round_robin) {
+        out[l] = static_cast<int>(l % static_cast<std::size_t>(ranks));
+      } else {
+        const double mid = total > 0.0 ? (before + 0.5 * costs[l]) / total : 0.0;
+        const auto r = static_cast<long long>(std::floor(mid * ranks));
+        out[l] = static_cast<int>(std::min<long long>(ranks - 1, std::max<long long>(0, r)));
+      }
+      before += costs[l];
+    }
+    return out;
+  }
+
+  /// The analytic broadcast payload of one step, in the units of CommunicatorStats:
+  /// Σ over the registered layers of out·(in+1)·sizeof(InverseScalar).
+  static std::size_t bytes_per_step(const KFACType &kfac) {
+    std::size_t entries = 0;
+    for (std::size_t i = 0; i < kfac.size(); ++i) {
+      entries += kfac.factor_a(i).dim() * kfac.factor_g(i).dim();
+    }
+    return entries * sizeof(inverse_scalar_type);
+  }
+  /// bytes_per_step of this KFAC.
+  std::size_t bytes_per_step() const { return bytes_per_step(kfac_); }
+
+private:
+  void broadcast(const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
+    ScopedRegion region("kat::dist::DPKFAC::broadcast");
+    if (layer == 0) {
+      ++stats_.steps;
+    }
+    const CollectiveCounter before = comm_.stats().broadcast;
+    comm_.broadcast(space, p, owners_.at(layer));
+    const CollectiveCounter after = comm_.stats().broadcast;
+    stats_.broadcast.calls += after.calls - before.calls;
+    stats_.broadcast.bytes += after.bytes - before.bytes;
+  }
+
+  Communicator &comm_;
+  KFACType &kfac_;
+  Options options_;
+  std::vector<int> owners_;
+  Stats stats_;
+};
+
+} // namespace kat::dist
+
+#endif // KAT_ENABLE_MPI

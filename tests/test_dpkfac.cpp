@@ -1,0 +1,428 @@
+// kat::dist::DPKFAC (ALGORITHMS.md section 2, DP-KFAC): P ranks equal one process in which
+// layer l's factors come from its owner's shard and the gradient is the whole batch's; the
+// round-robin and balanced assignments give each layer exactly one owner; the P broadcasts
+// send the analytic volume; a rank that owns k < L layers holds less K-FAC state; one rank
+// equals plain K-FAC exactly. The "[mpi]" cases run under mpiexec at 1, 2 and 4 ranks (ctest
+// mpi_ranks_*) and hold for any rank count that divides the batch of 8.
+#ifdef KAT_ENABLE_MPI
+
+#include "test_helpers.hpp"
+
+#include <kat/dist/communicator.hpp>
+#include <kat/dist/data_parallel.hpp>
+#include <kat/dist/dkfac.hpp>
+#include <kat/dist/dpkfac.hpp>
+#include <kat/nn/activation.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
+#include <kat/nn/sequential.hpp>
+#include <kat/nn/softmax_cross_entropy.hpp>
+#include <kat/optim/sgd.hpp>
+#include <kat/precond/kfac.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace kat;
+using namespace kat::test;
+using kat::dist::Communicator;
+
+namespace {
+
+using Model = nn::Sequential<double, Mem>;
+using KFACd = KFAC<double, Mem>;
+using DPKFACd = dist::DPKFAC<KFACd>;
+using DKFACd = dist::DKFAC<KFACd>;
+
+constexpr std::size_t kBatch = 8;
+constexpr int kSteps = 4;
+// The Dense layers of build_mlp: their indices in the model, out and in+1.
+const std::vector<std::size_t> kDense{1, 3, 5};
+const std::vector<std::size_t> kOut{12, 8, 4}, kCols{7, 13, 9};
+
+// Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4).
+void build_mlp(Model &model, std::uint64_t seed) {
+  model.add<nn::Flatten>();
+  model.add<nn::Dense>(6, 12);
+  model.add<nn::Tanh>();
+  model.add<nn::Dense>(12, 8);
+  model.add<nn::ReLU>();
+  model.add<nn::Dense>(8, 4);
+  model.compile(Space(), seed);
+}
+
+struct Config {
+  std::int64_t factor_every, inv_every;
+  ComputeMethod method;
+};
+
+std::string describe(const Config &c) {
+  return std::string(c.method == ComputeMethod::eigen ? "eigen" : "inverse") +
+         " factor_update_steps " + std::to_string(c.factor_every) + " inv_update_steps " +
+         std::to_string(c.inv_every);
+}
+
+const std::vector<Config> kConfigs{{1, 1, ComputeMethod::eigen},
+                                   {2, 2, ComputeMethod::eigen},
+                                   {1, 2, ComputeMethod::inverse},
+                                   {2, 4, ComputeMethod::inverse}};
+
+const std::vector<dist::LayerAssignment> kAssignments{dist::LayerAssignment::round_robin,
+                                                      dist::LayerAssignment::balanced};
+
+KFACd::Options kfac_options(const Config &c) {
+  KFACd::Options o;
+  o.factor_update_steps = c.factor_every;
+  o.inv_update_steps = c.inv_every;
+  o.compute_method = c.method;
+  o.damping = 0.01;
+  o.factor_decay = 0.8;
+  o.kl_clip = 0.01;
+  o.lr = 0.1;
+  return o;
+}
+
+optim::SGD<double, Mem>::Options sgd_options() {
+  optim::SGD<double, Mem>::Options sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  return sgd;
+}
+
+// Rows [first, first + count) of step s's global batch, which every rank generates alike.
+struct Batch {
+  Matrix<double, Mem> x;
+  Vector<std::int32_t, Mem> y;
+};
+Batch batch_rows(int step, std::size_t first, std::size_t count) {
+  const auto x = to_host(random_matrix<double>(kBatch, 6, 300 + std::uint64_t(step)));
+  std::vector<std::int32_t> y(kBatch);
+  HostRng rng(400 + std::uint64_t(step));
+  for (auto &label : y)
+    label = static_cast<std::int32_t>(rng.uniform_index(4));
+  Batch b;
+  b.x = Matrix<double, Mem>("x", count, 6);
+  auto hx = Kokkos::create_mirror_view(b.x);
+  for (std::size_t j = 0; j < 6; ++j)
+    for (std::size_t i = 0; i < count; ++i)
+      hx(i, j) = x(first + i, j);
+  Kokkos::deep_copy(b.x, hx);
+  b.y = labels_of(std::vector<std::int32_t>(y.begin() + std::ptrdiff_t(first),
+                                            y.begin() + std::ptrdiff_t(first + count)));
+  return b;
+}
+
+enum class Strategy { none, dkfac, dpkfac };
+
+struct Run {
+  std::vector<double> parameters;
+  dist::DPKFACStats stats;
+  dist::CollectiveCounter counted; // the broadcast counter of DP-KFAC's own communicator
+  std::size_t analytic = 0;        // DPKFAC::bytes_per_step
+  std::size_t state_bytes = 0;     // KFAC::state_bytes after the last step
+  std::size_t owned = 0;           // layers this rank owns
+  std::vector<int> owners;
+};
+
+// kSteps steps of K-FAC + SGD on rows [first, first + count) of each global batch, data
+// parallel over `comm`, with the chosen strategy on a duplicate of it.
+Run train(Communicator &comm, Strategy strategy, dist::LayerAssignment assignment, const Config &c,
+          std::size_t first, std::size_t count) {
+  const Space space;
+  Model model(FeatureShape{1, 2, 3});
+  build_mlp(model, 11 + std::uint64_t(comm.rank()));
+  dist::DataParallel<double, Mem> dp(comm, model);
+  dp.broadcast_parameters(space); // rank 0's initialization = the reference's
+  model.set_backward_hook(dp.backward_hook(space));
+  KFACd kfac(kfac_options(c));
+  REQUIRE(kfac.register_model(model) == 3);
+  Communicator kcomm = comm.dup();
+  std::unique_ptr<DPKFACd> dpkfac;
+  std::unique_ptr<DKFACd> dkfac;
+  if (strategy == Strategy::dpkfac) {
+    dist::DPKFACOptions options;
+    options.assignment = assignment;
+    dpkfac = std::make_unique<DPKFACd>(kcomm, kfac, options);
+  } else if (strategy == Strategy::dkfac) {
+    dkfac = std::make_unique<DKFACd>(kcomm, kfac);
+  }
+  optim::SGD<double, Mem> opt(model.parameter_count(), sgd_options());
+  nn::SoftmaxCrossEntropy<double, Mem> loss;
+  Matrix<double, Mem> dlogits("dlogits", count, 4);
+  for (int s = 0; s < kSteps; ++s) {
+    const Batch b = batch_rows(s, first, count);
+    loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
+    model.backward(space, dlogits, Model::Gradients::overwrite);
+    dp.finish(space);
+    kfac.step(space);
+    opt.step(space, model.parameters(), model.gradients());
+  }
+  model.clear_backward_hook();
+  Run run;
+  const auto p = to_host(model.parameters());
+  run.parameters.assign(p.data(), p.data() + p.size());
+  run.state_bytes = kfac.state_bytes();
+  if (dpkfac) {
+    run.stats = dpkfac->stats();
+    run.counted = kcomm.stats().broadcast;
+    run.analytic = dpkfac->bytes_per_step();
+    run.owned = dpkfac->owned_layers();
+    run.owners = dpkfac->owners();
+    for (std::size_t i = 0; i < kfac.size(); ++i) {
+      CHECK(kfac.owned(i) == (run.owners[i] == comm.rank()));
+    }
+  }
+  return run;
+}
+
+// The reference, in one process: `ranks` slice models (slice r: rows [r B/P, (r+1) B/P))
+// give the a and g of each layer from its owner's slice, a whole-batch model gives the
+// gradient (the mean over the batch, which DataParallel's average of equal slices is), and
+// plain K-FAC with those views preconditions it.
+std::vector<double> reference(const Config &c, const std::vector<int> &owners, int ranks) {
+  const Space space;
+  const std::size_t local = kBatch / std::size_t(ranks);
+  Model whole(FeatureShape{1, 2, 3});
+  build_mlp(whole, 11);
+  std::vector<std::unique_ptr<Model>> slices;
+  for (int r = 0; r < ranks; ++r) {
+    slices.push_back(std::make_unique<Model>(FeatureShape{1, 2, 3}));
+    build_mlp(*slices.back(), 11);
+  }
+  KFACd kfac(kfac_options(c));
+  for (std::size_t l = 0; l < kDense.size(); ++l) {
+    auto *w = &whole.layer(kDense[l]);
+    auto *s = &slices[std::size_t(owners[l])]->layer(kDense[l]);
+    REQUIRE(kfac.register_layer(
+        std::to_string(l),
+        [w, s]() {
+          auto r = s->curvature();
+          r.weight_gradient = w->curvature().weight_gradient;
+          r.weight = w->curvature().weight;
+          return r;
+        },
+        [s](bool on) { s->record_curvature(on); }, "Dense"));
+  }
+  optim::SGD<double, Mem> opt(whole.parameter_count(), sgd_options());
+  nn::SoftmaxCrossEntropy<double, Mem> loss;
+  // One output gradient per slice: a layer's g may be a view of the gradient it was given.
+  Matrix<double, Mem> d_whole("d_whole", kBatch, 4);
+  std::vector<Matrix<double, Mem>> d_slice;
+  for (int r = 0; r < ranks; ++r)
+    d_slice.emplace_back("d_slice", local, 4);
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < ranks; ++r) {
+      Model &m = *slices[std::size_t(r)];
+      Kokkos::deep_copy(m.parameters(), whole.parameters());
+      const Batch b = batch_rows(step, std::size_t(r) * local, local);
+      const auto &d = d_slice[std::size_t(r)];
+      loss.forward_backward(space, m.forward(space, b.x), b.y, d);
+      m.backward(space, d, Model::Gradients::overwrite);
+    }
+    const Batch all = batch_rows(step, 0, kBatch);
+    loss.forward_backward(space, whole.forward(space, all.x), all.y, d_whole);
+    whole.backward(space, d_whole, Model::Gradients::overwrite);
+    kfac.step(space);
+    opt.step(space, whole.parameters(), whole.gradients());
+  }
+  const auto p = to_host(whole.parameters());
+  return std::vector<double>(p.data(), p.data() + p.size());
+}
+
+double max_abs_diff(const std::vector<double> &a, const std::vector<double> &b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    worst = std::max(worst, std::abs(a[k] - b[k]));
+  return worst;
+}
+
+std::string rank_of(const Communicator &comm) {
+  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+}
+
+const char *name_of(dist::LayerAssignment a) {
+  return a == dist::LayerAssignment::round_robin ? "round_robin" : "balanced";
+}
+
+std::vector<double> mlp_costs() {
+  std::vector<double> costs;
+  for (std::size_t l = 0; l < kOut.size(); ++l)
+    costs.push_back(double(kCols[l] * kCols[l] * kCols[l] + kOut[l] * kOut[l] * kOut[l]));
+  return costs;
+}
+
+} // namespace
+
+TEST_CASE("dpkfac: P ranks equal one process with each layer's factors from its owner's shard",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  const int p = comm.size();
+  const std::size_t local = kBatch / std::size_t(p);
+  REQUIRE(kBatch % std::size_t(p) == 0);
+  INFO(rank_of(comm));
+  for (const auto assignment : kAssignments) {
+    INFO(name_of(assignment));
+    for (const Config &c : kConfigs) {
+      INFO(describe(c));
+      const Run got =
+          train(comm, Strategy::dpkfac, assignment, c, std::size_t(comm.rank()) * local, local);
+      REQUIRE(got.owners == DPKFACd::owners(mlp_costs(), p, assignment));
+      const std::vector<double> want = reference(c, got.owners, p);
+      CHECK(max_abs_diff(got.parameters, want) <= 1e-10);
+      // The owners' shards matter: with more than one rank, factors of the whole batch
+      // (D-KFAC) give other parameters.
+      if (p > 1) {
+        const Run whole =
+            train(comm, Strategy::dkfac, assignment, c, std::size_t(comm.rank()) * local, local);
+        CHECK(max_abs_diff(whole.parameters, want) > 1e-8);
+      }
+    }
+  }
+}
+
+TEST_CASE("dpkfac: round-robin and balanced assignments give each layer exactly one owner",
+          "[mpi][dist][kfac]") {
+  using dist::LayerAssignment;
+  // Round robin: layer l on rank l mod P.
+  CHECK(DPKFACd::owners({1, 1, 1, 1, 1}, 2, LayerAssignment::round_robin) ==
+        std::vector<int>{0, 1, 0, 1, 0});
+  CHECK(DPKFACd::owners({5, 1, 9}, 4, LayerAssignment::round_robin) == std::vector<int>{0, 1, 2});
+  // Balanced: contiguous, the rank whose share of the total cost holds the layer's midpoint.
+  CHECK(DPKFACd::owners({1, 1, 1, 1}, 2, LayerAssignment::balanced) ==
+        std::vector<int>{0, 0, 1, 1});
+  CHECK(DPKFACd::owners({6, 1, 1, 1, 1}, 2, LayerAssignment::balanced) ==
+        std::vector<int>{0, 1, 1, 1, 1});
+  CHECK(DPKFACd::owners({1, 1, 1, 1, 1, 1}, 3, LayerAssignment::balanced) ==
+        std::vector<int>{0, 0, 1, 1, 2, 2});
+  CHECK(DPKFACd::owners({1, 1}, 4, LayerAssignment::balanced) == std::vector<int>{1, 3});
+  CHECK(DPKFACd::owners({0, 0}, 3, LayerAssignment::balanced) == std::vector<int>{0, 0});
+  // The MLP: costs 7³+12³ = 2071, 13³+8³ = 2709, 9³+4³ = 793 of 5573.
+  CHECK(mlp_costs() == std::vector<double>{2071, 2709, 793});
+  CHECK(DPKFACd::owners(mlp_costs(), 2, LayerAssignment::balanced) == std::vector<int>{0, 1, 1});
+  CHECK(DPKFACd::owners(mlp_costs(), 4, LayerAssignment::balanced) == std::vector<int>{0, 2, 3});
+  CHECK_THROWS_AS(DPKFACd::owners({1}, 0, LayerAssignment::balanced), ValueError);
+  CHECK_THROWS_AS(DPKFACd::owners({-1}, 2, LayerAssignment::balanced), ValueError);
+
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  const Space space;
+  for (const auto assignment : kAssignments) {
+    INFO(name_of(assignment));
+    Model model(FeatureShape{1, 2, 3});
+    build_mlp(model, 3);
+    KFACd kfac;
+    kfac.register_model(model);
+    {
+      dist::DPKFACOptions options;
+      options.assignment = assignment;
+      DPKFACd d(comm, kfac, options);
+      const auto owners = d.owners();
+      REQUIRE(owners.size() == 3);
+      // Contiguous for balanced (non-decreasing), every owner a valid rank.
+      for (std::size_t l = 0; l < owners.size(); ++l) {
+        CHECK(owners[l] >= 0);
+        CHECK(owners[l] < comm.size());
+        if (assignment == LayerAssignment::balanced && l > 0)
+          CHECK(owners[l] >= owners[l - 1]);
+        if (assignment == LayerAssignment::round_robin)
+          CHECK(owners[l] == int(l) % comm.size());
+      }
+      // Exactly one rank owns each layer.
+      Vector<double, Mem> count("count", owners.size());
+      auto h = Kokkos::create_mirror_view(count);
+      for (std::size_t l = 0; l < owners.size(); ++l)
+        h(l) = kfac.owned(l) ? 1.0 : 0.0;
+      Kokkos::deep_copy(count, h);
+      comm.allreduce(space, count);
+      Kokkos::deep_copy(h, count);
+      for (std::size_t l = 0; l < owners.size(); ++l)
+        CHECK(h(l) == 1.0);
+      CHECK(static_cast<bool>(kfac.precondition_hook()));
+    }
+    // The destructor removes the hook and the ownership.
+    CHECK(!kfac.precondition_hook());
+    for (std::size_t l = 0; l < 3; ++l)
+      CHECK(kfac.owned(l));
+  }
+}
+
+TEST_CASE("dpkfac: the P broadcasts send the analytic volume", "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  const std::size_t local = kBatch / std::size_t(comm.size());
+  INFO(rank_of(comm));
+  std::size_t entries = 0; // Σ out·(in+1)
+  for (std::size_t l = 0; l < kOut.size(); ++l)
+    entries += kOut[l] * kCols[l];
+  REQUIRE(entries == 224);
+  for (const auto assignment : kAssignments) {
+    INFO(name_of(assignment));
+    for (const Config &c : kConfigs) {
+      INFO(describe(c));
+      const Run run =
+          train(comm, Strategy::dpkfac, assignment, c, std::size_t(comm.rank()) * local, local);
+      CHECK(run.analytic == entries * sizeof(double));
+      CHECK(run.stats.steps == std::uint64_t(kSteps));
+      CHECK(run.counted.calls == std::uint64_t(kSteps) * 3);
+      CHECK(run.counted.bytes == std::uint64_t(kSteps) * entries * sizeof(double));
+      CHECK(run.stats.broadcast.calls == run.counted.calls);
+      CHECK(run.stats.broadcast.bytes == run.counted.bytes);
+    }
+  }
+}
+
+TEST_CASE("dpkfac: a rank that owns k of L layers holds less K-FAC state than D-KFAC",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  const std::size_t local = kBatch / std::size_t(comm.size());
+  INFO(rank_of(comm));
+  for (const auto assignment : kAssignments) {
+    INFO(name_of(assignment));
+    for (const Config &c : kConfigs) {
+      INFO(describe(c));
+      const std::size_t first = std::size_t(comm.rank()) * local;
+      const Run dp = train(comm, Strategy::dpkfac, assignment, c, first, local);
+      const Run d = train(comm, Strategy::dkfac, assignment, c, first, local);
+      const Run plain = train(comm, Strategy::none, assignment, c, first, local);
+      CHECK(d.state_bytes == plain.state_bytes);
+      if (dp.owned < 3) {
+        CHECK(dp.state_bytes < d.state_bytes);
+      } else {
+        CHECK(dp.state_bytes == d.state_bytes);
+      }
+      if (dp.owned == 0) {
+        // Only the P buffers: Σ out·(in+1) doubles.
+        CHECK(dp.state_bytes == 224 * sizeof(double));
+      }
+    }
+  }
+}
+
+TEST_CASE("dpkfac: on one rank DP-KFAC equals plain K-FAC exactly", "[mpi][dist][kfac]") {
+  auto world = Communicator::world();
+  INFO(rank_of(world));
+  Communicator single = world.split(world.rank(), 0); // every rank on its own
+  REQUIRE(single.size() == 1);
+  const std::size_t local = kBatch / std::size_t(world.size());
+  const std::size_t first = std::size_t(world.rank()) * local;
+  for (const Config &c : kConfigs) {
+    INFO(describe(c));
+    const Run plain =
+        train(single, Strategy::none, dist::LayerAssignment::round_robin, c, first, local);
+    for (const auto assignment : kAssignments) {
+      INFO(name_of(assignment));
+      const Run d = train(single, Strategy::dpkfac, assignment, c, first, local);
+      CHECK(d.parameters == plain.parameters);
+      CHECK(d.owned == 3);
+      CHECK(d.state_bytes == plain.state_bytes);
+    }
+  }
+}
+
+#endif // KAT_ENABLE_MPI

@@ -65,8 +65,10 @@ struct Options {
   std::vector<std::string> skip_layers;
   std::string factor_precision = "float";
   std::string inverse_precision = "double";
-  // MPI builds: how K-FAC is distributed over the ranks ("" = not; "dkfac": kat::dist::DKFAC).
+  // MPI builds: how K-FAC is distributed over the ranks ("" = not; "dkfac": kat::dist::DKFAC;
+  // "dp-kfac": kat::dist::DPKFAC, layers assigned by dp_kfac_assignment).
   std::string dist_strategy;
+  std::string dp_kfac_assignment = "round-robin";
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -105,9 +107,36 @@ using KFACComm = kat::dist::Communicator;
 struct KFACComm {};
 #endif
 
+// Called once after training on every rank (collective with a distributed strategy): prints
+// the K-FAC state per rank.
+using KFACReport = std::function<void()>;
+
+#ifdef KAT_ENABLE_MPI
+// Every rank's `bytes`, gathered (collective).
+std::vector<std::size_t> gather_bytes(kat::dist::Communicator &comm, std::size_t bytes) {
+  kat::Vector<double, Mem> in("kat_train::bytes", 1),
+      out("kat_train::all_bytes", std::size_t(comm.size()));
+  Kokkos::deep_copy(in, static_cast<double>(bytes));
+  comm.allgather(Space(), in, out);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  std::vector<std::size_t> all;
+  for (std::size_t r = 0; r < h.extent(0); ++r)
+    all.push_back(static_cast<std::size_t>(h(r)));
+  return all;
+}
+
+std::string join_bytes(const std::vector<std::size_t> &bytes) {
+  std::string s;
+  for (std::size_t r = 0; r < bytes.size(); ++r)
+    s += (r ? ", " : "") + std::to_string(bytes[r]);
+  return s;
+}
+#endif
+
 template <class InverseScalar, class FactorScalar>
 Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
-                         const kat::optim::LRSchedule &schedule, KFACComm *comm) {
+                         const kat::optim::LRSchedule &schedule, KFACComm *comm,
+                         KFACReport *report) {
   using KFAC = kat::KFAC<Scalar, Mem, InverseScalar, FactorScalar>;
   typename KFAC::Options k;
   k.factor_update_steps = o.factor_update_steps;
@@ -142,27 +171,66 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                   "bytes per factor update) and decomposes every factor\n",
                   comm->size(), dkfac->bytes_per_factor_update());
     }
+    *report = [kfac, dkfac, comm, root]() {
+      const auto bytes = gather_bytes(*comm, kfac->state_bytes() + dkfac->workspace_bytes());
+      if (root)
+        std::printf("D-KFAC: %llu factor updates, %llu bytes all-reduced (rank 0); K-FAC state "
+                    "bytes per rank: %s\n",
+                    static_cast<unsigned long long>(dkfac->stats().factor_updates),
+                    static_cast<unsigned long long>(dkfac->stats().allreduce.bytes),
+                    join_bytes(bytes).c_str());
+    };
     return [kfac, dkfac](const Space &space) { kfac->step(space); };
+  }
+  if (comm != nullptr && o.dist_strategy == "dp-kfac") {
+    // DP-KFAC: each layer's factors on one rank (its local batch only); P broadcast.
+    kat::dist::DPKFACOptions d;
+    d.assignment = o.dp_kfac_assignment == "balanced" ? kat::dist::LayerAssignment::balanced
+                                                      : kat::dist::LayerAssignment::round_robin;
+    auto dpkfac = std::make_shared<kat::dist::DPKFAC<KFAC>>(*comm, *kfac, d);
+    if (root) {
+      std::string owners;
+      for (std::size_t i = 0; i < dpkfac->owners().size(); ++i)
+        owners += (i ? " " : "") + std::to_string(dpkfac->owner(i));
+      std::printf("DP-KFAC on %d ranks (%s assignment, layer owners: %s): each rank builds and "
+                  "decomposes its layers' factors from its local batch; P broadcast, %zu bytes "
+                  "per step\n",
+                  comm->size(), o.dp_kfac_assignment.c_str(), owners.c_str(),
+                  dpkfac->bytes_per_step());
+    }
+    *report = [kfac, dpkfac, comm, root]() {
+      const auto bytes = gather_bytes(*comm, kfac->state_bytes());
+      if (root)
+        std::printf("DP-KFAC: %llu steps, %llu bytes broadcast (%llu calls); K-FAC state bytes "
+                    "per rank: %s\n",
+                    static_cast<unsigned long long>(dpkfac->stats().steps),
+                    static_cast<unsigned long long>(dpkfac->stats().broadcast.bytes),
+                    static_cast<unsigned long long>(dpkfac->stats().broadcast.calls),
+                    join_bytes(bytes).c_str());
+    };
+    return [kfac, dpkfac](const Space &space) { kfac->step(space); };
   }
 #else
   (void)comm;
+  (void)report;
 #endif
   return [kfac](const Space &space) { kfac->step(space); };
 }
 
 Preconditioner build_preconditioner(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
-                                    const kat::optim::LRSchedule &schedule, KFACComm *comm) {
+                                    const kat::optim::LRSchedule &schedule, KFACComm *comm,
+                                    KFACReport *report) {
   if (o.optimizer != "kfac") {
     return {};
   }
   const bool inverse_double = o.inverse_precision == "double";
   const bool factor_double = o.factor_precision == "double";
   if (inverse_double) {
-    return factor_double ? make_kfac<double, double>(o, model, schedule, comm)
-                         : make_kfac<double, float>(o, model, schedule, comm);
+    return factor_double ? make_kfac<double, double>(o, model, schedule, comm, report)
+                         : make_kfac<double, float>(o, model, schedule, comm, report);
   }
-  return factor_double ? make_kfac<float, double>(o, model, schedule, comm)
-                       : make_kfac<float, float>(o, model, schedule, comm);
+  return factor_double ? make_kfac<float, double>(o, model, schedule, comm, report)
+                       : make_kfac<float, float>(o, model, schedule, comm, report);
 }
 
 kat::optim::LRSchedule build_schedule(const Options &o, std::int64_t total_steps) {
@@ -349,7 +417,9 @@ int run(const Options &o, const Ranks &ranks) {
 #else
   KFACComm *kfac_comm_ptr = nullptr;
 #endif
-  const Preconditioner precondition = build_preconditioner(o, model, schedule, kfac_comm_ptr);
+  KFACReport kfac_report;
+  const Preconditioner precondition =
+      build_preconditioner(o, model, schedule, kfac_comm_ptr, &kfac_report);
   const bool live =
       root && (o.progress == "always" || (o.progress == "auto" && isatty(fileno(stdout))));
 
@@ -445,6 +515,9 @@ int run(const Options &o, const Ranks &ranks) {
       std::fflush(stdout);
     }
     metrics.write(epoch, wall, rate, train_loss, test.loss(), test.accuracy(), optimizer->lr());
+  }
+  if (kfac_report) {
+    kfac_report(); // collective with a distributed strategy
   }
 #ifdef KAT_ENABLE_MPI
   model.clear_backward_hook(); // before dp goes away
@@ -576,8 +649,15 @@ int main(int argc, char **argv) {
   kfac->add_option("--dist-strategy", o.dist_strategy,
                    "Distributed K-FAC over the MPI ranks (needed with more than one rank): "
                    "dkfac (every rank builds every factor; batch factors averaged over the "
-                   "ranks; every rank decomposes and preconditions every layer)")
-      ->check(CLI::IsMember({"dkfac"}));
+                   "ranks; every rank decomposes and preconditions every layer) | dp-kfac "
+                   "(each layer's factors built from one rank's local batch and decomposed "
+                   "there; its preconditioned gradient broadcast)")
+      ->check(CLI::IsMember({"dkfac", "dp-kfac"}));
+  kfac->add_option("--dp-kfac-assignment", o.dp_kfac_assignment,
+                   "Layers to ranks with --dist-strategy dp-kfac: round-robin (layer l on rank "
+                   "l mod P) | balanced (contiguous blocks balanced by d_A^3 + d_G^3)")
+      ->check(CLI::IsMember({"round-robin", "balanced"}))
+      ->capture_default_str();
 #endif
   // Our flags are parsed before Kokkos sees the command line, so --help is ours (Kokkos's is
   // --kokkos-help); --kokkos-* flags pass through to Kokkos::initialize below.
@@ -601,7 +681,7 @@ int main(int argc, char **argv) {
     }
     if (ranks.size > 1 && o.optimizer == "kfac" && o.dist_strategy.empty()) {
       throw CLI::ValidationError("--optimizer kfac with more than one rank needs "
-                                 "--dist-strategy (dkfac)");
+                                 "--dist-strategy (dkfac or dp-kfac)");
     }
     if (!o.dist_strategy.empty() && o.optimizer != "kfac") {
       throw CLI::ValidationError("--dist-strategy",

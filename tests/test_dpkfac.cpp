@@ -6,7 +6,7 @@
 // mpi_ranks_*) and hold for any rank count that divides the batch of 8.
 #ifdef KAT_ENABLE_MPI
 
-#include "test_helpers.hpp"
+#include "dist_kfac_helpers.hpp"
 
 #include <kat/dist/communicator.hpp>
 #include <kat/dist/data_parallel.hpp>
@@ -31,91 +31,26 @@
 
 using namespace kat;
 using namespace kat::test;
+using namespace kat::test::dist_kfac;
 using kat::dist::Communicator;
 
 namespace {
 
-using Model = nn::Sequential<double, Mem>;
-using KFACd = KFAC<double, Mem>;
 using DPKFACd = dist::DPKFAC<KFACd>;
 using DKFACd = dist::DKFAC<KFACd>;
 
-constexpr std::size_t kBatch = 8;
-constexpr int kSteps = 4;
 // The Dense layers of build_mlp: their indices in the model, out and in+1.
 const std::vector<std::size_t> kDense{1, 3, 5};
 const std::vector<std::size_t> kOut{12, 8, 4}, kCols{7, 13, 9};
 
-// Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4).
-void build_mlp(Model &model, std::uint64_t seed) {
-  model.add<nn::Flatten>();
-  model.add<nn::Dense>(6, 12);
-  model.add<nn::Tanh>();
-  model.add<nn::Dense>(12, 8);
-  model.add<nn::ReLU>();
-  model.add<nn::Dense>(8, 4);
-  model.compile(Space(), seed);
-}
-
-struct Config {
-  std::int64_t factor_every, inv_every;
-  ComputeMethod method;
-};
-
-std::string describe(const Config &c) {
-  return std::string(c.method == ComputeMethod::eigen ? "eigen" : "inverse") +
-         " factor_update_steps " + std::to_string(c.factor_every) + " inv_update_steps " +
-         std::to_string(c.inv_every);
-}
-
-const std::vector<Config> kConfigs{{1, 1, ComputeMethod::eigen},
-                                   {2, 2, ComputeMethod::eigen},
-                                   {1, 2, ComputeMethod::inverse},
-                                   {2, 4, ComputeMethod::inverse}};
-
 const std::vector<dist::LayerAssignment> kAssignments{dist::LayerAssignment::round_robin,
                                                       dist::LayerAssignment::balanced};
-
-KFACd::Options kfac_options(const Config &c) {
-  KFACd::Options o;
-  o.factor_update_steps = c.factor_every;
-  o.inv_update_steps = c.inv_every;
-  o.compute_method = c.method;
-  o.damping = 0.01;
-  o.factor_decay = 0.8;
-  o.kl_clip = 0.01;
-  o.lr = 0.1;
-  return o;
-}
 
 optim::SGD<double, Mem>::Options sgd_options() {
   optim::SGD<double, Mem>::Options sgd;
   sgd.lr = 0.1;
   sgd.momentum = 0.9;
   return sgd;
-}
-
-// Rows [first, first + count) of step s's global batch, which every rank generates alike.
-struct Batch {
-  Matrix<double, Mem> x;
-  Vector<std::int32_t, Mem> y;
-};
-Batch batch_rows(int step, std::size_t first, std::size_t count) {
-  const auto x = to_host(random_matrix<double>(kBatch, 6, 300 + std::uint64_t(step)));
-  std::vector<std::int32_t> y(kBatch);
-  HostRng rng(400 + std::uint64_t(step));
-  for (auto &label : y)
-    label = static_cast<std::int32_t>(rng.uniform_index(4));
-  Batch b;
-  b.x = Matrix<double, Mem>("x", count, 6);
-  auto hx = Kokkos::create_mirror_view(b.x);
-  for (std::size_t j = 0; j < 6; ++j)
-    for (std::size_t i = 0; i < count; ++i)
-      hx(i, j) = x(first + i, j);
-  Kokkos::deep_copy(b.x, hx);
-  b.y = labels_of(std::vector<std::int32_t>(y.begin() + std::ptrdiff_t(first),
-                                            y.begin() + std::ptrdiff_t(first + count)));
-  return b;
 }
 
 enum class Strategy { none, dkfac, dpkfac };

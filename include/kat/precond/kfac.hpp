@@ -157,6 +157,14 @@ public:
       std::function<void(const execution_space &, std::size_t layer, const inverse_matrix_type &p)>;
   /// See set_owned(): whether this process builds the factors of registered layer i.
   using Ownership = std::function<bool(std::size_t layer)>;
+  /// See set_decomposition_owned(): whether this process decomposes factor `factor` ('A' or
+  /// 'G') of registered layer i.
+  using DecompositionOwnership = std::function<bool(std::size_t layer, char factor)>;
+  /// See set_decomposition_hook(): `hook(space, layer, factor, f)`, with `f` the layer's
+  /// factor 'A' or 'G' (its decomposition may be written through KroneckerFactor's
+  /// eigen_buffers() / inverse_buffer()).
+  using DecompositionHook =
+      std::function<void(const execution_space &, std::size_t layer, char factor, factor_type &f)>;
 
   using Options = KFACOptions;
   using Values = KFACValues;
@@ -319,6 +327,31 @@ public:
   }
   /// Whether this process owns registered layer i (see set_owned()).
   bool owned(std::size_t i) const { return layers_.at(i)->owned; }
+
+  /// Sets which factors of the owned layers this process decomposes (empty function: all, the
+  /// default). `owned(i, 'A')` / `owned(i, 'G')` is asked on every decomposition. A factor
+  /// this process does not decompose gets no decomposition here (and allocates none): a
+  /// decomposition hook must supply it (kat::dist::KAISA broadcasts it from the rank that
+  /// decomposes it), or, with a precondition hook, the layer counts as having none (P = ∇ is
+  /// handed to the hook, which must supply the layer's P). Layers not owned (set_owned())
+  /// are never decomposed whatever this says.
+  void set_decomposition_owned(DecompositionOwnership owned) {
+    decomposition_owned_ = std::move(owned);
+  }
+
+  /// Installs (or, with an empty function, removes) a hook on the decompositions. On every
+  /// step that decomposes, for each owned registered layer that is decomposed (every owned
+  /// layer with factors on an inv_update_steps step; see step()), in registration order, it
+  /// is called with 'A' and then 'G' after this process computed the decompositions it owns
+  /// (set_decomposition_owned()) and before the layer's readiness is decided; the hook may
+  /// fill the factor's decomposition through KroneckerFactor::eigen_buffers() (eigen method)
+  /// or inverse_buffer() (inverse method). It should enqueue its work on the given execution
+  /// space or fence it; it is collective for kat::dist::KAISA, and step() calls it in the same
+  /// order on every process that registers the same layers and holds the same factors.
+  /// Without a hook (the default) nothing changes.
+  void set_decomposition_hook(DecompositionHook hook) { decomposition_hook_ = std::move(hook); }
+  /// The installed hook (empty if none).
+  const DecompositionHook &decomposition_hook() const { return decomposition_hook_; }
 
   /// Installs (or, with an empty function, removes) a hook on the preconditioned gradients.
   /// With a hook, every step() first computes P for each owned layer that has a
@@ -659,15 +692,20 @@ private:
   /// factors but no decomposition yet.
   void decompose(const execution_space &space, double damping, bool only_missing = false) {
     ScopedRegion region("kat::KFAC::decompose");
-    for (auto &lp : layers_) {
-      Entry &l = *lp;
+    for (std::size_t index = 0; index < layers_.size(); ++index) {
+      Entry &l = *layers_[index];
       if (!l.owned || l.A.updates() == 0 || l.G.updates() == 0 || (only_missing && l.ready)) {
         continue; // nothing to decompose yet (a factor update failed and was skipped)
       }
+      const bool own_a = !decomposition_owned_ || decomposition_owned_(index, 'A');
+      const bool own_g = !decomposition_owned_ || decomposition_owned_(index, 'G');
       bool ok = false;
       if (opt_.compute_method == ComputeMethod::eigen) {
-        try_decompose(l, "A", [&] { l.A.compute_eigen(space); });
-        try_decompose(l, "G", [&] { l.G.compute_eigen(space); });
+        if (own_a)
+          try_decompose(l, "A", [&] { l.A.compute_eigen(space); });
+        if (own_g)
+          try_decompose(l, "G", [&] { l.G.compute_eigen(space); });
+        run_decomposition_hook(space, index, l);
         ok = l.A.has_eigen() && l.G.has_eigen();
       } else {
         double pi = 1.0;
@@ -679,15 +717,23 @@ private:
         }
         const double root = std::sqrt(damping);
         const double da = pi * root, dg = root / pi;
-        const bool a_ok = try_decompose(l, "A", [&] { l.A.compute_inverse(space, da); });
-        const bool g_ok = try_decompose(l, "G", [&] { l.G.compute_inverse(space, dg); });
+        const bool a_ok = own_a && try_decompose(l, "A", [&] { l.A.compute_inverse(space, da); });
+        const bool g_ok = own_g && try_decompose(l, "G", [&] { l.G.compute_inverse(space, dg); });
         if (a_ok)
           l.damping_a = da;
         if (g_ok)
           l.damping_g = dg;
+        run_decomposition_hook(space, index, l);
         ok = l.A.has_inverse() && l.G.has_inverse();
       }
       l.ready = ok;
+    }
+  }
+
+  void run_decomposition_hook(const execution_space &space, std::size_t index, Entry &l) {
+    if (decomposition_hook_) {
+      decomposition_hook_(space, index, 'A', l.A);
+      decomposition_hook_(space, index, 'G', l.G);
     }
   }
 
@@ -858,7 +904,9 @@ private:
   Options opt_;
   FactorHook factor_hook_;
   PreconditionHook precondition_hook_;
+  DecompositionHook decomposition_hook_;
   Ownership owned_;
+  DecompositionOwnership decomposition_owned_;
   std::vector<std::unique_ptr<Entry>> layers_;
   Workspace<InverseScalar, MemorySpace> work_{"kat::KFAC::work"};
   Workspace<InverseScalar, MemorySpace> cast_{"kat::KFAC::cast"};

@@ -200,6 +200,26 @@ public:
   /// (F + λI)⁻¹ (dim x dim), valid when has_inverse().
   const inverse_matrix_type &inverse() const { return inverse_; }
 
+  /// Receiving a decomposition computed elsewhere (distributed K-FAC, kat::dist::KAISA):
+  /// allocates Q (dim x dim) and d (dim) if needed, marks has_eigen() and returns the two
+  /// buffers, which the caller must fill with the eigendecomposition (eigenvectors in
+  /// columns, eigenvalues ascending and >= 0) before the next use of the factor.
+  std::pair<inverse_matrix_type, inverse_vector_type> eigen_buffers() {
+    ensure(q_, label_ + "::Q");
+    if (d_.extent(0) != dim_) {
+      d_ = inverse_vector_type(label_ + "::d", dim_);
+    }
+    has_eigen_ = true;
+    return {q_, d_};
+  }
+  /// As eigen_buffers() for the inverse: allocates (F + λI)⁻¹ (dim x dim) if needed, marks
+  /// has_inverse() and returns the buffer for the caller to fill.
+  inverse_matrix_type inverse_buffer() {
+    ensure(inverse_, label_ + "::inverse");
+    has_inverse_ = true;
+    return inverse_;
+  }
+
   /// Bytes of memory this factor holds now: F and the batch buffer, the conversion
   /// workspace, and the decompositions with their double buffers (all allocated on first
   /// use: 0 for a factor never updated).

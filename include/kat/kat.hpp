@@ -54,4 +54,5 @@
 #include "kat/dist/data_parallel.hpp"
 #include "kat/dist/dkfac.hpp"
 #include "kat/dist/dpkfac.hpp"
+#include "kat/dist/kaisa.hpp"
 #endif

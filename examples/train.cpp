@@ -66,9 +66,11 @@ struct Options {
   std::string factor_precision = "float";
   std::string inverse_precision = "double";
   // MPI builds: how K-FAC is distributed over the ranks ("" = not; "dkfac": kat::dist::DKFAC;
-  // "dp-kfac": kat::dist::DPKFAC, layers assigned by dp_kfac_assignment).
+  // "dp-kfac": kat::dist::DPKFAC, layers assigned by dp_kfac_assignment; "kaisa":
+  // kat::dist::KAISA with grad_worker_fraction, 1 or 1/P; 0 = 1).
   std::string dist_strategy;
   std::string dp_kfac_assignment = "round-robin";
+  double grad_worker_fraction = 1.0;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -209,6 +211,33 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     join_bytes(bytes).c_str());
     };
     return [kfac, dpkfac](const Space &space) { kfac->step(space); };
+  }
+  if (comm != nullptr && o.dist_strategy == "kaisa") {
+    // KAISA: factors averaged as in D-KFAC; each decomposition on one rank (greedy, d^3);
+    // COMM-OPT (f = 1) broadcasts decompositions, MEM-OPT (f = 1/P) broadcasts P.
+    kat::dist::KAISAOptions k;
+    k.grad_worker_fraction = o.grad_worker_fraction;
+    auto kaisa = std::make_shared<kat::dist::KAISA<KFAC>>(*comm, *kfac, k);
+    const bool mem = kaisa->mode() == kat::dist::KAISA<KFAC>::Mode::mem_opt;
+    if (root) {
+      std::printf("KAISA on %d ranks, grad_worker_fraction %g (%s): %zu bytes all-reduced per "
+                  "factor update, %zu bytes broadcast per decomposition update, %zu per step\n",
+                  comm->size(), o.grad_worker_fraction, mem ? "MEM-OPT" : "COMM-OPT",
+                  kaisa->bytes_per_factor_update(), kaisa->bytes_per_decomposition_update(),
+                  kaisa->bytes_per_step());
+    }
+    *report = [kfac, kaisa, comm, root]() {
+      const auto bytes =
+          gather_bytes(*comm, kfac->state_bytes() + kaisa->dkfac().workspace_bytes());
+      if (root)
+        std::printf("KAISA: %llu bytes all-reduced, %llu decomposition and %llu gradient bytes "
+                    "broadcast (rank 0); K-FAC state bytes per rank: %s\n",
+                    static_cast<unsigned long long>(kaisa->dkfac().stats().allreduce.bytes),
+                    static_cast<unsigned long long>(kaisa->stats().decomposition_broadcast.bytes),
+                    static_cast<unsigned long long>(kaisa->stats().gradient_broadcast.bytes),
+                    join_bytes(bytes).c_str());
+    };
+    return [kfac, kaisa](const Space &space) { kfac->step(space); };
   }
 #else
   (void)comm;
@@ -651,8 +680,15 @@ int main(int argc, char **argv) {
                    "dkfac (every rank builds every factor; batch factors averaged over the "
                    "ranks; every rank decomposes and preconditions every layer) | dp-kfac "
                    "(each layer's factors built from one rank's local batch and decomposed "
-                   "there; its preconditioned gradient broadcast)")
-      ->check(CLI::IsMember({"dkfac", "dp-kfac"}));
+                   "there; its preconditioned gradient broadcast) | kaisa (factors averaged; "
+                   "each decomposition on one rank; see --grad-worker-fraction)")
+      ->check(CLI::IsMember({"dkfac", "dp-kfac", "kaisa"}));
+  kfac->add_option("--grad-worker-fraction", o.grad_worker_fraction,
+                   "With --dist-strategy kaisa: 1 (COMM-OPT, decompositions broadcast, every "
+                   "rank preconditions) | 1/P (MEM-OPT, one rank preconditions each layer and "
+                   "broadcasts it); HYBRID-OPT fractions are not yet supported")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   kfac->add_option("--dp-kfac-assignment", o.dp_kfac_assignment,
                    "Layers to ranks with --dist-strategy dp-kfac: round-robin (layer l on rank "
                    "l mod P) | balanced (contiguous blocks balanced by d_A^3 + d_G^3)")
@@ -681,7 +717,14 @@ int main(int argc, char **argv) {
     }
     if (ranks.size > 1 && o.optimizer == "kfac" && o.dist_strategy.empty()) {
       throw CLI::ValidationError("--optimizer kfac with more than one rank needs "
-                                 "--dist-strategy (dkfac or dp-kfac)");
+                                 "--dist-strategy (dkfac, dp-kfac or kaisa)");
+    }
+    if (o.dist_strategy == "kaisa") {
+      try {
+        kat::dist::KAISA<kat::KFAC<float>>::select_mode(o.grad_worker_fraction, ranks.size);
+      } catch (const kat::ValueError &e) {
+        throw CLI::ValidationError("--grad-worker-fraction", e.what());
+      }
     }
     if (!o.dist_strategy.empty() && o.optimizer != "kfac") {
       throw CLI::ValidationError("--dist-strategy",

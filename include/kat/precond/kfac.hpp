@@ -544,8 +544,7 @@ private:
     bool ready = false;    // has a decomposition to precondition with
     bool applied = false;  // preconditioned in this step
     bool owned = true;     // builds its factors here (set_owned)
-    double damping_a = 0, damping_g = 0;
-    record_type current; // views() of this step
+    record_type current;   // views() of this step
   };
 
   template <class L> std::size_t register_nn_layer(const std::string &path, L &layer) {
@@ -619,10 +618,13 @@ private:
     *opt_.log << "kat::KFAC: warning: " << message << '\n';
   }
 
+  /// "kat::KFAC::step: layer '<name>'", for messages (built only when one is thrown).
+  static std::string context(const Entry &l) { return "kat::KFAC::step: layer '" + l.name + "'"; }
+
   /// Checks the record of `l` for a factor update and returns it.
   record_type checked_record(const Entry &l) const {
     const record_type &r = l.current;
-    const std::string where = "kat::KFAC::step: layer '" + l.name + "'";
+    const std::string where = context(l);
     if (r.a.extent(0) == 0 || r.g.extent(0) == 0) {
       throw ShapeError(kat::detail::concat(
           where, ": a and g must be recorded on a factor-update step (step ", steps_, "), got a ",
@@ -717,12 +719,10 @@ private:
         }
         const double root = std::sqrt(damping);
         const double da = pi * root, dg = root / pi;
-        const bool a_ok = own_a && try_decompose(l, "A", [&] { l.A.compute_inverse(space, da); });
-        const bool g_ok = own_g && try_decompose(l, "G", [&] { l.G.compute_inverse(space, dg); });
-        if (a_ok)
-          l.damping_a = da;
-        if (g_ok)
-          l.damping_g = dg;
+        if (own_a)
+          try_decompose(l, "A", [&] { l.A.compute_inverse(space, da); });
+        if (own_g)
+          try_decompose(l, "G", [&] { l.G.compute_inverse(space, dg); });
         run_decomposition_hook(space, index, l);
         ok = l.A.has_inverse() && l.G.has_inverse();
       }
@@ -764,11 +764,11 @@ private:
         continue; // left to the base optimizer
       }
       const matrix_type grad = l.current.weight_gradient;
-      const std::string where = "kat::KFAC::step: layer '" + l.name + "'";
-      kat::detail::require_extent(where.c_str(), "weight_gradient rows", l.out,
-                                  static_cast<std::size_t>(grad.extent(0)));
-      kat::detail::require_extent(where.c_str(), "weight_gradient columns", l.cols,
-                                  static_cast<std::size_t>(grad.extent(1)));
+      if (grad.extent(0) != l.out || grad.extent(1) != l.cols) {
+        throw ShapeError(kat::detail::concat(context(l), ": weight_gradient must be ", l.out, "x",
+                                             l.cols, " as registered, got ", grad.extent(0), "x",
+                                             grad.extent(1)));
+      }
       if (l.owned && l.ready) {
         if (opt_.compute_method == ComputeMethod::eigen) {
           precondition_eigen(space, l, grad, v.damping);
@@ -790,12 +790,10 @@ private:
       if (!l.applied) {
         continue;
       }
-      const matrix_type grad = l.current.weight_gradient;
-      const std::string where = "kat::KFAC::step: layer '" + l.name + "'";
-      const double layer_vg = dot(space, l.p, grad);
+      const double layer_vg = dot(space, l.p, l.current.weight_gradient);
       if (!std::isfinite(layer_vg)) {
         throw NumericalError(
-            kat::detail::concat(where, ": the preconditioned gradient is not finite at step ",
+            kat::detail::concat(context(l), ": the preconditioned gradient is not finite at step ",
                                 steps_, " (is the gradient finite?)"));
       }
       vg += layer_vg;

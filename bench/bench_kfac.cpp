@@ -106,38 +106,24 @@ template <class InverseScalar> void BM_KFACStep(benchmark::State &state) {
   state.counters["precondition_ms"] = 1e3 * regions.seconds("kat::KFAC::precondition") / steps;
 }
 
-BENCHMARK_TEMPLATE(BM_KFACStep, double)
-    ->Name("BM_KFACStep/inverse_precision:double")
-    ->ArgNames({"model", "inverse", "steps"})
-    ->Args({0, 0, 100})
-    ->Args({0, 1, 100})
-    ->Iterations(5)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_KFACStep, float)
-    ->Name("BM_KFACStep/inverse_precision:float")
-    ->ArgNames({"model", "inverse", "steps"})
-    ->Args({0, 0, 100})
-    ->Args({0, 1, 100})
-    ->Iterations(5)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-
-// The CNN on the inverse path (its 3137 x 3137 dense-layer factor makes eigendecompositions
-// take seconds): one block of 100 steps, about a minute per precision.
-BENCHMARK_TEMPLATE(BM_KFACStep, double)
-    ->Name("BM_KFACStep/inverse_precision:double")
-    ->ArgNames({"model", "inverse", "steps"})
-    ->Args({1, 1, 100})
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(BM_KFACStep, float)
-    ->Name("BM_KFACStep/inverse_precision:float")
-    ->ArgNames({"model", "inverse", "steps"})
-    ->Args({1, 1, 100})
-    ->Iterations(1)
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
+// BM_KFACStep/inverse_precision:<precision> for the MLP (both paths, 5 blocks) and the CNN
+// (inverse path only: its 3137 x 3137 dense-layer factor makes eigendecompositions take
+// seconds; one block of 100 steps, about a minute).
+template <class InverseScalar> int register_kfac_steps(const char *precision) {
+  const std::string name = std::string("BM_KFACStep/inverse_precision:") + precision;
+  for (const bool cnn : {false, true}) {
+    auto *b = benchmark::RegisterBenchmark(name.c_str(), BM_KFACStep<InverseScalar>)
+                  ->ArgNames({"model", "inverse", "steps"})
+                  ->UseManualTime()
+                  ->Unit(benchmark::kMillisecond);
+    if (cnn) {
+      b->Args({1, 1, 100})->Iterations(1);
+    } else {
+      b->Args({0, 0, 100})->Args({0, 1, 100})->Iterations(5);
+    }
+  }
+  return 0;
+}
+const int registered = register_kfac_steps<double>("double") + register_kfac_steps<float>("float");
 
 } // namespace

@@ -1,15 +1,25 @@
 #pragma once
-// Shared by the distributed K-FAC tests (test_dkfac.cpp, test_dpkfac.cpp): a small MLP, the
-// K-FAC schedules they sweep, and the global batches every rank generates alike.
+// Shared by the distributed K-FAC tests (test_dkfac.cpp, test_dpkfac.cpp, test_kaisa.cpp;
+// MPI builds only): a small MLP, the K-FAC schedules they sweep, the global batches every rank
+// generates alike, and one data-parallel K-FAC + SGD replica to train with.
 #include "test_helpers.hpp"
 
+#include <kat/dist/communicator.hpp>
+#include <kat/dist/data_parallel.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>
 #include <kat/nn/sequential.hpp>
+#include <kat/nn/softmax_cross_entropy.hpp>
+#include <kat/optim/sgd.hpp>
 #include <kat/precond/kfac.hpp>
 
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -82,6 +92,74 @@ inline Batch batch_rows(int step, std::size_t first, std::size_t count) {
   b.y = labels_of(std::vector<std::int32_t>(y.begin() + std::ptrdiff_t(first),
                                             y.begin() + std::ptrdiff_t(first + count)));
   return b;
+}
+
+inline optim::SGD<double, Mem>::Options sgd_options() {
+  optim::SGD<double, Mem>::Options sgd;
+  sgd.lr = 0.1;
+  sgd.momentum = 0.9;
+  return sgd;
+}
+
+// One rank's model (or, without a communicator, the single-process reference) with K-FAC on
+// `c`'s schedule and SGD; with a communicator the gradients are averaged by DataParallel and
+// every rank starts from rank 0's initialization (seed 11, the reference's). A strategy is
+// installed on `kfac` by the caller between construction and the first step.
+struct Replica {
+  Space space;
+  Model model{FeatureShape{1, 2, 3}};
+  std::unique_ptr<dist::DataParallel<double, Mem>> dp;
+  KFACd kfac;
+  std::unique_ptr<optim::SGD<double, Mem>> opt;
+  nn::SoftmaxCrossEntropy<double, Mem> loss;
+  Matrix<double, Mem> dlogits;
+  std::size_t first, count;
+
+  // Trains on rows [first, first + count) of each global batch.
+  Replica(dist::Communicator *comm, const Config &c, std::size_t first_row, std::size_t rows)
+      : kfac(kfac_options(c)), dlogits("dlogits", rows, 4), first(first_row), count(rows) {
+    build_mlp(model, comm != nullptr ? 11 + std::uint64_t(comm->rank()) : 11);
+    if (comm != nullptr) {
+      dp = std::make_unique<dist::DataParallel<double, Mem>>(*comm, model);
+      dp->broadcast_parameters(space);
+      model.set_backward_hook(dp->backward_hook(space));
+    }
+    REQUIRE(kfac.register_model(model) == 3);
+    opt = std::make_unique<optim::SGD<double, Mem>>(model.parameter_count(), sgd_options());
+  }
+  Replica(const Replica &) = delete;
+  Replica &operator=(const Replica &) = delete;
+  ~Replica() { model.clear_backward_hook(); }
+
+  // Forward, backward, gradient averaging and kfac.step() on step `s`'s rows.
+  void precondition(int s) {
+    const Batch b = batch_rows(s, first, count);
+    loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
+    model.backward(space, dlogits, Model::Gradients::overwrite);
+    if (dp) {
+      dp->finish(space);
+    }
+    kfac.step(space);
+  }
+  // The SGD step on the preconditioned gradients.
+  void update() { opt->step(space, model.parameters(), model.gradients()); }
+
+  std::vector<double> parameters() const {
+    const auto p = to_host(model.parameters());
+    return std::vector<double>(p.data(), p.data() + p.size());
+  }
+};
+
+inline double max_abs_diff(const std::vector<double> &a, const std::vector<double> &b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t k = 0; k < a.size(); ++k)
+    worst = std::max(worst, std::abs(a[k] - b[k]));
+  return worst;
+}
+
+inline std::string rank_of(const dist::Communicator &comm) {
+  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
 } // namespace kat::test::dist_kfac

@@ -52,17 +52,7 @@ struct Run {
 // duplicate of it (so its counters hold the factor all-reduces only).
 Run train(Communicator *comm, bool dkfac, bool symmetric, const Config &c, std::size_t first,
           std::size_t count) {
-  const Space space;
-  Model model(FeatureShape{1, 2, 3});
-  build_mlp(model, comm != nullptr ? 11 + std::uint64_t(comm->rank()) : 11);
-  std::unique_ptr<dist::DataParallel<double, Mem>> dp;
-  if (comm != nullptr) {
-    dp = std::make_unique<dist::DataParallel<double, Mem>>(*comm, model);
-    dp->broadcast_parameters(space); // rank 0's initialization = the reference's
-    model.set_backward_hook(dp->backward_hook(space));
-  }
-  KFACd kfac(kfac_options(c));
-  REQUIRE(kfac.register_model(model) == 3);
+  Replica replica(comm, c, first, count);
   std::optional<Communicator> kcomm;
   std::unique_ptr<DKFACd> hook;
   if (dkfac) {
@@ -70,36 +60,20 @@ Run train(Communicator *comm, bool dkfac, bool symmetric, const Config &c, std::
     kcomm.emplace(comm->dup());
     dist::DKFACOptions options;
     options.symmetric_communication = symmetric;
-    hook = std::make_unique<DKFACd>(*kcomm, kfac, options);
+    hook = std::make_unique<DKFACd>(*kcomm, replica.kfac, options);
   }
-  optim::SGD<double, Mem>::Options sgd;
-  sgd.lr = 0.1;
-  sgd.momentum = 0.9;
-  optim::SGD<double, Mem> opt(model.parameter_count(), sgd);
-  nn::SoftmaxCrossEntropy<double, Mem> loss;
-  Matrix<double, Mem> dlogits("dlogits", count, 4);
   Run run;
   for (int s = 0; s < kSteps; ++s) {
-    const Batch b = batch_rows(s, first, count);
-    loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
-    model.backward(space, dlogits, Model::Gradients::overwrite);
-    if (dp) {
-      dp->finish(space);
-    }
-    kfac.step(space);
-    opt.step(space, model.parameters(), model.gradients());
+    replica.precondition(s);
+    replica.update();
     std::vector<double> factors;
-    for (const auto &layer : kfac.state().layers) {
+    for (const auto &layer : replica.kfac.state().layers) {
       factors.insert(factors.end(), layer.A.begin(), layer.A.end());
       factors.insert(factors.end(), layer.G.begin(), layer.G.end());
     }
     run.factors.push_back(std::move(factors));
   }
-  if (dp) {
-    model.clear_backward_hook();
-  }
-  const auto p = to_host(model.parameters());
-  run.parameters.assign(p.data(), p.data() + p.size());
+  run.parameters = replica.parameters();
   if (hook) {
     run.stats = hook->stats();
     run.counted = kcomm->stats().allreduce;
@@ -108,23 +82,11 @@ Run train(Communicator *comm, bool dkfac, bool symmetric, const Config &c, std::
   return run;
 }
 
-double max_abs_diff(const std::vector<double> &a, const std::vector<double> &b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    worst = std::max(worst, std::abs(a[k] - b[k]));
-  return worst;
-}
-
 double max_abs(const std::vector<double> &a) {
   double m = 0;
   for (double v : a)
     m = std::max(m, std::abs(v));
   return m;
-}
-
-std::string rank_of(const Communicator &comm) {
-  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
 std::uint64_t factor_updates(const Config &c) {

@@ -46,13 +46,6 @@ const std::vector<std::size_t> kOut{12, 8, 4}, kCols{7, 13, 9};
 const std::vector<dist::LayerAssignment> kAssignments{dist::LayerAssignment::round_robin,
                                                       dist::LayerAssignment::balanced};
 
-optim::SGD<double, Mem>::Options sgd_options() {
-  optim::SGD<double, Mem>::Options sgd;
-  sgd.lr = 0.1;
-  sgd.momentum = 0.9;
-  return sgd;
-}
-
 enum class Strategy { none, dkfac, dpkfac };
 
 struct Run {
@@ -69,14 +62,8 @@ struct Run {
 // parallel over `comm`, with the chosen strategy on a duplicate of it.
 Run train(Communicator &comm, Strategy strategy, dist::LayerAssignment assignment, const Config &c,
           std::size_t first, std::size_t count) {
-  const Space space;
-  Model model(FeatureShape{1, 2, 3});
-  build_mlp(model, 11 + std::uint64_t(comm.rank()));
-  dist::DataParallel<double, Mem> dp(comm, model);
-  dp.broadcast_parameters(space); // rank 0's initialization = the reference's
-  model.set_backward_hook(dp.backward_hook(space));
-  KFACd kfac(kfac_options(c));
-  REQUIRE(kfac.register_model(model) == 3);
+  Replica replica(&comm, c, first, count);
+  KFACd &kfac = replica.kfac;
   Communicator kcomm = comm.dup();
   std::unique_ptr<DPKFACd> dpkfac;
   std::unique_ptr<DKFACd> dkfac;
@@ -87,21 +74,12 @@ Run train(Communicator &comm, Strategy strategy, dist::LayerAssignment assignmen
   } else if (strategy == Strategy::dkfac) {
     dkfac = std::make_unique<DKFACd>(kcomm, kfac);
   }
-  optim::SGD<double, Mem> opt(model.parameter_count(), sgd_options());
-  nn::SoftmaxCrossEntropy<double, Mem> loss;
-  Matrix<double, Mem> dlogits("dlogits", count, 4);
   for (int s = 0; s < kSteps; ++s) {
-    const Batch b = batch_rows(s, first, count);
-    loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
-    model.backward(space, dlogits, Model::Gradients::overwrite);
-    dp.finish(space);
-    kfac.step(space);
-    opt.step(space, model.parameters(), model.gradients());
+    replica.precondition(s);
+    replica.update();
   }
-  model.clear_backward_hook();
   Run run;
-  const auto p = to_host(model.parameters());
-  run.parameters.assign(p.data(), p.data() + p.size());
+  run.parameters = replica.parameters();
   run.state_bytes = kfac.state_bytes();
   if (dpkfac) {
     run.stats = dpkfac->stats();
@@ -168,18 +146,6 @@ std::vector<double> reference(const Config &c, const std::vector<int> &owners, i
   }
   const auto p = to_host(whole.parameters());
   return std::vector<double>(p.data(), p.data() + p.size());
-}
-
-double max_abs_diff(const std::vector<double> &a, const std::vector<double> &b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    worst = std::max(worst, std::abs(a[k] - b[k]));
-  return worst;
-}
-
-std::string rank_of(const Communicator &comm) {
-  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
 const char *name_of(dist::LayerAssignment a) {

@@ -51,17 +51,7 @@ struct Run {
 Run train(Communicator *comm, Strategy strategy, double fraction, const Config &c,
           std::size_t first, std::size_t count,
           dist::AssignmentCost cost = dist::AssignmentCost::compute) {
-  const Space space;
-  Model model(FeatureShape{1, 2, 3});
-  build_mlp(model, comm != nullptr ? 11 + std::uint64_t(comm->rank()) : 11);
-  std::unique_ptr<dist::DataParallel<double, Mem>> dp;
-  if (comm != nullptr) {
-    dp = std::make_unique<dist::DataParallel<double, Mem>>(*comm, model);
-    dp->broadcast_parameters(space);
-    model.set_backward_hook(dp->backward_hook(space));
-  }
-  KFACd kfac(kfac_options(c));
-  REQUIRE(kfac.register_model(model) == 3);
+  Replica replica(comm, c, first, count);
   std::optional<Communicator> kcomm;
   std::unique_ptr<DKFACd> dkfac;
   std::unique_ptr<KAISAd> kaisa;
@@ -70,37 +60,21 @@ Run train(Communicator *comm, Strategy strategy, double fraction, const Config &
     kcomm.emplace(comm->dup());
   }
   if (strategy == Strategy::dkfac) {
-    dkfac = std::make_unique<DKFACd>(*kcomm, kfac);
+    dkfac = std::make_unique<DKFACd>(*kcomm, replica.kfac);
   } else if (strategy == Strategy::kaisa) {
     dist::KAISAOptions o;
     o.grad_worker_fraction = fraction;
     o.assignment_cost = cost;
-    kaisa = std::make_unique<KAISAd>(*kcomm, kfac, o);
+    kaisa = std::make_unique<KAISAd>(*kcomm, replica.kfac, o);
   }
-  optim::SGD<double, Mem>::Options sgd;
-  sgd.lr = 0.1;
-  sgd.momentum = 0.9;
-  optim::SGD<double, Mem> opt(model.parameter_count(), sgd);
-  nn::SoftmaxCrossEntropy<double, Mem> loss;
-  Matrix<double, Mem> dlogits("dlogits", count, 4);
   Run run;
   for (int s = 0; s < kSteps; ++s) {
-    const Batch b = batch_rows(s, first, count);
-    loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
-    model.backward(space, dlogits, Model::Gradients::overwrite);
-    if (dp) {
-      dp->finish(space);
-    }
-    kfac.step(space);
-    const auto g = to_host(model.gradients());
+    replica.precondition(s);
+    const auto g = to_host(replica.model.gradients());
     run.gradients.emplace_back(g.data(), g.data() + g.size());
-    opt.step(space, model.parameters(), model.gradients());
+    replica.update();
   }
-  if (dp) {
-    model.clear_backward_hook();
-  }
-  const auto p = to_host(model.parameters());
-  run.parameters.assign(p.data(), p.data() + p.size());
+  run.parameters = replica.parameters();
   if (kaisa) {
     run.stats = kaisa->stats();
     run.broadcast = kcomm->stats().broadcast;
@@ -111,18 +85,6 @@ Run train(Communicator *comm, Strategy strategy, double fraction, const Config &
     run.mem_opt = kaisa->mode() == KAISAd::Mode::mem_opt;
   }
   return run;
-}
-
-double max_abs_diff(const std::vector<double> &a, const std::vector<double> &b) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (std::size_t k = 0; k < a.size(); ++k)
-    worst = std::max(worst, std::abs(a[k] - b[k]));
-  return worst;
-}
-
-std::string rank_of(const Communicator &comm) {
-  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
 std::vector<double> fractions(int ranks) {

@@ -65,3 +65,75 @@ TEST_CASE("tools: region timer adds up nested regions", "[tools][profiling]") {
   timer.reset();
   CHECK(timer.entries().empty());
 }
+
+TEST_CASE("tools: region timer exclusive time and call paths", "[tools][profiling]") {
+  using clock = std::chrono::steady_clock;
+  auto spin = [](double seconds) {
+    const auto t0 = clock::now();
+    while (std::chrono::duration<double>(clock::now() - t0).count() < seconds) {
+    }
+  };
+  RegionTimer timer;
+  const auto t0 = clock::now();
+  // step { factors { comm } ; precondition { comm } }, and comm on its own.
+  Kokkos::Profiling::pushRegion("step");
+  Kokkos::Profiling::pushRegion("factors");
+  spin(0.01);
+  Kokkos::Profiling::pushRegion("comm");
+  spin(0.02);
+  Kokkos::Profiling::popRegion();
+  Kokkos::Profiling::popRegion();
+  Kokkos::Profiling::pushRegion("precondition");
+  Kokkos::Profiling::pushRegion("comm");
+  spin(0.01);
+  Kokkos::Profiling::popRegion();
+  Kokkos::Profiling::popRegion();
+  Kokkos::Profiling::popRegion();
+  Kokkos::Profiling::pushRegion("comm");
+  spin(0.005);
+  Kokkos::Profiling::popRegion();
+  const double wall = std::chrono::duration<double>(clock::now() - t0).count();
+
+  CHECK(timer.seconds("comm") >= 0.035);
+  CHECK(timer.self_seconds("comm") == Approx(timer.seconds("comm")));
+  CHECK(timer.self_seconds("factors") >= 0.01);
+  CHECK(timer.self_seconds("factors") < 0.015); // without the nested 0.02
+  CHECK(timer.self_seconds("factors") + 0.02 <= timer.seconds("factors"));
+  CHECK(timer.self_seconds("never") == 0.0);
+  for (const auto &e : timer.entries()) {
+    CHECK(e.self_seconds <= e.seconds);
+  }
+
+  const auto paths = timer.paths();
+  using P = std::vector<std::string>;
+  REQUIRE(paths.size() == 6);
+  CHECK(paths[0].path == P{"comm"}); // depth first, siblings by name
+  CHECK(paths[1].path == P{"step"});
+  CHECK(paths[2].path == P{"step", "factors"});
+  CHECK(paths[3].path == P{"step", "factors", "comm"});
+  CHECK(paths[4].path == P{"step", "precondition"});
+  CHECK(paths[5].path == P{"step", "precondition", "comm"});
+  CHECK(paths[0].calls == 1);
+  CHECK(paths[0].seconds >= 0.005);
+  CHECK(paths[0].seconds < 0.01);
+  CHECK(paths[3].seconds >= 0.02);
+  CHECK(paths[5].seconds >= 0.01);
+  CHECK(paths[5].seconds < 0.02);
+  // The exclusive times below "step" add up to its inclusive time; nothing counts twice.
+  double self = 0;
+  for (std::size_t i = 1; i < paths.size(); ++i)
+    self += paths[i].self_seconds;
+  CHECK(self == Approx(paths[1].seconds).epsilon(1e-6));
+  CHECK(paths[1].seconds + paths[0].seconds <= wall);
+
+  // reset() keeps timing an open region and forgets what was completed.
+  Kokkos::Profiling::pushRegion("open");
+  timer.reset();
+  CHECK(timer.paths().empty());
+  spin(0.005);
+  Kokkos::Profiling::popRegion();
+  const auto after = timer.paths();
+  REQUIRE(after.size() == 1);
+  CHECK(after[0].path == P{"open"});
+  CHECK(after[0].seconds >= 0.005);
+}

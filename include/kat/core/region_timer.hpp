@@ -18,9 +18,12 @@ namespace kat {
 
 /// While a RegionTimer exists, the time between every Kokkos::Profiling::pushRegion and its
 /// popRegion (KAT's ScopedRegion, and Kokkos Kernels' own regions) is added up per region
-/// name, nested regions included in their parents. It answers "where does a training step
-/// go" without an external tool. The callbacks of a tool that is already loaded keep
-/// receiving every event, and they are restored when the timer is destroyed.
+/// name, nested regions included in their parents (`seconds`), and also without them
+/// (`self_seconds`: the region's exclusive time). paths() gives the same per call path
+/// (region names from the outermost open region down), so the time of a region nested under
+/// one parent can be told from the same region's time under another. It answers "where does
+/// a training step go" without an external tool. The callbacks of a tool that is already loaded
+/// keep receiving every event, and they are restored when the timer is destroyed.
 ///
 /// Times are host wall-clock: on an asynchronous backend (CUDA, HIP) a region measures
 /// launches unless its work is fenced inside it. Regions must be pushed and popped from one
@@ -32,7 +35,17 @@ public:
   /// Total seconds and number of calls of one region.
   struct Entry {
     std::string name;
-    double seconds = 0;
+    double seconds = 0; ///< inclusive: nested regions count in their parents
+    std::size_t calls = 0;
+    double self_seconds = 0; ///< exclusive: seconds minus the time in directly nested regions
+  };
+
+  /// The totals of one call path: `path` is the stack of region names, outermost first, the
+  /// region itself last. A region pushed while the timer was not active does not appear.
+  struct PathEntry {
+    std::vector<std::string> path;
+    double seconds = 0;      ///< inclusive
+    double self_seconds = 0; ///< exclusive
     std::size_t calls = 0;
   };
 
@@ -49,6 +62,7 @@ public:
     state().previous_pop = previous_.pop_region;
     state().stack.clear();
     state().totals.clear();
+    state().nodes.assign(1, Node{});
     Kokkos::Tools::Experimental::set_push_region_callback(&on_push);
     Kokkos::Tools::Experimental::set_pop_region_callback(&on_pop);
   }
@@ -66,7 +80,7 @@ public:
   std::vector<Entry> entries() const {
     std::vector<Entry> out;
     for (const auto &kv : state().totals)
-      out.push_back({kv.first, kv.second.first, kv.second.second});
+      out.push_back({kv.first, kv.second.seconds, kv.second.calls, kv.second.self_seconds});
     std::sort(out.begin(), out.end(),
               [](const Entry &a, const Entry &b) { return a.seconds > b.seconds; });
     return out;
@@ -75,17 +89,55 @@ public:
   /// Total seconds of `name` (0 if never seen).
   double seconds(const std::string &name) const {
     const auto it = state().totals.find(name);
-    return it == state().totals.end() ? 0.0 : it->second.first;
+    return it == state().totals.end() ? 0.0 : it->second.seconds;
+  }
+
+  /// Total exclusive seconds of `name`: without the time in regions nested in it (0 if never
+  /// seen).
+  double self_seconds(const std::string &name) const {
+    const auto it = state().totals.find(name);
+    return it == state().totals.end() ? 0.0 : it->second.self_seconds;
+  }
+
+  /// Every call path with at least one completed call, depth first (a parent before its
+  /// children, siblings by name). Over all paths at and below a path P, the self_seconds add
+  /// up to P's seconds (up to the clock's resolution).
+  std::vector<PathEntry> paths() const {
+    std::vector<PathEntry> out;
+    std::vector<std::string> path;
+    collect(0, path, out);
+    return out;
   }
 
   /// Forgets the totals (open regions keep timing).
-  void reset() { state().totals.clear(); }
+  void reset() {
+    state().totals.clear();
+    for (auto &node : state().nodes)
+      node.totals = Totals{};
+  }
 
 private:
+  struct Totals {
+    double seconds = 0, self_seconds = 0;
+    std::size_t calls = 0;
+  };
+  // One node per call path (node 0: the empty path above the outermost regions); kept
+  // across reset() so that open frames stay valid.
+  struct Node {
+    std::string name;
+    std::map<std::string, std::size_t> children;
+    Totals totals;
+  };
+  struct Frame {
+    std::size_t node;
+    clock::time_point start;
+    double nested = 0; // seconds of the regions popped directly inside this one
+  };
   struct State {
     std::atomic<bool> active{false};
-    std::vector<std::pair<std::string, clock::time_point>> stack;
-    std::map<std::string, std::pair<double, std::size_t>> totals;
+    std::vector<Frame> stack;
+    std::vector<Node> nodes;
+    std::map<std::string, Totals> totals;
     Kokkos::Tools::pushFunction previous_push = nullptr;
     Kokkos::Tools::popFunction previous_pop = nullptr;
   };
@@ -93,19 +145,50 @@ private:
     static State s;
     return s;
   }
+  static void collect(std::size_t index, std::vector<std::string> &path,
+                      std::vector<PathEntry> &out) {
+    for (const auto &child : state().nodes[index].children) {
+      const Node &node = state().nodes[child.second];
+      path.push_back(node.name);
+      if (node.totals.calls > 0) {
+        out.push_back({path, node.totals.seconds, node.totals.self_seconds, node.totals.calls});
+      }
+      collect(child.second, path, out);
+      path.pop_back();
+    }
+  }
   static void on_push(const char *name) {
-    state().stack.emplace_back(name, clock::now());
-    if (state().previous_push) {
-      state().previous_push(name);
+    State &s = state();
+    const std::size_t parent = s.stack.empty() ? 0 : s.stack.back().node;
+    const auto it = s.nodes[parent].children.find(name);
+    std::size_t node = 0;
+    if (it != s.nodes[parent].children.end()) {
+      node = it->second;
+    } else {
+      node = s.nodes.size();
+      s.nodes[parent].children.emplace(name, node);
+      s.nodes.push_back(Node{name, {}, {}});
+    }
+    s.stack.push_back({node, clock::now(), 0.0});
+    if (s.previous_push) {
+      s.previous_push(name);
     }
   }
   static void on_pop() {
     State &s = state();
     if (!s.stack.empty()) {
-      auto &total = s.totals[s.stack.back().first];
-      total.first += std::chrono::duration<double>(clock::now() - s.stack.back().second).count();
-      ++total.second;
+      const Frame frame = s.stack.back();
       s.stack.pop_back();
+      const double seconds = std::chrono::duration<double>(clock::now() - frame.start).count();
+      Node &node = s.nodes[frame.node];
+      for (Totals *t : {&node.totals, &s.totals[node.name]}) {
+        t->seconds += seconds;
+        t->self_seconds += seconds - frame.nested;
+        ++t->calls;
+      }
+      if (!s.stack.empty()) {
+        s.stack.back().nested += seconds;
+      }
     }
     if (s.previous_pop) {
       s.previous_pop();

@@ -55,4 +55,5 @@
 #include "kat/dist/dkfac.hpp"
 #include "kat/dist/dpkfac.hpp"
 #include "kat/dist/kaisa.hpp"
+#include "kat/dist/thread_budget.hpp"
 #endif

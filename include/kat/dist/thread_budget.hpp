@@ -1,0 +1,87 @@
+#pragma once
+/// @file
+/// @brief kat::dist::thread_budget: how many threads each MPI rank may start (Kokkos's OpenMP
+/// pool, the BLAS's pool) so that the ranks of a node do not oversubscribe its cores. Needs KAT
+/// built with `-DKAT_ENABLE_MPI=ON`.
+
+#ifndef KAT_ENABLE_MPI
+// KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
+#error "kat/dist/thread_budget.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#else
+
+#include "kat/core/error.hpp"
+#include "kat/dist/communicator.hpp"
+
+#include <algorithm>
+#include <thread>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+namespace kat::dist {
+
+/// The thread count one rank should use, and what it was derived from.
+struct ThreadBudget {
+  /// Logical CPUs of the node (std::thread::hardware_concurrency(), at least 1).
+  int node_cpus = 1;
+  /// CPUs this process may run on (its affinity mask; node_cpus where that is unknown).
+  int affinity_cpus = 1;
+  /// Ranks of the communicator on this node (Communicator::split_shared()).
+  int local_ranks = 1;
+  /// The threads this rank should use: see threads_per_rank().
+  int threads = 1;
+};
+
+/// The rule of thread_budget(): a rank bound by the launcher to a subset of the node's CPUs
+/// (affinity_cpus < node_cpus) uses that subset, one thread per CPU; an unbound rank takes an
+/// equal share of the node, ⌊node_cpus / local_ranks⌋. Never less than 1: with more ranks than
+/// CPUs every rank gets one thread (the ranks then share cores, and nothing can prevent it).
+/// @throws ValueError if any argument is < 1.
+inline int threads_per_rank(int node_cpus, int affinity_cpus, int local_ranks) {
+  if (node_cpus < 1 || affinity_cpus < 1 || local_ranks < 1) {
+    throw ValueError(kat::detail::concat(
+        "kat::dist::threads_per_rank: node_cpus, affinity_cpus and local_ranks must be >= 1, got ",
+        node_cpus, ", ", affinity_cpus, " and ", local_ranks));
+  }
+  if (affinity_cpus < node_cpus) {
+    return affinity_cpus;
+  }
+  return std::max(1, node_cpus / local_ranks);
+}
+
+namespace detail {
+/// CPUs in this process's affinity mask (Linux), else `fallback`.
+inline int affinity_cpu_count(int fallback) {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) {
+      return n;
+    }
+  }
+#endif
+  return fallback;
+}
+} // namespace detail
+
+/// How many threads this rank should give Kokkos (OpenMP backend) and the BLAS, so that the
+/// ranks sharing a node use its CPUs without oversubscribing them: threads_per_rank() of this
+/// node's CPUs, this process's affinity and the number of ranks of `comm` on the node.
+/// Collective over `comm` (one MPI_Comm_split_type). Call it before Kokkos is initialized to
+/// choose Kokkos's thread count; it does not need Kokkos.
+/// @throws MPIError if the split fails.
+inline ThreadBudget thread_budget(const Communicator &comm) {
+  ThreadBudget b;
+  b.node_cpus = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  b.affinity_cpus = std::min(b.node_cpus, detail::affinity_cpu_count(b.node_cpus));
+  b.local_ranks = std::max(1, comm.split_shared().size());
+  b.threads = threads_per_rank(b.node_cpus, b.affinity_cpus, b.local_ranks);
+  return b;
+}
+
+} // namespace kat::dist
+
+#endif // KAT_ENABLE_MPI

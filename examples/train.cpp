@@ -14,14 +14,18 @@
 #include <mpi.h>
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -52,6 +56,7 @@ struct Options {
   std::size_t train_subset = 0;
   std::string metrics;
   std::string progress = "auto";
+  bool profile = false; // --profile: a kat::RegionTimer and per-epoch communication counters
   // --optimizer kfac: K-FAC preconditioning (kat::KFAC) in front of SGD with momentum.
   std::int64_t factor_update_steps = 10;
   std::int64_t inv_update_steps = 100;
@@ -99,8 +104,21 @@ std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> build_optimizer(const Option
   return std::make_unique<kat::optim::AdamW<Scalar, Mem>>(n, a);
 }
 
-// K-FAC with the precisions chosen on the command line, behind one step function.
-using Preconditioner = std::function<void(const Space &)>;
+// K-FAC with the precisions chosen on the command line (and its distribution strategy), behind
+// type-erased functions. Only step() runs without --profile.
+struct Preconditioner {
+  // One K-FAC step (collective with a distributed strategy).
+  std::function<void(const Space &)> step;
+  // Whether the next step() updates the Kronecker factors (a second-order update).
+  std::function<bool()> updates_factors;
+  // This rank's K-FAC state: KFAC::state_bytes() plus the strategy's workspace.
+  std::function<std::size_t()> state_bytes;
+  // Payload bytes K-FAC's own communicator has handed to MPI so far (CommunicatorStats::
+  // total()); 0 without a distributed strategy.
+  std::function<std::uint64_t()> comm_bytes;
+
+  explicit operator bool() const { return static_cast<bool>(step); }
+};
 
 // The communicator distributed K-FAC runs on (MPI builds with --dist-strategy), or none.
 #ifdef KAT_ENABLE_MPI
@@ -114,16 +132,31 @@ struct KFACComm {};
 using KFACReport = std::function<void()>;
 
 #ifdef KAT_ENABLE_MPI
-// Every rank's `bytes`, gathered (collective).
-std::vector<std::size_t> gather_bytes(kat::dist::Communicator &comm, std::size_t bytes) {
-  kat::Vector<double, Mem> in("kat_train::bytes", 1),
-      out("kat_train::all_bytes", std::size_t(comm.size()));
-  Kokkos::deep_copy(in, static_cast<double>(bytes));
+// Every rank's `values` (the same count on every rank), gathered: element r is rank r's
+// (collective).
+std::vector<std::vector<double>> gather_values(kat::dist::Communicator &comm,
+                                               const std::vector<double> &values) {
+  const std::size_t n = values.size();
+  kat::Vector<double, Mem> in("kat_train::values", n),
+      out("kat_train::all_values", n * std::size_t(comm.size()));
+  auto h_in = Kokkos::create_mirror_view(in);
+  for (std::size_t i = 0; i < n; ++i)
+    h_in(i) = values[i];
+  Kokkos::deep_copy(in, h_in);
   comm.allgather(Space(), in, out);
   auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out);
+  std::vector<std::vector<double>> all(std::size_t(comm.size()), std::vector<double>(n));
+  for (std::size_t r = 0; r < all.size(); ++r)
+    for (std::size_t i = 0; i < n; ++i)
+      all[r][i] = h(r * n + i);
+  return all;
+}
+
+// Every rank's `bytes`, gathered (collective).
+std::vector<std::size_t> gather_bytes(kat::dist::Communicator &comm, std::size_t bytes) {
   std::vector<std::size_t> all;
-  for (std::size_t r = 0; r < h.extent(0); ++r)
-    all.push_back(static_cast<std::size_t>(h(r)));
+  for (const auto &rank : gather_values(comm, {static_cast<double>(bytes)}))
+    all.push_back(static_cast<std::size_t>(rank[0]));
   return all;
 }
 
@@ -153,6 +186,14 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
   k.skip_layers = o.skip_layers;
   auto kfac = std::make_shared<KFAC>(k);
   const std::size_t layers = kfac->register_model(model);
+  Preconditioner p;
+  p.step = [kfac](const Space &space) { kfac->step(space); };
+  p.updates_factors = [kfac]() {
+    const std::int64_t step = kfac->steps();
+    return step % kfac->values(step).factor_update_steps == 0; // as KFAC::step decides
+  };
+  p.state_bytes = [kfac]() { return kfac->state_bytes(); };
+  p.comm_bytes = []() { return std::uint64_t(0); };
   bool root = true; // only rank 0 prints
 #ifdef KAT_ENABLE_MPI
   root = comm == nullptr || comm->rank() == 0;
@@ -182,7 +223,10 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     static_cast<unsigned long long>(dkfac->stats().allreduce.bytes),
                     join_bytes(bytes).c_str());
     };
-    return [kfac, dkfac](const Space &space) { kfac->step(space); };
+    p.step = [kfac, dkfac](const Space &space) { kfac->step(space); };
+    p.state_bytes = [kfac, dkfac]() { return kfac->state_bytes() + dkfac->workspace_bytes(); };
+    p.comm_bytes = [comm]() { return comm->stats().total().bytes; };
+    return p;
   }
   if (comm != nullptr && o.dist_strategy == "dp-kfac") {
     // DP-KFAC: each layer's factors on one rank (its local batch only); P broadcast.
@@ -210,7 +254,9 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     static_cast<unsigned long long>(dpkfac->stats().broadcast.calls),
                     join_bytes(bytes).c_str());
     };
-    return [kfac, dpkfac](const Space &space) { kfac->step(space); };
+    p.step = [kfac, dpkfac](const Space &space) { kfac->step(space); };
+    p.comm_bytes = [comm]() { return comm->stats().total().bytes; };
+    return p;
   }
   if (comm != nullptr && o.dist_strategy == "kaisa") {
     // KAISA: factors averaged as in D-KFAC; each decomposition on one rank (greedy, d^3);
@@ -237,13 +283,18 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     static_cast<unsigned long long>(kaisa->stats().gradient_broadcast.bytes),
                     join_bytes(bytes).c_str());
     };
-    return [kfac, kaisa](const Space &space) { kfac->step(space); };
+    p.step = [kfac, kaisa](const Space &space) { kfac->step(space); };
+    p.state_bytes = [kfac, kaisa]() {
+      return kfac->state_bytes() + kaisa->dkfac().workspace_bytes();
+    };
+    p.comm_bytes = [comm]() { return comm->stats().total().bytes; };
+    return p;
   }
 #else
   (void)comm;
   (void)report;
 #endif
-  return [kfac](const Space &space) { kfac->step(space); };
+  return p;
 }
 
 Preconditioner build_preconditioner(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
@@ -274,10 +325,189 @@ kat::optim::LRSchedule build_schedule(const Options &o, std::int64_t total_steps
   return o.warmup_steps > 0 ? kat::optim::linear_warmup(o.warmup_steps, s) : s;
 }
 
-// One line per epoch, as CSV (header first) or JSON lines, chosen by the file extension.
+// --profile: where one rank's K-FAC steps spent their time, in seconds, from the exclusive
+// (self) times of the call paths under kat::KFAC::step. Every region's exclusive time lands in
+// exactly one component, so the components add up to `total`, the inclusive time of the
+// steps: communication is every region at or below a kat::dist:: region (the strategies'
+// hooks and the Communicator's collectives, wherever K-FAC calls them); the rest goes to the
+// K-FAC phase it runs in (update_factors, decompose, precondition), or to `other` (the step's
+// own bookkeeping).
+struct KFACTimes {
+  double factors = 0, comm = 0, decomposition = 0, precondition = 0, other = 0, total = 0;
+};
+constexpr double KFACTimes::*kfac_times_fields[] = {
+    &KFACTimes::factors,      &KFACTimes::comm,  &KFACTimes::decomposition,
+    &KFACTimes::precondition, &KFACTimes::other, &KFACTimes::total};
+
+KFACTimes kfac_times(const kat::RegionTimer &timer) {
+  KFACTimes t;
+  const auto is_comm = [](const std::string &name) { return name.rfind("kat::dist::", 0) == 0; };
+  for (const auto &e : timer.paths()) {
+    const auto step = std::find(e.path.begin(), e.path.end(), "kat::KFAC::step");
+    if (step == e.path.end()) {
+      continue;
+    }
+    if (step + 1 == e.path.end()) {
+      t.total += e.seconds;
+      t.other += e.self_seconds;
+      continue;
+    }
+    const std::string &phase = *(step + 1);
+    double &component = std::any_of(step + 1, e.path.end(), is_comm) ? t.comm
+                        : phase == "kat::KFAC::update_factors"       ? t.factors
+                        : phase == "kat::KFAC::decompose"            ? t.decomposition
+                        : phase == "kat::KFAC::precondition"         ? t.precondition
+                                                                     : t.other;
+    component += e.self_seconds;
+  }
+  return t;
+}
+
+// --profile: K-FAC's communication over one epoch on this rank, counted around each step.
+struct StepCounters {
+  std::uint64_t steps = 0;
+  std::uint64_t updates = 0;      // steps that updated the factors (second-order updates)
+  std::uint64_t bytes = 0;        // K-FAC communicator payload over all steps
+  std::uint64_t update_bytes = 0; // ... over the second-order updates only
+};
+
+// One epoch's --profile numbers as printed and written: times in ms per step, the max (and
+// mean) over the ranks; bytes per step of rank 0 (the same on every rank for all strategies).
+struct Profile {
+  bool kfac = false;      // --optimizer kfac
+  bool kfac_comm = false; // with a distributed strategy (K-FAC communicates)
+  bool gradients = false; // data parallel (gradient all-reduce)
+  int ranks = 1;
+  KFACTimes max_ms, mean_ms;
+  double kfac_bytes_per_step = 0, kfac_bytes_per_update = 0;
+  std::uint64_t updates = 0;
+  double gradient_bytes_per_step = 0;
+  double exposed_seconds = 0; // the max over the ranks
+  double state_max = 0, state_min = 0, state_root = 0;
+};
+
+// The per-rank values gathered for a Profile: kfac_times_fields in ms per step, then the
+// exposed seconds and the state bytes.
+std::vector<double> profile_values(const KFACTimes &t, double steps, double exposed,
+                                   double state_bytes) {
+  const double ms = steps > 0 ? 1e3 / steps : 0.0;
+  std::vector<double> values;
+  for (const auto field : kfac_times_fields)
+    values.push_back(t.*field * ms);
+  values.push_back(exposed);
+  values.push_back(state_bytes);
+  return values;
+}
+
+Profile make_profile(const std::vector<std::vector<double>> &ranks, const StepCounters &c) {
+  Profile p;
+  p.ranks = static_cast<int>(ranks.size());
+  const std::size_t n = std::size(kfac_times_fields);
+  p.state_min = p.state_root = ranks[0][n + 1];
+  for (const auto &r : ranks) {
+    for (std::size_t i = 0; i < n; ++i) {
+      p.max_ms.*kfac_times_fields[i] = std::max(p.max_ms.*kfac_times_fields[i], r[i]);
+      p.mean_ms.*kfac_times_fields[i] += r[i] / static_cast<double>(ranks.size());
+    }
+    p.exposed_seconds = std::max(p.exposed_seconds, r[n]);
+    p.state_max = std::max(p.state_max, r[n + 1]);
+    p.state_min = std::min(p.state_min, r[n + 1]);
+  }
+  p.updates = c.updates;
+  if (c.steps > 0)
+    p.kfac_bytes_per_step = static_cast<double>(c.bytes) / static_cast<double>(c.steps);
+  if (c.updates > 0)
+    p.kfac_bytes_per_update = static_cast<double>(c.update_bytes) / static_cast<double>(c.updates);
+  return p;
+}
+
+// The line --profile prints after each epoch line.
+std::string profile_line(const Profile &p) {
+  char buf[512];
+  std::vector<std::string> parts;
+  if (p.kfac) {
+    const auto pair = [&](const char *name, double KFACTimes::*field) {
+      if (p.ranks > 1) {
+        std::snprintf(buf, sizeof buf, "%s %.3f | %.3f ms", name, p.max_ms.*field,
+                      p.mean_ms.*field);
+      } else {
+        std::snprintf(buf, sizeof buf, "%s %.3f ms", name, p.max_ms.*field);
+      }
+      return std::string(buf);
+    };
+    std::string times =
+        pair("factors", &KFACTimes::factors) + ", " + pair("comm", &KFACTimes::comm) + ", " +
+        pair("decomposition", &KFACTimes::decomposition) + ", " +
+        pair("precondition", &KFACTimes::precondition) + ", " + pair("other", &KFACTimes::other) +
+        " of " + pair("K-FAC step", &KFACTimes::total);
+    if (p.ranks > 1) {
+      std::snprintf(buf, sizeof buf, " (per step, max | mean over %d ranks)", p.ranks);
+    } else {
+      std::snprintf(buf, sizeof buf, " (per step)");
+    }
+    parts.push_back(times + buf);
+    if (p.kfac_comm) {
+      std::snprintf(buf, sizeof buf,
+                    "K-FAC %.0f B/step, %.0f B per second-order update (%llu "
+                    "update%s)",
+                    p.kfac_bytes_per_step, p.kfac_bytes_per_update,
+                    static_cast<unsigned long long>(p.updates), p.updates == 1 ? "" : "s");
+    } else {
+      std::snprintf(buf, sizeof buf, "K-FAC %llu second-order update%s, no communication",
+                    static_cast<unsigned long long>(p.updates), p.updates == 1 ? "" : "s");
+    }
+    parts.emplace_back(buf);
+  }
+  if (p.gradients) {
+    std::snprintf(buf, sizeof buf, "gradients %.0f B/step, exposed %.3f s (max rank)",
+                  p.gradient_bytes_per_step, p.exposed_seconds);
+    parts.emplace_back(buf);
+  }
+  if (p.kfac) {
+    if (p.ranks > 1) {
+      std::snprintf(buf, sizeof buf,
+                    "K-FAC state %.2f MB (max rank), %.2f MB (min), %.2f MB "
+                    "(rank 0)",
+                    p.state_max / 1e6, p.state_min / 1e6, p.state_root / 1e6);
+    } else {
+      std::snprintf(buf, sizeof buf, "K-FAC state %.2f MB", p.state_max / 1e6);
+    }
+    parts.emplace_back(buf);
+  }
+  std::string line = "profile: ";
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    line += (i ? "; " : "") + parts[i];
+  return parts.empty() ? line + "nothing to profile (no K-FAC, one rank)" : line;
+}
+
+// The --profile metrics columns: name, value and decimals. K-FAC times in ms per step and the
+// exposed gradient communication are the max over the ranks, bytes per step rank 0's.
+struct ProfileColumn {
+  const char *name;
+  double value;
+  int decimals;
+};
+std::vector<ProfileColumn> profile_columns(const Profile &p) {
+  return {{"factor_ms", p.max_ms.factors, 6},
+          {"comm_ms", p.max_ms.comm, 6},
+          {"decomposition_ms", p.max_ms.decomposition, 6},
+          {"precondition_ms", p.max_ms.precondition, 6},
+          {"kfac_bytes_per_step", p.kfac_bytes_per_step, 1},
+          {"kfac_bytes_per_second_order_update", p.kfac_bytes_per_update, 1},
+          {"second_order_updates", static_cast<double>(p.updates), 0},
+          {"gradient_bytes_per_step", p.gradient_bytes_per_step, 1},
+          {"exposed_comm_seconds", p.exposed_seconds, 6},
+          {"kfac_state_bytes_max", p.state_max, 0},
+          {"kfac_state_bytes_min", p.state_min, 0},
+          {"other_ms", p.max_ms.other, 6},
+          {"kfac_step_ms", p.max_ms.total, 6}};
+}
+
+// One line per epoch, as CSV (header first) or JSON lines, chosen by the file extension; with
+// `profile`, the profile_columns after the others.
 class MetricsWriter {
 public:
-  explicit MetricsWriter(const std::string &path) {
+  MetricsWriter(const std::string &path, bool profile) : profile_(profile) {
     if (path.empty()) {
       return;
     }
@@ -296,34 +526,53 @@ public:
       throw kat::IOError("--metrics: cannot open '" + path + "' for writing");
     }
     if (csv_) {
-      out_ << "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr\n";
+      out_ << "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr";
+      if (profile_) {
+        for (const auto &column : profile_columns(Profile()))
+          out_ << ',' << column.name;
+      }
+      out_ << '\n';
       out_.flush();
     }
   }
 
+  // `profile` is required when constructed with profile = true.
   void write(int epoch, double wall, double rate, double train_loss, double test_loss,
-             double accuracy, double lr) {
+             double accuracy, double lr, const Profile *profile = nullptr) {
     if (!out_.is_open()) {
       return;
     }
     char line[320];
     if (csv_) {
-      std::snprintf(line, sizeof line, "%d,%.6f,%.1f,%.6f,%.6f,%.6f,%.6g\n", epoch, wall, rate,
+      std::snprintf(line, sizeof line, "%d,%.6f,%.1f,%.6f,%.6f,%.6f,%.6g", epoch, wall, rate,
                     train_loss, test_loss, accuracy, lr);
     } else {
       std::snprintf(line, sizeof line,
                     "{\"epoch\": %d, \"wall_seconds\": %.6f, \"samples_per_second\": %.1f, "
                     "\"train_loss\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
-                    "\"lr\": %.6g}\n",
+                    "\"lr\": %.6g",
                     epoch, wall, rate, train_loss, test_loss, accuracy, lr);
     }
-    out_ << line; // whole lines only, flushed each epoch: an interrupted run leaves no half line
+    std::string text = line;
+    if (profile_ && profile != nullptr) {
+      for (const auto &c : profile_columns(*profile)) {
+        if (csv_) {
+          std::snprintf(line, sizeof line, ",%.*f", c.decimals, c.value);
+        } else {
+          std::snprintf(line, sizeof line, ", \"%s\": %.*f", c.name, c.decimals, c.value);
+        }
+        text += line;
+      }
+    }
+    text += csv_ ? "\n" : "}\n";
+    out_ << text; // whole lines only, flushed each epoch: an interrupted run leaves no half line
     out_.flush();
   }
 
 private:
   std::ofstream out_;
   bool csv_ = false;
+  bool profile_ = false;
 };
 
 // A live bar on a terminal; silence otherwise (the per-epoch line is printed either way).
@@ -394,6 +643,7 @@ Evaluation evaluate(const Space &space, kat::nn::Sequential<Scalar, Mem> &model,
 struct Ranks {
   int rank = 0;
   int size = 1;
+  std::string threads; // how the threads per rank were chosen (printed by rank 0), or empty
 };
 
 int run(const Options &o, const Ranks &ranks) {
@@ -401,7 +651,7 @@ int run(const Options &o, const Ranks &ranks) {
   const bool root = ranks.rank == 0;    // only rank 0 prints and writes --metrics
   const bool parallel = ranks.size > 1; // data parallel over the ranks
   const std::size_t local_batch = static_cast<std::size_t>(o.batch_size / ranks.size);
-  MetricsWriter metrics(root ? o.metrics : std::string()); // a bad path fails before the data
+  MetricsWriter metrics(root ? o.metrics : std::string(), o.profile); // fails before the data
   const auto load_t0 = Clock::now();
   auto train_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::train);
   const auto test_set = kat::data::load_fashion_mnist(o.data_dir, kat::data::Split::test);
@@ -456,6 +706,9 @@ int run(const Options &o, const Ranks &ranks) {
     std::printf("KAT %s on %s (concurrency %d); data %s (%zu train, %zu test, loaded in %.2f s)\n",
                 o.model.c_str(), Space::name(), Space().concurrency(), o.data_dir.c_str(),
                 train_set.size(), test_set.size(), seconds_since(load_t0));
+    if (!ranks.threads.empty()) {
+      std::printf("%s\n", ranks.threads.c_str());
+    }
     std::printf("%s\n", model.summary().c_str());
     std::printf("optimizer %s%s, lr %g, batch %d, %d epochs, seed %llu\n",
                 precondition ? "K-FAC + " : "", optimizer->name().c_str(), o.lr, o.batch_size,
@@ -475,6 +728,11 @@ int run(const Options &o, const Ranks &ranks) {
   kat::Matrix<Scalar, Mem> x;
   kat::Vector<std::int32_t, Mem> y;
   std::int64_t step = 0;
+  // --profile only: region times (reset each epoch) and K-FAC's bytes counted around each step.
+  std::optional<kat::RegionTimer> timer;
+  if (o.profile) {
+    timer.emplace();
+  }
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     Progress progress(live, epoch, o.epochs, static_cast<std::size_t>(steps_per_epoch));
 #ifdef KAT_ENABLE_MPI
@@ -486,6 +744,10 @@ int run(const Options &o, const Ranks &ranks) {
     } else
 #endif
       train_loader.start_epoch(static_cast<std::size_t>(epoch - 1));
+    StepCounters counters;
+    if (timer) {
+      timer->reset();
+    }
     double loss_sum = 0;
     std::size_t seen = 0, batch = 0;
     const auto t0 = Clock::now();
@@ -500,8 +762,19 @@ int run(const Options &o, const Ranks &ranks) {
         dp->finish(space); // gradients = mean over the ranks = gradient of the global batch
       }
 #endif
-      if (precondition) {
-        precondition(space);
+      if (precondition && !timer) {
+        precondition.step(space);
+      } else if (precondition) {
+        const bool update = precondition.updates_factors();
+        const std::uint64_t before = precondition.comm_bytes();
+        precondition.step(space);
+        const std::uint64_t bytes = precondition.comm_bytes() - before;
+        ++counters.steps;
+        counters.bytes += bytes;
+        if (update) {
+          ++counters.updates;
+          counters.update_bytes += bytes;
+        }
       }
       optimizer->set_lr(schedule(step++));
       optimizer->step(space, model.parameters(), model.gradients());
@@ -531,6 +804,28 @@ int run(const Options &o, const Ranks &ranks) {
       test.samples = static_cast<std::size_t>(test_all.samples);
     }
 #endif
+    std::optional<Profile> profile;
+    if (timer) { // on every rank: the gather is collective
+      const std::vector<double> local =
+          profile_values(kfac_times(*timer), static_cast<double>(batch), exposed,
+                         precondition ? static_cast<double>(precondition.state_bytes()) : 0.0);
+      std::vector<std::vector<double>> all{local};
+#ifdef KAT_ENABLE_MPI
+      if (parallel) {
+        all = gather_values(comm, local);
+      }
+#endif
+      profile = make_profile(all, counters);
+      profile->kfac = static_cast<bool>(precondition);
+      profile->kfac_comm = precondition && !o.dist_strategy.empty();
+      profile->gradients = parallel;
+#ifdef KAT_ENABLE_MPI
+      if (dp && dp->stats().steps > 0) {
+        profile->gradient_bytes_per_step = static_cast<double>(dp->stats().allreduce.bytes) /
+                                           static_cast<double>(dp->stats().steps);
+      }
+#endif
+    }
     const double train_loss = loss_sum / static_cast<double>(seen);
     const double rate = static_cast<double>(seen) / wall;
     if (root) {
@@ -541,9 +836,13 @@ int run(const Options &o, const Ranks &ranks) {
         std::printf("  exposed communication %.3f s", exposed);
       }
       std::printf("\n");
+      if (profile) {
+        std::printf("%s\n", profile_line(*profile).c_str());
+      }
       std::fflush(stdout);
     }
-    metrics.write(epoch, wall, rate, train_loss, test.loss(), test.accuracy(), optimizer->lr());
+    metrics.write(epoch, wall, rate, train_loss, test.loss(), test.accuracy(), optimizer->lr(),
+                  profile ? &*profile : nullptr);
   }
   if (kfac_report) {
     kfac_report(); // collective with a distributed strategy
@@ -553,6 +852,52 @@ int run(const Options &o, const Ranks &ranks) {
 #endif
   return 0;
 }
+
+#ifdef KAT_ENABLE_MPI
+} // namespace
+// OpenBLAS's run-time thread count; null when the BLAS is not OpenBLAS.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+namespace {
+
+// Threads per rank on several ranks: unless the user chose (OMP_NUM_THREADS,
+// OPENBLAS_NUM_THREADS, KOKKOS_NUM_THREADS or a --kokkos-threads / --kokkos-num-threads flag),
+// give Kokkos's host pool and OpenBLAS each rank's share of its node, so that the ranks do not
+// oversubscribe the cores (kat::dist::thread_budget: one thread per rank once ranks >= cores).
+// Before Kokkos is initialized; collective. Returns the line rank 0 prints.
+std::string choose_threads(int argc, char **argv, int ranks) {
+  if (ranks < 2) {
+    return {};
+  }
+  const kat::dist::ThreadBudget b =
+      kat::dist::thread_budget(kat::dist::Communicator::world()); // collective: every rank
+  const char *chosen = nullptr;
+  for (const char *var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KOKKOS_NUM_THREADS"}) {
+    if (chosen == nullptr && std::getenv(var) != nullptr) {
+      chosen = var;
+    }
+  }
+  for (int i = 1; chosen == nullptr && i < argc; ++i) {
+    const std::string arg = argv[i];
+    for (const char *flag : {"--kokkos-threads", "--kokkos-num-threads", "--threads"}) {
+      if (arg.rfind(flag, 0) == 0) {
+        chosen = flag;
+      }
+    }
+  }
+  if (chosen != nullptr) {
+    return kat::detail::concat("threads per rank: as set by ", chosen, " (", b.local_ranks,
+                               " ranks on this node, ", b.node_cpus, " CPUs)");
+  }
+  const std::string t = std::to_string(b.threads);
+  setenv("KOKKOS_NUM_THREADS", t.c_str(), 1); // read by Kokkos::initialize (3.x and 4.x)
+  if (openblas_set_num_threads != nullptr) {
+    openblas_set_num_threads(b.threads);
+  }
+  return kat::detail::concat("threads per rank: ", b.threads, " (", b.local_ranks,
+                             " ranks on this node, ", b.node_cpus, " CPUs, ", b.affinity_cpus,
+                             " usable by this rank; set OMP_NUM_THREADS to choose)");
+}
+#endif
 
 #ifdef KAT_ENABLE_MPI
 // MPI_Init_thread before Kokkos, MPI_Finalize after Kokkos has finalized: declared before the
@@ -636,7 +981,15 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   app.add_option("--metrics", o.metrics,
                  "Write per-epoch metrics to FILE (.csv or .jsonl): epoch, wall_seconds, "
-                 "samples_per_second, train_loss, test_loss, test_accuracy, lr");
+                 "samples_per_second, train_loss, test_loss, test_accuracy, lr (and with "
+                 "--profile its numbers)");
+  app.add_flag("--profile", o.profile,
+               "After each epoch line, print (and with --metrics write) a profile: the K-FAC "
+               "step's time per step split into factor construction, communication, "
+               "decomposition, preconditioning and other (exclusive kat::RegionTimer times; max "
+               "and mean over the ranks), K-FAC's communicated bytes per step and per "
+               "second-order update, the gradient all-reduce's bytes per step and exposed time, "
+               "and the K-FAC state bytes per rank; see docs/distributed.md");
   app.add_option("--progress", o.progress,
                  "Live progress bar: auto (on a terminal) | always | "
                  "never")
@@ -734,6 +1087,9 @@ int main(int argc, char **argv) {
   } catch (const CLI::ParseError &e) {
     return ranks.rank == 0 ? app.exit(e) : e.get_exit_code(); // every rank reaches it
   }
+#ifdef KAT_ENABLE_MPI
+  ranks.threads = choose_threads(argc, argv, ranks.size);
+#endif
   Kokkos::ScopeGuard kokkos(argc, argv);
   if (o.lr < 0) {
     o.lr = o.optimizer == "sgd" || o.optimizer == "kfac" ? 0.05 : 1e-3;

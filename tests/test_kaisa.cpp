@@ -1,7 +1,9 @@
-// kat::dist::KAISA (ALGORITHMS.md section 2, KAISA): COMM-OPT (grad_worker_fraction 1) and
-// MEM-OPT (1/P) give the same preconditioned gradients and parameters as D-KFAC; the greedy
-// assignment gives every work item one rank and balances the load; one rank equals plain
-// K-FAC exactly; the broadcasts send the analytic volume. The "[mpi]" cases run under mpiexec
+// kat::dist::KAISA (ALGORITHMS.md section 2, KAISA): every valid grad_worker_fraction k/P
+// (COMM-OPT 1, MEM-OPT 1/P, HYBRID-OPT between) gives the same preconditioned gradients and
+// parameters as D-KFAC, and only a layer's gradient workers keep its decompositions; the
+// greedy assignment gives every work item one rank, and its two-level hybrid form reduces to
+// the COMM-OPT and MEM-OPT rules; one rank equals plain K-FAC exactly; the broadcasts send
+// the analytic volume; invalid fractions are rejected. The "[mpi]" cases run under mpiexec
 // at 1, 2 and 4 ranks (ctest mpi_ranks_*).
 #ifdef KAT_ENABLE_MPI
 
@@ -45,7 +47,10 @@ struct Run {
   dist::KAISAStats stats;
   dist::CollectiveCounter broadcast, allreduce; // the counters of K-FAC's own communicator
   std::size_t per_decomposition = 0, per_step = 0, per_factor_update = 0;
-  bool mem_opt = false;
+  KAISAd::Mode mode = KAISAd::Mode::comm_opt;
+  std::vector<int> layer_group;         // layer_worker_group(l) for the 3 layers
+  int group = 0;                        // worker_group_of(this rank)
+  std::vector<bool> decomposed, worker; // per layer: holds both decompositions / preconditions
 };
 
 Run train(Communicator *comm, Strategy strategy, double fraction, const Config &c,
@@ -82,29 +87,54 @@ Run train(Communicator *comm, Strategy strategy, double fraction, const Config &
     run.per_decomposition = kaisa->bytes_per_decomposition_update();
     run.per_step = kaisa->bytes_per_step();
     run.per_factor_update = kaisa->bytes_per_factor_update();
-    run.mem_opt = kaisa->mode() == KAISAd::Mode::mem_opt;
+    run.mode = kaisa->mode();
+    run.group = kaisa->worker_group_of(comm->rank());
+    const bool eigen = c.method == ComputeMethod::eigen;
+    for (std::size_t l = 0; l < replica.kfac.size(); ++l) {
+      run.layer_group.push_back(kaisa->layer_worker_group(l));
+      run.worker.push_back(kaisa->is_gradient_worker(l, comm->rank()));
+      const auto &a = replica.kfac.factor_a(l);
+      const auto &g = replica.kfac.factor_g(l);
+      run.decomposed.push_back(eigen ? a.has_eigen() && g.has_eigen()
+                                     : a.has_inverse() && g.has_inverse());
+    }
   }
   return run;
 }
 
+// Every valid grad_worker_fraction k/P (k a divisor of P), COMM-OPT (k = P) first.
 std::vector<double> fractions(int ranks) {
-  std::vector<double> f{1.0};
-  if (ranks > 1)
-    f.push_back(1.0 / ranks);
+  std::vector<double> f;
+  for (int k = ranks; k >= 1; --k) {
+    if (ranks % k == 0)
+      f.push_back(double(k) / ranks);
+  }
   return f;
 }
+
+const char *mode_name(KAISAd::Mode m) {
+  return m == KAISAd::Mode::comm_opt  ? "COMM-OPT"
+         : m == KAISAd::Mode::mem_opt ? "MEM-OPT"
+                                      : "HYBRID-OPT";
+}
+
+// The MLP's factor dimensions by layer: A (in+1) and G (out).
+const std::vector<std::size_t> kADims{7, 13, 9}, kGDims{12, 8, 4};
 
 std::uint64_t every(std::int64_t period) { return std::uint64_t((kSteps + period - 1) / period); }
 
 } // namespace
 
-TEST_CASE("kaisa: COMM-OPT and MEM-OPT give the same preconditioned gradients as D-KFAC",
+// COMM-OPT, HYBRID-OPT (where P has one) and MEM-OPT.
+TEST_CASE("kaisa: every grad_worker_fraction gives the same preconditioned gradients as D-KFAC",
           "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
   const std::size_t p = std::size_t(comm.size()), local = kBatch / p;
   REQUIRE(kBatch % p == 0);
   INFO(rank_of(comm));
   const std::size_t first = std::size_t(comm.rank()) * local;
+  // COMM-OPT always; MEM-OPT from 2 ranks; HYBRID-OPT where P has a proper divisor > 1 (4).
+  CHECK(fractions(comm.size()).size() == (comm.size() == 4 ? 3u : comm.size() == 1 ? 1u : 2u));
   for (const Config &c : kConfigs) {
     INFO(describe(c));
     const Run want = train(&comm, Strategy::dkfac, 1.0, c, first, local);
@@ -119,6 +149,11 @@ TEST_CASE("kaisa: COMM-OPT and MEM-OPT give the same preconditioned gradients as
                 1e-10);
         }
         CHECK(max_abs_diff(got.parameters, want.parameters) <= 1e-10);
+        // Only the layer's gradient workers hold its decompositions (COMM-OPT: every rank).
+        CHECK(got.decomposed == got.worker);
+        if (got.mode == KAISAd::Mode::comm_opt) {
+          CHECK(got.worker == std::vector<bool>(3, true));
+        }
       }
     }
   }
@@ -144,6 +179,7 @@ TEST_CASE("kaisa: the greedy rule gives every work item one rank and balances th
   CHECK(KAISAd::assign(cubes, 4) == std::vector<int>{3, 1, 0, 3, 2, 2});
   CHECK(KAISAd::cost(7, dist::AssignmentCost::memory) == 49.0);
   // On the world communicator: every factor has exactly one decomposing rank.
+  // (The two-level rule of assign_layers() is checked in the next test cases.)
   auto comm = Communicator::world();
   INFO(rank_of(comm));
   for (const double f : fractions(comm.size())) {
@@ -166,18 +202,161 @@ TEST_CASE("kaisa: the greedy rule gives every work item one rank and balances th
       } else {
         CHECK(kaisa.gradient_worker(l) == -1);
       }
+      // Both decomposers of a layer belong to its worker group.
+      const int group = kaisa.layer_worker_group(l);
+      CHECK(kaisa.worker_group_of(kaisa.decomposition_owner(l, 'A')) == group);
+      CHECK(kaisa.worker_group_of(kaisa.decomposition_owner(l, 'G')) == group);
     }
   }
 }
 
-TEST_CASE("kaisa: unsupported grad_worker_fraction values are rejected", "[mpi][dist][kfac]") {
+TEST_CASE("kaisa: the hybrid two-level assignment worked by hand", "[mpi][dist][kfac]") {
+  // P = 4, gw = 2 (f = 1/2): worker groups {0, 1} and {2, 3}; memory cost d².
+  // Layers (d_A, d_G): L0 (5, 3), L1 (4, 4), L2 (6, 1), L3 (2, 3); layer costs 34, 32, 37, 13.
+  // (1) Layers to the 2 groups, decreasing cost: L2 37 -> g0 (37), L0 34 -> g1 (34),
+  //     L1 32 -> g1 (66), L3 13 -> g0 (50).
+  // (2) g0 = ranks 0, 1, items A2 36, G2 1, A3 4, G3 9: A2 -> r0 (36), G3 -> r1 (9),
+  //     A3 -> r1 (13), G2 -> r1 (14).
+  //     g1 = ranks 2, 3, items A0 25, G0 9, A1 16, G1 16 (A1 before G1: equal cost, input
+  //     order): A0 -> r2 (25), A1 -> r3 (16), G1 -> r3 (32), G0 -> r2 (34).
+  const std::vector<std::size_t> a{5, 4, 6, 2}, g{3, 4, 1, 3};
+  const auto memory = dist::AssignmentCost::memory;
+  const KAISAd::Assignment h = KAISAd::assign_layers(a, g, 4, 2, memory);
+  CHECK(h.worker_group == std::vector<int>{1, 1, 0, 0});
+  CHECK(h.a_owner == std::vector<int>{2, 3, 0, 1});
+  CHECK(h.g_owner == std::vector<int>{2, 3, 1, 1});
+  // The same layers with gw = 4 (one group) and gw = 1 (four groups of one rank).
+  // gw = 4: factors A0 25, G0 9, A1 16, G1 16, A2 36, G2 1, A3 4, G3 9 on 4 ranks:
+  // A2 -> r0 (36), A0 -> r1 (25), A1 -> r2 (16), G1 -> r3 (16), G0 -> r2 (25, tie with r3),
+  // G3 -> r3 (25), A3 -> r1 (29, tie with r2 and r3), G2 -> r2 (26).
+  const KAISAd::Assignment comm_opt = KAISAd::assign_layers(a, g, 4, 4, memory);
+  CHECK(comm_opt.worker_group == std::vector<int>(4, 0));
+  CHECK(comm_opt.a_owner == std::vector<int>{1, 2, 0, 1});
+  CHECK(comm_opt.g_owner == std::vector<int>{2, 3, 2, 3});
+  // gw = 1: layers 34, 32, 37, 13: L2 -> r0, L0 -> r1, L1 -> r2, L3 -> r3.
+  const KAISAd::Assignment mem_opt = KAISAd::assign_layers(a, g, 4, 1, memory);
+  CHECK(mem_opt.worker_group == std::vector<int>{1, 2, 0, 3});
+  CHECK(mem_opt.a_owner == std::vector<int>{1, 2, 0, 3});
+  CHECK(mem_opt.g_owner == mem_opt.a_owner);
+  CHECK_THROWS_AS(KAISAd::assign_layers(a, g, 4, 3, memory), ValueError);
+  CHECK_THROWS_AS(KAISAd::assign_layers(a, g, 4, 0, memory), ValueError);
+  CHECK_THROWS_AS(KAISAd::assign_layers(a, {3}, 4, 2, memory), ValueError);
+
+  // On the world communicator with the MLP: the constructor's owners are assign_layers'.
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  for (const double f : fractions(comm.size())) {
+    INFO("grad_worker_fraction " << f);
+    KFACd kfac(kfac_options(kConfigs[0]));
+    Model model(FeatureShape{1, 2, 3});
+    build_mlp(model, 3);
+    REQUIRE(kfac.register_model(model) == 3);
+    dist::KAISAOptions o;
+    o.grad_worker_fraction = f;
+    KAISAd kaisa(comm, kfac, o);
+    const int gw = kaisa.grad_workers();
+    CHECK(gw * kaisa.worker_groups() == comm.size());
+    const KAISAd::Assignment want =
+        KAISAd::assign_layers(kADims, kGDims, comm.size(), gw, dist::AssignmentCost::compute);
+    for (std::size_t l = 0; l < 3; ++l) {
+      CHECK(kaisa.layer_worker_group(l) == want.worker_group[l]);
+      CHECK(kaisa.decomposition_owner(l, 'A') == want.a_owner[l]);
+      CHECK(kaisa.decomposition_owner(l, 'G') == want.g_owner[l]);
+      for (int r = 0; r < comm.size(); ++r) {
+        CHECK(kaisa.is_gradient_worker(l, r) == (r / gw == want.worker_group[l]));
+      }
+    }
+    // The grid: worker group of consecutive ranks, receiver group of ranks congruent mod gw.
+    for (int r = 0; r < comm.size(); ++r) {
+      CHECK(kaisa.worker_group_of(r) == r / gw);
+      CHECK(kaisa.receiver_group_of(r) == r % gw);
+    }
+    CHECK_THROWS_AS(kaisa.worker_group_of(comm.size()), ValueError);
+    CHECK_THROWS_AS(kaisa.receiver_group_of(-1), ValueError);
+  }
+}
+
+TEST_CASE("kaisa: f = 1 and f = 1/P reproduce the COMM-OPT and MEM-OPT assignments",
+          "[mpi][dist][kfac]") {
+  // The single-level rules: COMM-OPT assigns the 2L factors (A_0, G_0, A_1, ...) over all
+  // ranks, MEM-OPT the L layers (cost of A plus cost of G) over all ranks.
+  for (const auto c : {dist::AssignmentCost::compute, dist::AssignmentCost::memory}) {
+    std::vector<double> factor_costs, layer_costs;
+    for (std::size_t l = 0; l < 3; ++l) {
+      factor_costs.push_back(KAISAd::cost(kADims[l], c));
+      factor_costs.push_back(KAISAd::cost(kGDims[l], c));
+      layer_costs.push_back(KAISAd::cost(kADims[l], c) + KAISAd::cost(kGDims[l], c));
+    }
+    for (const int p : {1, 2, 3, 4, 6, 8}) {
+      INFO("P = " << p);
+      const auto factors = KAISAd::assign(factor_costs, p);
+      const auto comm_opt = KAISAd::assign_layers(kADims, kGDims, p, p, c);
+      const auto mem_opt = KAISAd::assign_layers(kADims, kGDims, p, 1, c);
+      for (std::size_t l = 0; l < 3; ++l) {
+        CHECK(comm_opt.a_owner[l] == factors[2 * l]);
+        CHECK(comm_opt.g_owner[l] == factors[2 * l + 1]);
+        CHECK(comm_opt.worker_group[l] == 0);
+      }
+      CHECK(mem_opt.a_owner == KAISAd::assign(layer_costs, p));
+      CHECK(mem_opt.g_owner == mem_opt.a_owner);
+      CHECK(mem_opt.worker_group == mem_opt.a_owner);
+    }
+  }
+  // The values the single-level code gave on 4 ranks, compute cost: COMM-OPT as the greedy
+  // test above ({3, 1, 0, 3, 2, 2} for A0 G0 A1 G1 A2 G2); MEM-OPT layer costs
+  // 343 + 1728 = 2071, 2197 + 512 = 2709, 729 + 64 = 793 -> L1 r0, L0 r1, L2 r2.
+  const auto compute = dist::AssignmentCost::compute;
+  const auto comm_opt = KAISAd::assign_layers(kADims, kGDims, 4, 4, compute);
+  CHECK(comm_opt.a_owner == std::vector<int>{3, 0, 2});
+  CHECK(comm_opt.g_owner == std::vector<int>{1, 3, 2});
+  CHECK(KAISAd::assign_layers(kADims, kGDims, 4, 1, compute).a_owner == std::vector<int>{1, 0, 2});
+  // On 2 ranks MEM-OPT: L1 r0 (2709), L0 r1 (2071), L2 r1 (2864).
+  CHECK(KAISAd::assign_layers(kADims, kGDims, 2, 1, compute).a_owner == std::vector<int>{1, 0, 1});
+}
+
+TEST_CASE("kaisa: invalid grad_worker_fraction values are rejected", "[mpi][dist][kfac]") {
   CHECK(KAISAd::select_mode(1.0, 4) == KAISAd::Mode::comm_opt);
   CHECK(KAISAd::select_mode(0.25, 4) == KAISAd::Mode::mem_opt);
+  CHECK(KAISAd::select_mode(0.5, 4) == KAISAd::Mode::hybrid_opt);
   CHECK(KAISAd::select_mode(1.0, 1) == KAISAd::Mode::comm_opt);
-  CHECK_THROWS_WITH(KAISAd::select_mode(0.5, 4),
-                    Catch::Contains("grad_worker_fraction") && Catch::Contains("HYBRID"));
+  CHECK(KAISAd::select_mode(1.0 / 3.0, 6) == KAISAd::Mode::hybrid_opt);
+  CHECK(KAISAd::grad_workers(1.0 / 3.0, 6) == 2);
+  CHECK(KAISAd::grad_workers(0.5, 6) == 3);
+  CHECK(KAISAd::grad_workers(0.5, 4) == 2);
+  CHECK(KAISAd::grad_workers(1.0, 4) == 4);
+  // f·P not an integer, not a divisor of P, or f out of (0, 1].
+  CHECK_THROWS_WITH(KAISAd::select_mode(0.3, 4),
+                    Catch::Contains("grad_worker_fraction") && Catch::Contains("P = 4") &&
+                        Catch::Contains("0.25 (1/4, MEM-OPT), 0.5 (2/4, HYBRID-OPT), 1 (4/4, "
+                                        "COMM-OPT)") &&
+                        Catch::Contains("got 0.3"));
+  CHECK_THROWS_AS(KAISAd::select_mode(0.75, 4), ValueError); // 3 does not divide 4
   CHECK_THROWS_AS(KAISAd::select_mode(0.0, 4), ValueError);
+  CHECK_THROWS_AS(KAISAd::select_mode(-0.25, 4), ValueError);
+  CHECK_THROWS_AS(KAISAd::select_mode(1.25, 4), ValueError);
   CHECK_THROWS_AS(KAISAd::select_mode(2.0, 2), ValueError);
+  CHECK_THROWS_AS(KAISAd::select_mode(std::nan(""), 4), ValueError);
+  CHECK_THROWS_AS(KAISAd::select_mode(INFINITY, 4), ValueError);
+  CHECK_THROWS_AS(KAISAd::select_mode(0.5, 0), ValueError);
+  CHECK_THROWS_AS(KAISAd::select_mode(0.5, 1), ValueError);
+  CHECK_THROWS_AS(KAISAd::select_mode(0.5 + 1e-6, 4), ValueError);
+  CHECK(KAISAd::select_mode(0.5 * (1 + 1e-12), 4) == KAISAd::Mode::hybrid_opt);
+  // The constructor rejects them on every rank before any communication.
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  for (const double f : {0.3, 0.75, 0.0, 1.5, std::nan("")}) {
+    INFO("grad_worker_fraction " << f);
+    KFACd kfac(kfac_options(kConfigs[0]));
+    Model model(FeatureShape{1, 2, 3});
+    build_mlp(model, 3);
+    REQUIRE(kfac.register_model(model) == 3);
+    dist::KAISAOptions o;
+    o.grad_worker_fraction = f;
+    CHECK_THROWS_WITH(KAISAd(comm, kfac, o), Catch::Contains("grad_worker_fraction"));
+    CHECK(!kfac.factor_hook());
+    CHECK(!kfac.decomposition_hook());
+    CHECK(!kfac.precondition_hook());
+  }
 }
 
 TEST_CASE("kaisa: on one rank KAISA equals plain K-FAC exactly", "[mpi][dist][kfac]") {
@@ -215,11 +394,36 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
     for (const double f : fractions(comm.size())) {
       INFO("grad_worker_fraction " << f);
       const Run r = train(&comm, Strategy::kaisa, f, c, std::size_t(comm.rank()) * local, local);
+      INFO(mode_name(r.mode));
       const std::uint64_t decompositions = every(c.inv_every);
       // Factors: as D-KFAC, the upper triangles, one all-reduce per factor per update.
       CHECK(r.per_factor_update == upper * sizeof(double));
       CHECK(r.allreduce.bytes == every(c.factor_every) * upper * sizeof(double));
-      if (!r.mem_opt) {
+      if (r.mode == KAISAd::Mode::hybrid_opt) {
+        // Decompositions: each rank takes part in the broadcasts of the factors of its worker
+        // group's layers; P: one broadcast per layer in each receiver group. Both on
+        // sub-communicators, none on K-FAC's own one.
+        std::size_t group_entries = 0, group_factors = 0;
+        for (std::size_t l = 0; l < 3; ++l) {
+          if (r.layer_group[l] != r.group)
+            continue;
+          for (const std::size_t d : {kADims[l], kGDims[l]}) {
+            group_entries += d * d + (eigen ? d : 0);
+            ++group_factors;
+          }
+        }
+        REQUIRE(group_factors > 0); // 3 layers on 2 groups: each group has one
+        CHECK(r.per_decomposition == group_entries * sizeof(double));
+        CHECK(r.per_step == gradient_entries * sizeof(double));
+        CHECK(r.stats.decomposition_updates == decompositions);
+        CHECK(r.stats.steps == std::uint64_t(kSteps));
+        CHECK(r.stats.decomposition_broadcast.calls ==
+              decompositions * group_factors * (eigen ? 2 : 1));
+        CHECK(r.stats.decomposition_broadcast.bytes == decompositions * r.per_decomposition);
+        CHECK(r.stats.gradient_broadcast.calls == std::uint64_t(kSteps) * 3);
+        CHECK(r.stats.gradient_broadcast.bytes == std::uint64_t(kSteps) * r.per_step);
+        CHECK(r.broadcast.calls == 0);
+      } else if (r.mode == KAISAd::Mode::comm_opt) {
         const std::size_t entries = squares + (eigen ? dims : 0);
         CHECK(r.per_decomposition == entries * sizeof(double));
         CHECK(r.per_step == 0);
@@ -243,15 +447,23 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
 
 TEST_CASE("kaisa: the destructor removes the hooks", "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
-  KFACd kfac;
-  {
-    KAISAd k(comm, kfac);
-    CHECK(static_cast<bool>(kfac.factor_hook()));
-    CHECK(static_cast<bool>(kfac.decomposition_hook()));
+  INFO(rank_of(comm));
+  for (const double f : fractions(comm.size())) {
+    INFO("grad_worker_fraction " << f);
+    KFACd kfac;
+    {
+      dist::KAISAOptions o;
+      o.grad_worker_fraction = f;
+      KAISAd k(comm, kfac, o);
+      CHECK(static_cast<bool>(kfac.factor_hook()));
+      // Decompositions are broadcast unless MEM-OPT, P unless COMM-OPT.
+      CHECK(static_cast<bool>(kfac.decomposition_hook()) == (k.mode() != KAISAd::Mode::mem_opt));
+      CHECK(static_cast<bool>(kfac.precondition_hook()) == (k.mode() != KAISAd::Mode::comm_opt));
+    }
+    CHECK(!kfac.factor_hook());
+    CHECK(!kfac.decomposition_hook());
+    CHECK(!kfac.precondition_hook());
   }
-  CHECK(!kfac.factor_hook());
-  CHECK(!kfac.decomposition_hook());
-  CHECK(!kfac.precondition_hook());
 }
 
 #endif // KAT_ENABLE_MPI

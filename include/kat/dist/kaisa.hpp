@@ -1,11 +1,13 @@
 #pragma once
 /// @file
-/// @brief kat::dist::KAISA: distributed K-FAC in the KAISA strategy (ALGORITHMS.md section 2):
-/// factors averaged over the ranks as in D-KFAC, each factor's decomposition computed by one
-/// rank chosen by a greedy least-loaded rule, and, by grad_worker_fraction, either every rank
-/// preconditioning every layer (COMM-OPT, decompositions broadcast) or one gradient worker
-/// per layer preconditioning it and broadcasting P (MEM-OPT). Needs KAT built with
-/// `-DKAT_ENABLE_MPI=ON`.
+/// @brief kat::dist::KAISA: distributed K-FAC in the KAISA strategy (ALGORITHMS.md section 2;
+/// Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep Neural
+/// Networks", SC'21): factors averaged over the ranks as in D-KFAC, each factor's
+/// decomposition computed by one rank chosen by a greedy least-loaded rule, and, by
+/// grad_worker_fraction f, f·P gradient workers per layer: every rank preconditioning every
+/// layer (COMM-OPT, f = 1, decompositions broadcast), one rank per layer preconditioning it
+/// and broadcasting P (MEM-OPT, f = 1/P), or a grid of gradient-worker groups in between
+/// (HYBRID-OPT). Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
@@ -23,6 +25,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace kat::dist {
@@ -35,9 +41,10 @@ enum class AssignmentCost {
 
 /// Settings of KAISA; must be the same on every rank.
 struct KAISAOptions {
-  /// f: the fraction of the ranks that precondition each layer. Supported: 1 (COMM-OPT) and
-  /// 1/P (MEM-OPT), compared with a relative tolerance of 1e-9; at P = 1 both are 1.
-  /// HYBRID-OPT (1/P < f < 1) is not yet supported and is rejected.
+  /// f: the fraction of the P ranks that precondition each layer. gw = f·P gradient workers
+  /// per layer must be an integer that divides P (f·P compared with the nearest integer with
+  /// a relative tolerance of 1e-9): f = 1 is COMM-OPT, f = 1/P MEM-OPT (at P = 1 both are 1:
+  /// COMM-OPT), any other k/P with k a divisor of P HYBRID-OPT (e.g. 1/2 at P = 4).
   double grad_worker_fraction = 1.0;
   AssignmentCost assignment_cost = AssignmentCost::compute;
   /// As DKFACOptions::symmetric_communication (the factor all-reduce sends the upper
@@ -45,44 +52,70 @@ struct KAISAOptions {
   bool symmetric_communication = true;
 };
 
-/// What one rank's KAISA did since construction or reset_stats().
+/// KAISA's assignment of L layers on P ranks with gw gradient workers per layer
+/// (KAISA::assign_layers()); each vector has one entry per layer, in registration order.
+struct KAISAAssignment {
+  /// The worker group (0 … P/gw − 1; ranks g·gw … g·gw + gw − 1) that preconditions the layer.
+  std::vector<int> worker_group;
+  /// The ranks (global, in the layer's worker group) that decompose the layer's A and G.
+  std::vector<int> a_owner, g_owner;
+};
+
+/// What one rank's KAISA did since construction or reset_stats(). Bytes are as
+/// CommunicatorStats counts them: per rank, per broadcast call, the payload, on the root as on
+/// the receivers.
 struct KAISAStats {
-  /// Decomposition steps (the hook ran for layer 0), and decompositions broadcast.
+  /// Decomposition steps of this rank's worker group (the decomposition hook ran for factor
+  /// 'A' of the group's first layer; COMM-OPT: layer 0). 0 in MEM-OPT (no hook) and on a
+  /// rank whose worker group has no layer.
   std::uint64_t decomposition_updates = 0;
-  /// K-FAC steps whose P were broadcast (MEM-OPT).
+  /// K-FAC steps whose P were broadcast (MEM-OPT and HYBRID-OPT; the precondition hook ran
+  /// for layer 0).
   std::uint64_t steps = 0;
-  /// COMM-OPT: the broadcasts of the decompositions (Q and d, or the inverse), from the
-  /// Communicator's broadcast counter: per decomposition step Σ_factors (d² + d) (eigen) or
-  /// d² (inverse) · sizeof(InverseScalar). Zero in MEM-OPT.
+  /// COMM-OPT and HYBRID-OPT: the broadcasts of the decompositions (Q and d, or the inverse)
+  /// within this rank's worker group: per decomposition step Σ over the 2·L_g factors of the
+  /// L_g layers of this rank's worker group of (d² + d) (eigen) or d² (inverse) ·
+  /// sizeof(InverseScalar) (COMM-OPT: all 2L factors). Zero in MEM-OPT.
   CollectiveCounter decomposition_broadcast;
-  /// MEM-OPT: the P broadcasts, per step Σ_layers out·(in+1)·sizeof(InverseScalar). Zero in
-  /// COMM-OPT.
+  /// MEM-OPT and HYBRID-OPT: the P broadcasts within this rank's receiver group, per step
+  /// Σ over all L layers of out·(in+1)·sizeof(InverseScalar). Zero in COMM-OPT.
   CollectiveCounter gradient_broadcast;
 };
 
-/// KAISA (Pauloski et al. 2021): on a kat::KFAC, installs
+/// KAISA (Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep
+/// Neural Networks", SC'21): on a kat::KFAC, installs
 ///
 /// - D-KFAC's factor averaging (a kat::dist::DKFAC member, same option symmetric_communication),
 ///   so every rank holds the same factors;
-/// - a decomposition ownership (KFAC::set_decomposition_owned): each decomposition work item
-///   goes to one rank by the greedy least-loaded rule of assign();
-/// - COMM-OPT (grad_worker_fraction = 1): work items are the 2L factors (A and G of each layer
-///   separately, cost d³ or d²); a decomposition hook (KFAC::set_decomposition_hook)
-///   broadcasts each decomposition from its owner into every other rank's buffers, and every
-///   rank preconditions every layer;
-/// - MEM-OPT (grad_worker_fraction = 1/P): work items are the L layers (A and G colocated,
-///   cost d_A³ + d_G³ or d_A² + d_G²), so the layer's gradient worker is the rank that
-///   decomposes both of its factors; nothing is broadcast after decomposing, and a
-///   precondition hook (KFAC::set_precondition_hook) broadcasts P from the gradient worker.
-///   Other ranks keep no decomposition of that layer (they keep its factors: the factor
-///   all-reduce needs them).
+/// - a grid of the P ranks by gw = grad_worker_fraction·P (grad_workers()): P/gw
+///   **gradient-worker groups** of gw consecutive ranks (group g: ranks g·gw … g·gw + gw − 1,
+///   worker_group_of()) and gw **receiver groups** (receiver group j: the ranks j, j + gw,
+///   j + 2gw, …, receiver_group_of());
+/// - an assignment (assign(), the same on every rank): (1) the L layers (cost
+///   cost(d_A) + cost(d_G)) go to the P/gw worker groups (layer_worker_group()); (2) within
+///   each group, the 2·L_g factors of its layers (A and G separately, cost cost(d), in the
+///   order A then G of each layer, layers in registration order) go to the group's gw ranks;
+///   decomposition_owner() gives the rank, installed as KFAC::set_decomposition_owned. With
+///   gw = P (COMM-OPT) step (2) assigns all 2L factors over all ranks; with gw = 1 (MEM-OPT)
+///   step (1) assigns the layers over all ranks and the layer's rank decomposes both factors;
+/// - COMM-OPT and HYBRID-OPT: a decomposition hook (KFAC::set_decomposition_hook) that
+///   broadcasts each decomposition from its owner to the other ranks of the layer's worker
+///   group (a sub-communicator made by Communicator::split in the constructor; COMM-OPT: the
+///   whole communicator). Ranks outside the group return at once and keep no decomposition of
+///   that layer (they keep its factors: the factor all-reduce needs them);
+/// - MEM-OPT and HYBRID-OPT: a precondition hook (KFAC::set_precondition_hook). The ranks of
+///   the layer's worker group precondition it (on the other ranks the layer has no
+///   decomposition, so KFAC puts P = ∇ in its buffer); then, in each receiver group, the member
+///   that belongs to the layer's worker group broadcasts its P over the others' buffers
+///   (MEM-OPT: over the whole communicator, from the layer's single gradient worker).
 ///
-/// Both give the same P as D-KFAC (the decomposer computes from the same averaged factors).
-/// Every rank must register the same layers in the same order before constructing it and
-/// call KFAC::step() on the same steps (the hooks are collective). A decomposition failure
-/// that throws on the owner (keep_previous_on_failure = false) leaves the other ranks waiting
-/// in the broadcast. The destructor removes the hooks and the ownership. Neither copyable nor
-/// movable; the Communicator and the KFAC must outlive it.
+/// All three give the same P as D-KFAC (each decomposer computes from the same averaged
+/// factors). Every rank must register the same layers in the same order before constructing
+/// it (the constructor is collective: it splits the communicator in HYBRID-OPT) and call
+/// KFAC::step() on the same steps (the hooks are collective). A decomposition failure that
+/// throws on the owner (keep_previous_on_failure = false) leaves the other ranks of its group
+/// waiting in the broadcast. The destructor removes the hooks and the ownership. Neither
+/// copyable nor movable; the Communicator and the KFAC must outlive it.
 ///
 ///     kat::dist::KAISA<kat::KFAC<float, Mem>> kaisa(comm, kfac, options);
 ///
@@ -96,46 +129,54 @@ public:
   using inverse_scalar_type = typename inverse_matrix_type::non_const_value_type;
   using Options = KAISAOptions;
   using Stats = KAISAStats;
+  using Assignment = KAISAAssignment;
 
-  /// Which strategy grad_worker_fraction selects.
-  enum class Mode { comm_opt, mem_opt };
+  /// Which strategy grad_worker_fraction selects: gw = P (COMM-OPT), gw = 1 < P (MEM-OPT),
+  /// 1 < gw < P (HYBRID-OPT).
+  enum class Mode { comm_opt, mem_opt, hybrid_opt };
 
-  /// @throws ValueError if grad_worker_fraction is not 1 or 1/P (naming the supported values).
+  /// Assigns the registered layers (collective on `comm`: in HYBRID-OPT it splits it twice,
+  /// into the worker groups and then the receiver groups) and installs the hooks.
+  /// @throws ValueError if grad_worker_fraction·P is not an integer dividing P (naming
+  ///   grad_worker_fraction, P and the allowed values); MPIError from the splits.
   KAISA(Communicator &comm, KFACType &kfac, Options options = Options())
       : comm_(comm), kfac_(kfac), options_(options),
+        grad_workers_(grad_workers(options.grad_worker_fraction, comm.size())),
         mode_(select_mode(options.grad_worker_fraction, comm.size())),
         dkfac_(comm, kfac, DKFACOptions{options.symmetric_communication}) {
-    const std::size_t layers = kfac_.size();
-    if (mode_ == Mode::comm_opt) {
-      std::vector<double> costs;
-      for (std::size_t i = 0; i < layers; ++i) {
-        costs.push_back(cost(kfac_.factor_a(i).dim(), options_.assignment_cost));
-        costs.push_back(cost(kfac_.factor_g(i).dim(), options_.assignment_cost));
-      }
-      const std::vector<int> owners = assign(costs, comm_.size());
-      for (std::size_t i = 0; i < layers; ++i) {
-        a_owners_.push_back(owners[2 * i]);
-        g_owners_.push_back(owners[2 * i + 1]);
-      }
-    } else {
-      std::vector<double> costs;
-      for (std::size_t i = 0; i < layers; ++i) {
-        costs.push_back(cost(kfac_.factor_a(i).dim(), options_.assignment_cost) +
-                        cost(kfac_.factor_g(i).dim(), options_.assignment_cost));
-      }
-      a_owners_ = assign(costs, comm_.size());
-      g_owners_ = a_owners_;
-    }
     const int rank = comm_.rank();
+    const std::size_t layers = kfac_.size();
+    std::vector<std::size_t> a_dims, g_dims;
+    for (std::size_t i = 0; i < layers; ++i) {
+      a_dims.push_back(kfac_.factor_a(i).dim());
+      g_dims.push_back(kfac_.factor_g(i).dim());
+    }
+    Assignment plan =
+        assign_layers(a_dims, g_dims, comm_.size(), grad_workers_, options_.assignment_cost);
+    layer_groups_ = std::move(plan.worker_group);
+    a_owners_ = std::move(plan.a_owner);
+    g_owners_ = std::move(plan.g_owner);
+    for (std::size_t i = 0; i < layers; ++i) {
+      if (layer_groups_[i] == worker_group_of(rank)) {
+        first_group_layer_ = std::min(first_group_layer_, i);
+      }
+    }
+    // Sub-communicators, in the same order on every rank (worker groups, then receiver
+    // groups); COMM-OPT's worker group and MEM-OPT's receiver group are `comm` itself.
+    if (mode_ == Mode::hybrid_opt) {
+      worker_comm_.emplace(comm_.split(worker_group_of(rank), rank));
+      receiver_comm_.emplace(comm_.split(receiver_group_of(rank), rank));
+    }
     kfac_.set_decomposition_owned([this, rank](std::size_t layer, char factor) {
       return decomposition_owner(layer, factor) == rank;
     });
-    if (mode_ == Mode::comm_opt) {
+    if (mode_ != Mode::mem_opt) {
       kfac_.set_decomposition_hook(
           [this](const execution_space &space, std::size_t layer, char factor, factor_type &f) {
             broadcast_decomposition(space, layer, factor, f);
           });
-    } else {
+    }
+    if (mode_ != Mode::comm_opt) {
       kfac_.set_precondition_hook(
           [this](const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
             broadcast_gradient(space, layer, p);
@@ -161,12 +202,30 @@ public:
     dkfac_.reset_stats();
   }
 
+  /// gw = grad_worker_fraction·P: the ranks that precondition each layer (the size of a
+  /// worker group).
+  int grad_workers() const { return grad_workers_; }
+  /// P/gw: the number of worker groups (= the size of a receiver group).
+  int worker_groups() const { return comm_.size() / grad_workers_; }
+  /// The worker group of `rank`: rank / gw (its ranks: g·gw … g·gw + gw − 1).
+  /// @throws ValueError unless 0 <= rank < P.
+  int worker_group_of(int rank) const { return checked_rank(rank) / grad_workers_; }
+  /// The receiver group of `rank`: rank mod gw (its ranks: j, j + gw, j + 2gw, …, P − gw + j).
+  /// @throws ValueError unless 0 <= rank < P.
+  int receiver_group_of(int rank) const { return checked_rank(rank) % grad_workers_; }
+  /// The worker group that decomposes and preconditions registered layer i.
+  int layer_worker_group(std::size_t layer) const { return layer_groups_.at(layer); }
+  /// Whether `rank` preconditions registered layer i (it is in the layer's worker group).
+  bool is_gradient_worker(std::size_t layer, int rank) const {
+    return worker_group_of(rank) == layer_worker_group(layer);
+  }
+
   /// The rank that decomposes factor 'A' or 'G' of registered layer i.
   int decomposition_owner(std::size_t layer, char factor) const {
     return factor == 'A' ? a_owners_.at(layer) : g_owners_.at(layer);
   }
   /// MEM-OPT: the rank that preconditions layer i (= the owner of both its decompositions);
-  /// COMM-OPT: -1 (every rank).
+  /// COMM-OPT and HYBRID-OPT: -1 (more than one; see layer_worker_group()).
   int gradient_worker(std::size_t layer) const {
     return mode_ == Mode::mem_opt ? a_owners_.at(layer) : -1;
   }
@@ -206,41 +265,124 @@ public:
     return out;
   }
 
-  /// The mode of a fraction on `ranks` ranks.
-  /// @throws ValueError unless f = 1 or f = 1/ranks.
-  static Mode select_mode(double f, int ranks) {
-    const auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-9 * std::fabs(b); };
-    if (ranks >= 1 && std::isfinite(f)) {
-      if (near(f, 1.0))
-        return Mode::comm_opt;
-      if (near(f, 1.0 / ranks))
-        return Mode::mem_opt;
+  /// KAISA's assignment (the constructor's, the same on every rank) of the layers with factor
+  /// dimensions a_dims[i] (A, in+1) and g_dims[i] (G, out) on `ranks` ranks with
+  /// `grad_workers` = gw per layer: (1) assign() of the layer costs cost(d_A) + cost(d_G)
+  /// over the ranks/gw worker groups; (2) for each group g, assign() of the costs cost(d) of
+  /// its layers' factors, in the order A_i, G_i for its layers i in increasing i, over its gw
+  /// ranks (local rank k is global rank g·gw + k). gw = ranks gives COMM-OPT's assignment of
+  /// the 2L factors (A_0, G_0, A_1, …) over all ranks; gw = 1 MEM-OPT's assignment of the
+  /// layers over all ranks, with a_owner = g_owner.
+  /// @throws ValueError if a_dims and g_dims differ in length, ranks < 1, or grad_workers is
+  ///   not a divisor of ranks.
+  static Assignment assign_layers(const std::vector<std::size_t> &a_dims,
+                                  const std::vector<std::size_t> &g_dims, int ranks,
+                                  int grad_workers, AssignmentCost c) {
+    if (a_dims.size() != g_dims.size()) {
+      throw ValueError(kat::detail::concat(
+          "kat::dist::KAISA::assign_layers: a_dims and g_dims must have the same length, got ",
+          a_dims.size(), " and ", g_dims.size()));
     }
-    throw ValueError(kat::detail::concat(
-        "kat::dist::KAISA: grad_worker_fraction must be 1 (COMM-OPT) or 1/P = 1/", ranks,
-        " (MEM-OPT) on P = ", ranks,
-        " ranks; HYBRID-OPT (1/P < grad_worker_fraction < 1) is not yet supported, got ", f));
+    if (ranks < 1 || grad_workers < 1 || grad_workers > ranks || ranks % grad_workers != 0) {
+      throw ValueError(kat::detail::concat("kat::dist::KAISA::assign_layers: grad_workers must "
+                                           "be a divisor of ranks >= 1, got grad_workers = ",
+                                           grad_workers, " and ranks = ", ranks));
+    }
+    const std::size_t layers = a_dims.size();
+    const int groups = ranks / grad_workers;
+    Assignment out;
+    std::vector<double> layer_costs;
+    for (std::size_t i = 0; i < layers; ++i) {
+      layer_costs.push_back(cost(a_dims[i], c) + cost(g_dims[i], c));
+    }
+    out.worker_group = assign(layer_costs, groups);
+    out.a_owner.assign(layers, 0);
+    out.g_owner.assign(layers, 0);
+    for (int g = 0; g < groups; ++g) {
+      std::vector<std::size_t> members;
+      std::vector<double> costs;
+      for (std::size_t i = 0; i < layers; ++i) {
+        if (out.worker_group[i] == g) {
+          members.push_back(i);
+          costs.push_back(cost(a_dims[i], c));
+          costs.push_back(cost(g_dims[i], c));
+        }
+      }
+      const std::vector<int> local = assign(costs, grad_workers);
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        out.a_owner[members[k]] = g * grad_workers + local[2 * k];
+        out.g_owner[members[k]] = g * grad_workers + local[2 * k + 1];
+      }
+    }
+    return out;
   }
 
-  /// COMM-OPT's analytic decomposition broadcast payload of one decomposition step, in the
-  /// units of CommunicatorStats: Σ over the 2L factors of (d² + d) (eigen) or d² (inverse),
-  /// times sizeof(InverseScalar). 0 in MEM-OPT.
+  /// gw = f·ranks, the gradient workers per layer.
+  /// @throws ValueError if ranks < 1, or unless f·ranks is within a relative 1e-9 of an
+  ///   integer k that divides ranks (f = k/ranks; the message names grad_worker_fraction,
+  ///   P and the allowed values).
+  static int grad_workers(double f, int ranks) {
+    if (ranks < 1) {
+      throw ValueError(
+          kat::detail::concat("kat::dist::KAISA: the number of ranks must be >= 1, got ", ranks));
+    }
+    if (std::isfinite(f) && f > 0.0 && f <= 2.0) {
+      const double x = f * ranks;
+      const double k = std::round(x);
+      if (k >= 1.0 && k <= ranks && std::fabs(x - k) <= 1e-9 * k &&
+          ranks % static_cast<int>(k) == 0) {
+        return static_cast<int>(k);
+      }
+    }
+    std::ostringstream allowed;
+    for (int k = 1; k <= ranks; ++k) {
+      if (ranks % k != 0)
+        continue;
+      allowed << (k == 1 ? "" : ", ") << static_cast<double>(k) / ranks << " (" << k << "/" << ranks
+              << (k == ranks ? ", COMM-OPT"
+                  : k == 1   ? ", MEM-OPT"
+                             : ", HYBRID-OPT")
+              << ")";
+    }
+    throw ValueError(kat::detail::concat(
+        "kat::dist::KAISA: grad_worker_fraction·P must be a divisor of P on P = ", ranks,
+        " ranks, so grad_worker_fraction must be one of ", allowed.str(), "; got ", f));
+  }
+
+  /// The mode of a fraction on `ranks` ranks: COMM-OPT if gw = ranks (so at ranks = 1),
+  /// MEM-OPT if gw = 1 < ranks, HYBRID-OPT otherwise.
+  /// @throws ValueError as grad_workers().
+  static Mode select_mode(double f, int ranks) {
+    const int gw = grad_workers(f, ranks);
+    if (gw == ranks)
+      return Mode::comm_opt;
+    return gw == 1 ? Mode::mem_opt : Mode::hybrid_opt;
+  }
+
+  /// This rank's analytic decomposition broadcast payload of one decomposition step, in the
+  /// units of CommunicatorStats (per rank, root included): Σ over the 2·L_g factors of the
+  /// layers of this rank's worker group (COMM-OPT: all 2L factors) of (d² + d) (eigen: Q and
+  /// d) or d² (inverse) · sizeof(InverseScalar). 0 in MEM-OPT (nothing is broadcast).
   std::size_t bytes_per_decomposition_update() const {
-    if (mode_ != Mode::comm_opt)
+    if (mode_ == Mode::mem_opt)
       return 0;
     const bool eigen = kfac_.options().compute_method == ComputeMethod::eigen;
+    const int group = worker_group_of(comm_.rank());
     std::size_t entries = 0;
     for (std::size_t i = 0; i < kfac_.size(); ++i) {
+      if (layer_groups_.at(i) != group)
+        continue;
       for (const std::size_t d : {kfac_.factor_a(i).dim(), kfac_.factor_g(i).dim()}) {
         entries += d * d + (eigen ? d : 0);
       }
     }
     return entries * sizeof(inverse_scalar_type);
   }
-  /// MEM-OPT's analytic P broadcast payload of one step: Σ_layers out·(in+1) ·
-  /// sizeof(InverseScalar). 0 in COMM-OPT.
+  /// This rank's analytic P broadcast payload of one step (MEM-OPT and HYBRID-OPT; per rank,
+  /// root included: each rank takes part in one broadcast per layer, in its receiver group):
+  /// Σ over all L layers of out·(in+1) · sizeof(InverseScalar). 0 in COMM-OPT.
   std::size_t bytes_per_step() const {
-    if (mode_ != Mode::mem_opt)
+    if (mode_ == Mode::comm_opt)
       return 0;
     std::size_t entries = 0;
     for (std::size_t i = 0; i < kfac_.size(); ++i) {
@@ -252,47 +394,75 @@ public:
   std::size_t bytes_per_factor_update() const { return dkfac_.bytes_per_factor_update(); }
 
 private:
-  template <class F> void counted(CollectiveCounter &counter, F &&f) {
-    const CollectiveCounter before = comm_.stats().broadcast;
+  int checked_rank(int rank) const {
+    if (rank < 0 || rank >= comm_.size()) {
+      throw ValueError(kat::detail::concat("kat::dist::KAISA: rank must be in [0, ", comm_.size(),
+                                           "), got ", rank));
+    }
+    return rank;
+  }
+
+  /// The worker group's communicator (COMM-OPT: the whole one).
+  Communicator &worker_comm() { return worker_comm_ ? *worker_comm_ : comm_; }
+  /// The receiver group's communicator (MEM-OPT: the whole one).
+  Communicator &receiver_comm() { return receiver_comm_ ? *receiver_comm_ : comm_; }
+
+  template <class F> static void counted(Communicator &comm, CollectiveCounter &counter, F &&f) {
+    const CollectiveCounter before = comm.stats().broadcast;
     f();
-    const CollectiveCounter after = comm_.stats().broadcast;
+    const CollectiveCounter after = comm.stats().broadcast;
     counter.calls += after.calls - before.calls;
     counter.bytes += after.bytes - before.bytes;
   }
 
+  /// Called on every rank for every factor KFAC decomposes (all ranks own all layers); only
+  /// the ranks of the layer's worker group take part. The root's rank in the worker group's
+  /// communicator (split with key = rank) is its global rank minus g·gw.
   void broadcast_decomposition(const execution_space &space, std::size_t layer, char factor,
                                factor_type &f) {
+    const int group = layer_groups_.at(layer);
+    if (group != worker_group_of(comm_.rank())) {
+      return; // not a gradient worker of this layer: keeps no decomposition of it
+    }
     ScopedRegion region("kat::dist::KAISA::broadcast_decomposition");
-    if (layer == 0 && factor == 'A') {
+    if (layer == first_group_layer_ && factor == 'A') {
       ++stats_.decomposition_updates;
     }
-    const int root = decomposition_owner(layer, factor);
-    counted(stats_.decomposition_broadcast, [&] {
+    const int root = decomposition_owner(layer, factor) - group * grad_workers_;
+    Communicator &c = worker_comm();
+    counted(c, stats_.decomposition_broadcast, [&] {
       if (kfac_.options().compute_method == ComputeMethod::eigen) {
         const auto buffers = f.eigen_buffers();
-        comm_.broadcast(space, buffers.first, root);
-        comm_.broadcast(space, buffers.second, root);
+        c.broadcast(space, buffers.first, root);
+        c.broadcast(space, buffers.second, root);
       } else {
-        comm_.broadcast(space, f.inverse_buffer(), root);
+        c.broadcast(space, f.inverse_buffer(), root);
       }
     });
   }
 
+  /// Called on every rank for every layer in registration order. In the receiver
+  /// communicator (split with key = rank) the member of worker group g has rank g, so the
+  /// root is the layer's worker group.
   void broadcast_gradient(const execution_space &space, std::size_t layer,
                           const inverse_matrix_type &p) {
     ScopedRegion region("kat::dist::KAISA::broadcast_gradient");
     if (layer == 0) {
       ++stats_.steps;
     }
-    counted(stats_.gradient_broadcast, [&] { comm_.broadcast(space, p, a_owners_.at(layer)); });
+    Communicator &c = receiver_comm();
+    counted(c, stats_.gradient_broadcast, [&] { c.broadcast(space, p, layer_groups_.at(layer)); });
   }
 
   Communicator &comm_;
   KFACType &kfac_;
   Options options_;
+  int grad_workers_;
   Mode mode_;
   DKFAC<KFACType> dkfac_;
-  std::vector<int> a_owners_, g_owners_;
+  std::optional<Communicator> worker_comm_, receiver_comm_;
+  std::vector<int> layer_groups_, a_owners_, g_owners_;
+  std::size_t first_group_layer_ = static_cast<std::size_t>(-1);
   Stats stats_;
 };
 

@@ -72,7 +72,7 @@ struct Options {
   std::string inverse_precision = "double";
   // MPI builds: how K-FAC is distributed over the ranks ("" = not; "dkfac": kat::dist::DKFAC;
   // "dp-kfac": kat::dist::DPKFAC, layers assigned by dp_kfac_assignment; "kaisa":
-  // kat::dist::KAISA with grad_worker_fraction, 1 or 1/P; 0 = 1).
+  // kat::dist::KAISA with grad_worker_fraction k/P, k dividing P).
   std::string dist_strategy;
   std::string dp_kfac_assignment = "round-robin";
   double grad_worker_fraction = 1.0;
@@ -260,17 +260,21 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
   }
   if (comm != nullptr && o.dist_strategy == "kaisa") {
     // KAISA: factors averaged as in D-KFAC; each decomposition on one rank (greedy, d^3);
-    // COMM-OPT (f = 1) broadcasts decompositions, MEM-OPT (f = 1/P) broadcasts P.
+    // decompositions broadcast within a layer's gradient workers, P from them to the others
+    // (COMM-OPT f = 1: all ranks are workers; MEM-OPT f = 1/P: one; HYBRID-OPT in between).
     kat::dist::KAISAOptions k;
     k.grad_worker_fraction = o.grad_worker_fraction;
     auto kaisa = std::make_shared<kat::dist::KAISA<KFAC>>(*comm, *kfac, k);
-    const bool mem = kaisa->mode() == kat::dist::KAISA<KFAC>::Mode::mem_opt;
+    using Mode = typename kat::dist::KAISA<KFAC>::Mode;
+    const Mode mode = kaisa->mode();
+    const char *mode_name = mode == Mode::mem_opt      ? "MEM-OPT"
+                            : mode == Mode::hybrid_opt ? "HYBRID-OPT"
+                                                       : "COMM-OPT";
     if (root) {
       std::printf("KAISA on %d ranks, grad_worker_fraction %g (%s): %zu bytes all-reduced per "
                   "factor update, %zu bytes broadcast per decomposition update, %zu per step\n",
-                  comm->size(), o.grad_worker_fraction, mem ? "MEM-OPT" : "COMM-OPT",
-                  kaisa->bytes_per_factor_update(), kaisa->bytes_per_decomposition_update(),
-                  kaisa->bytes_per_step());
+                  comm->size(), o.grad_worker_fraction, mode_name, kaisa->bytes_per_factor_update(),
+                  kaisa->bytes_per_decomposition_update(), kaisa->bytes_per_step());
     }
     *report = [kfac, kaisa, comm, root]() {
       const auto bytes =
@@ -287,7 +291,12 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
     p.state_bytes = [kfac, kaisa]() {
       return kfac->state_bytes() + kaisa->dkfac().workspace_bytes();
     };
-    p.comm_bytes = [comm]() { return comm->stats().total().bytes; };
+    // From KAISA's own counters: HYBRID-OPT broadcasts on sub-communicators, which `comm`
+    // does not count.
+    p.comm_bytes = [kaisa]() {
+      return kaisa->dkfac().stats().allreduce.bytes + kaisa->stats().decomposition_broadcast.bytes +
+             kaisa->stats().gradient_broadcast.bytes;
+    };
     return p;
   }
 #else
@@ -1037,9 +1046,10 @@ int main(int argc, char **argv) {
                    "each decomposition on one rank; see --grad-worker-fraction)")
       ->check(CLI::IsMember({"dkfac", "dp-kfac", "kaisa"}));
   kfac->add_option("--grad-worker-fraction", o.grad_worker_fraction,
-                   "With --dist-strategy kaisa: 1 (COMM-OPT, decompositions broadcast, every "
-                   "rank preconditions) | 1/P (MEM-OPT, one rank preconditions each layer and "
-                   "broadcasts it); HYBRID-OPT fractions are not yet supported")
+                   "With --dist-strategy kaisa on P ranks, k/P with k dividing P: the share of "
+                   "ranks that precondition each layer. 1 (COMM-OPT, decompositions broadcast, "
+                   "every rank preconditions) | 1/P (MEM-OPT, one rank preconditions each layer "
+                   "and broadcasts P) | in between (HYBRID-OPT, groups of k gradient workers)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   kfac->add_option("--dp-kfac-assignment", o.dp_kfac_assignment,

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Distributed K-FAC benchmarks on this machine: kat_train (Serial backend, MPI) under mpiexec,
+# --profile on, one CSV per run in build/bench-dist/. Two parts:
+#
+#   scripts/bench_dist.sh update   per second-order update: every step updates the factors and
+#                                  the decompositions (--factor-update-steps 1
+#                                  --inv-update-steps 1) for a few steps; bytes per update,
+#                                  K-FAC memory per rank, second-order compute time per step
+#   scripts/bench_dist.sh train    accuracy and time per epoch with the trainer's K-FAC
+#                                  defaults (10/100), single rank against P ranks
+#
+#   KAT_DIST_MODELS="mlp cnn"   models
+#   KAT_DIST_RANKS="2 4"        rank counts
+#   KAT_DIST_EPOCHS="2"         epochs of the train part
+#   KAT_DIST_STEPS="10"         steps of the update part
+#
+# Ranks use one thread each (ranks >= cores here); the single-rank runs use both cores.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+part=${1:-}
+case $part in update | train) ;; *)
+  echo "usage: $0 update|train" >&2
+  exit 2
+  ;;
+esac
+"$root/scripts/setup.sh"
+build=$root/build/bench-mpi
+out=$root/build/bench-dist
+mkdir -p "$build" "$out"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_EXAMPLES=ON \
+  -DKAT_ENABLE_MPI=ON >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+cmake --build "$build" --target kat_train -j "$(nproc)" >/dev/null
+train=$build/examples/kat_train
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+models=${KAT_DIST_MODELS:-mlp cnn}
+rank_counts=${KAT_DIST_RANKS:-2 4}
+epochs=${KAT_DIST_EPOCHS:-2}
+steps=${KAT_DIST_STEPS:-10}
+
+# run NAME RANKS ARGS...: kat_train on RANKS ranks (1: no mpiexec, both cores) into NAME.csv.
+run() {
+  local name=$1 ranks=$2
+  shift 2
+  local csv=$out/$name.csv
+  if [ "$ranks" -eq 1 ]; then
+    "$train" --progress never --profile --metrics "$csv" "$@" </dev/null >"$out/$name.txt" 2>&1
+  else
+    mpiexec --oversubscribe -n "$ranks" -x OMP_NUM_THREADS=1 -x OPENBLAS_NUM_THREADS=1 \
+      "$train" --progress never --profile --metrics "$csv" "$@" </dev/null >"$out/$name.txt" 2>&1
+  fi || { cat "$out/$name.txt" >&2; exit 1; }
+}
+
+# The strategies at P ranks: name and flags.
+strategies() {
+  local p=$1
+  echo "dkfac --dist-strategy dkfac"
+  echo "kaisa-comm-opt --dist-strategy kaisa --grad-worker-fraction 1"
+  if [ "$p" -gt 2 ]; then
+    echo "kaisa-hybrid-opt --dist-strategy kaisa --grad-worker-fraction 0.5"
+  fi
+  echo "kaisa-mem-opt --dist-strategy kaisa --grad-worker-fraction $(awk -v p="$p" 'BEGIN { print 1 / p }')"
+  echo "dp-kfac --dist-strategy dp-kfac --dp-kfac-assignment round-robin"
+  echo "dp-kfac-balanced --dist-strategy dp-kfac --dp-kfac-assignment balanced"
+}
+
+if [ "$part" = update ]; then
+  printf '| model | ranks | strategy | bytes per second-order update | K-FAC state per rank, max / min (MB) | second-order compute per step, max rank (ms): factors + decomposition + precondition | communication (ms) |\n'
+  printf '|---|---|---|---|---|---|---|\n'
+  for model in $models; do
+    for p in $rank_counts; do
+      while read -r name flags; do
+        tag=update-$model-$p-$name
+        # shellcheck disable=SC2086
+        run "$tag" "$p" --model "$model" --optimizer kfac $flags --epochs 1 \
+          --train-subset $((steps * 128)) --factor-update-steps 1 --inv-update-steps 1
+        csv=$out/$tag.csv
+        awk -F, -v model="$model" -v p="$p" -v name="$name" '
+          NR == 1 { for (i = 1; i <= NF; ++i) c[$i] = i; next }
+          END {
+            f = $c["factor_ms"]; d = $c["decomposition_ms"]; q = $c["precondition_ms"]
+            printf "| %s | %d | %s | %.0f | %.2f / %.2f | %.1f + %.1f + %.1f = %.1f | %.1f |\n",
+              model, p, name, $c["kfac_bytes_per_second_order_update"],
+              $c["kfac_state_bytes_max"] / 1e6, $c["kfac_state_bytes_min"] / 1e6,
+              f, d, q, f + d + q, $c["comm_ms"]
+          }' "$csv"
+      done < <(strategies "$p")
+    done
+  done
+  exit 0
+fi
+
+# train: the first epoch at or above the model's target, and the training time up to it.
+printf '| model | ranks | run | time per epoch (s) | test accuracy by epoch (%%) | epochs and training time to target |\n'
+printf '|---|---|---|---|---|---|\n'
+summary() { # csv model ranks name
+  local target=0.88
+  [ "$2" = cnn ] && target=0.91
+  awk -F, -v model="$2" -v p="$3" -v name="$4" -v target="$target" '
+    NR == 1 { next }
+    { wall += $2; n += 1; acc = acc (n > 1 ? ", " : "") sprintf("%.2f", 100 * $6)
+      if (!hit && $6 >= target) { hit = 1; at = wall; e = $1 } }
+    END {
+      reach = hit ? sprintf("%d, %.1f s", e, at) : sprintf("not in %d", n)
+      printf "| %s | %d | %s | %.1f | %s | %s |\n", model, p, name, wall / n, acc, reach
+    }' "$1"
+}
+for model in $models; do
+  run "train-$model-1-sgd" 1 --model "$model" --optimizer sgd --epochs "$epochs"
+  summary "$out/train-$model-1-sgd.csv" "$model" 1 sgd
+  run "train-$model-1-kfac" 1 --model "$model" --optimizer kfac --epochs "$epochs"
+  summary "$out/train-$model-1-kfac.csv" "$model" 1 kfac
+  for p in $rank_counts; do
+    run "train-$model-$p-sgd" "$p" --model "$model" --optimizer sgd --epochs "$epochs"
+    summary "$out/train-$model-$p-sgd.csv" "$model" "$p" sgd
+    for name in dkfac dp-kfac kaisa-comm-opt; do
+      flags=$(strategies "$p" | awk -v n="$name" '$1 == n { $1 = ""; print }')
+      # shellcheck disable=SC2086
+      run "train-$model-$p-$name" "$p" --model "$model" --optimizer kfac $flags --epochs "$epochs"
+      summary "$out/train-$model-$p-$name.csv" "$model" "$p" "$name"
+    done
+  done
+done

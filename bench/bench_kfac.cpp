@@ -43,7 +43,8 @@ struct Trainer {
 };
 
 // args: model (0 mlp, 1 cnn), compute method (0 eigen, 1 inverse), steps per block.
-template <class InverseScalar> void BM_KFACStep(benchmark::State &state) {
+// Factored: KFACOptions::factored_preconditioning (P from the batch's a and g where cheaper).
+template <class InverseScalar, bool Factored = false> void BM_KFACStep(benchmark::State &state) {
   const std::string name = state.range(0) == 0 ? "mlp" : "cnn";
   const auto method = state.range(1) == 0 ? kat::ComputeMethod::eigen : kat::ComputeMethod::inverse;
   const std::size_t block = static_cast<std::size_t>(state.range(2));
@@ -57,6 +58,7 @@ template <class InverseScalar> void BM_KFACStep(benchmark::State &state) {
   o.damping = 0.003;
   o.lr = 0.05;
   o.compute_method = method;
+  o.factored_preconditioning = Factored;
   kat::KFAC<float, Mem, InverseScalar> kfac(o);
   kfac.register_model(with.model);
   M x;
@@ -104,6 +106,11 @@ template <class InverseScalar> void BM_KFACStep(benchmark::State &state) {
   state.counters["factors_ms"] = 1e3 * regions.seconds("kat::KFAC::update_factors") / steps;
   state.counters["decompose_ms"] = 1e3 * regions.seconds("kat::KFAC::decompose") / steps;
   state.counters["precondition_ms"] = 1e3 * regions.seconds("kat::KFAC::precondition") / steps;
+  state.counters["check_ms"] = 1e3 * regions.seconds("kat::KFAC::factored_check") / steps;
+  double factored = 0;
+  for (std::size_t i = 0; i < kfac.size(); ++i)
+    factored += kfac.factored(i) ? 1 : 0;
+  state.counters["factored_layers"] = factored;
 }
 
 // BM_KFACStep/inverse_precision:<precision> for the MLP (both paths, 5 blocks) and the CNN
@@ -125,5 +132,22 @@ template <class InverseScalar> int register_kfac_steps(const char *precision) {
   return 0;
 }
 const int registered = register_kfac_steps<double>("double") + register_kfac_steps<float>("float");
+
+// BM_KFACStep/inverse_precision:<precision>/factored: the same MLP runs with
+// factored_preconditioning (layers 784->256 and 256->256 factored at batch 128, the head
+// direct), to compare with the lines above in the same run.
+template <class InverseScalar> int register_factored_kfac_steps(const char *precision) {
+  const std::string name = std::string("BM_KFACStep/inverse_precision:") + precision + "/factored";
+  benchmark::RegisterBenchmark(name.c_str(), BM_KFACStep<InverseScalar, true>)
+      ->ArgNames({"model", "inverse", "steps"})
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond)
+      ->Args({0, 0, 100})
+      ->Args({0, 1, 100})
+      ->Iterations(5);
+  return 0;
+}
+const int registered_factored =
+    register_factored_kfac_steps<double>("double") + register_factored_kfac_steps<float>("float");
 
 } // namespace

@@ -764,3 +764,267 @@ TEST_CASE("kfac: containers are walked and BatchNorm is left to the base optimiz
   for (double v : after)
     CHECK(std::isfinite(v));
 }
+
+// ---- factored preconditioning (Options::factored_preconditioning) ----
+
+namespace {
+
+// 12 -> 10 (tanh) -> 8 (tanh) -> 2 at batch 4: with rows = 4 the first two Dense layers are
+// cheaper factored (3192 < 5980 and 2184 < 3344 flops), the 8 -> 2 head is not (824 > 396).
+// With `conv`: 1x6x6 -> Conv2d 3x3 (3 channels, rows = 4·16 = 64: direct) -> Flatten ->
+// Dense 48 -> 5 (factored: 21368 < 26460).
+template <class Scalar> struct FactoredNet {
+  nn::Sequential<Scalar, Mem> model;
+  std::size_t in, out;
+  explicit FactoredNet(bool conv)
+      : model(conv ? FeatureShape{1, 6, 6} : FeatureShape{12}), in(conv ? 36 : 12),
+        out(conv ? 5 : 2) {
+    if (conv) {
+      model.template add<nn::Conv2d>(1, 3, 3);
+      model.template add<nn::Flatten>();
+      model.template add<nn::Dense>(48, 5);
+    } else {
+      model.template add<nn::Dense>(12, 10);
+      model.template add<nn::Tanh>();
+      model.template add<nn::Dense>(10, 8);
+      model.template add<nn::Tanh>();
+      model.template add<nn::Dense>(8, 2);
+    }
+    model.compile(Space(), 23);
+  }
+  // zero_grad, forward, backward of an output gradient carrying 1/N like a mean loss.
+  void run(std::uint64_t seed, std::size_t n = 4) {
+    const auto x = random_matrix<Scalar>(n, in, seed);
+    const auto dy = random_matrix<Scalar>(n, out, seed + 1000, -0.5 / n, 0.5 / n);
+    model.zero_grad(Space());
+    model.forward(Space(), x);
+    model.backward(Space(), dy);
+  }
+  // θ ← θ − lr·∇ (plain SGD, so both runs take the same update from their own gradients).
+  void sgd(double lr) {
+    const auto p = model.parameters();
+    const auto g = model.gradients();
+    const Scalar s = static_cast<Scalar>(lr);
+    Kokkos::parallel_for(
+        "sgd", Kokkos::RangePolicy<Space>(0, p.extent(0)),
+        KOKKOS_LAMBDA(const std::size_t i) { p(i) -= s * g(i); });
+  }
+};
+
+template <class V> std::vector<double> host_doubles(const V &v) {
+  const auto h = to_host(v);
+  std::vector<double> out(h.extent(0));
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<double>(h(i));
+  return out;
+}
+
+// Runs the same steps with the option off and on: factors every 2 steps, decompositions every
+// 4, 9 steps (the last batch smaller), SGD with rate `lr` in between; compares every step's
+// preconditioned gradient and the final parameters. With `sync` the factored run's
+// parameters are reset to the direct run's after each step, so every step compares the two
+// forms on identical a, g, ∇ and factors (without it rounding differences may grow through
+// the training dynamics). Returns the largest relative gradient difference.
+template <class Scalar, class InverseScalar>
+double factored_vs_direct(ComputeMethod method, bool conv, double kl_clip, double tol,
+                          bool sync = true, double lr = 0.1) {
+  FactoredNet<Scalar> direct_net(conv), factored_net(conv);
+  typename KFAC<Scalar, Mem, InverseScalar>::Options o;
+  o.compute_method = method;
+  // The conv net's Dense layer has a 4-row batch for 49 inputs, so A is far from full rank:
+  // the direct form's own rounding of ∇ in A's null space is amplified by 1/λ, the true
+  // components only by 1/(d_G d_A + λ), while the factored form has no such rounding. A
+  // larger damping keeps that amplification, and so the gap, small.
+  o.damping = conv ? 1.0 : 0.01;
+  o.kl_clip = kl_clip;
+  o.lr = 0.1;
+  o.factor_decay = 0.7;
+  o.factor_update_steps = std::int64_t(2);
+  o.inv_update_steps = std::int64_t(4);
+  KFAC<Scalar, Mem, InverseScalar> direct(o);
+  o.factored_preconditioning = true;
+  KFAC<Scalar, Mem, InverseScalar> factored(o);
+  direct.register_model(direct_net.model);
+  factored.register_model(factored_net.model);
+  double worst = 0;
+  INFO("Scalar bytes " << sizeof(Scalar) << ", InverseScalar bytes " << sizeof(InverseScalar)
+                       << ", kl_clip " << kl_clip);
+  for (int s = 0; s < 9; ++s) {
+    INFO("step " << s);
+    const std::size_t n = s == 8 ? 3 : 4;
+    direct_net.run(300 + s, n);
+    factored_net.run(300 + s, n);
+    direct.step(Space());
+    factored.step(Space());
+    const double diff = max_rel(host_doubles(factored_net.model.gradients()),
+                                host_doubles(direct_net.model.gradients()));
+    CHECK(diff < tol);
+    CHECK(factored.kl_scale() == Approx(direct.kl_scale()).epsilon(100 * tol));
+    // The choice per layer (registration order).
+    if (conv) {
+      CHECK(!factored.factored(0));
+      CHECK(factored.factored(1));
+    } else {
+      CHECK(factored.factored(0));
+      CHECK(factored.factored(1));
+      CHECK(!factored.factored(2));
+    }
+    for (std::size_t l = 0; l < direct.size(); ++l)
+      CHECK(!direct.factored(l));
+    direct_net.sgd(lr);
+    factored_net.sgd(lr);
+    if (sync)
+      Kokkos::deep_copy(factored_net.model.parameters(), direct_net.model.parameters());
+  }
+  CHECK(max_rel(host_doubles(factored_net.model.parameters()),
+                host_doubles(direct_net.model.parameters())) < tol);
+  return worst;
+}
+
+} // namespace
+
+TEST_CASE("kfac: factored preconditioning equals the direct form", "[kfac][factored]") {
+  for (const ComputeMethod method : {ComputeMethod::inverse, ComputeMethod::eigen}) {
+    for (const bool conv : {false, true}) {
+      INFO("method " << (method == ComputeMethod::eigen ? "eigen" : "inverse") << ", conv "
+                     << conv);
+      factored_vs_direct<double, double>(method, conv, 0.0, 1e-12);
+      factored_vs_direct<double, double>(method, conv, 1e-6, 1e-12); // KL clip active
+      factored_vs_direct<float, double>(method, conv, 0.0, 1e-5);
+      factored_vs_direct<float, float>(method, conv, 0.0, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("kfac: training with factored preconditioning gives the same parameters",
+          "[kfac][factored]") {
+  // No parameter reset between steps: nine K-FAC + SGD steps end at the same parameters.
+  for (const ComputeMethod method : {ComputeMethod::inverse, ComputeMethod::eigen}) {
+    for (const bool conv : {false, true}) {
+      INFO("method " << (method == ComputeMethod::eigen ? "eigen" : "inverse") << ", conv "
+                     << conv);
+      factored_vs_direct<double, double>(method, conv, 1e-3, 1e-10, false, 0.01);
+    }
+  }
+}
+
+TEST_CASE("kfac: factored preconditioning chooses per layer and records only where needed",
+          "[kfac][factored]") {
+  using K = KFAC<double, Mem>;
+  CHECK(K::direct_flops(256, 785) == 2.0 * 256 * 785 * (256 + 785));
+  CHECK(K::factored_flops(256, 785, 128) == 2.0 * 128 * (256.0 * 256 + 785.0 * 785 + 256.0 * 785));
+  CHECK(K::factored_flops(256, 785, 128) < K::direct_flops(256, 785)); // MLP layer 1
+  CHECK(K::factored_flops(256, 257, 128) < K::direct_flops(256, 257)); // MLP layer 2
+  CHECK(K::factored_flops(10, 257, 128) > K::direct_flops(10, 257));   // MLP head
+  CHECK(K::factored_tolerance(128, 785) ==
+        Approx(128 * std::numeric_limits<double>::epsilon() +
+               2 * 913 * std::numeric_limits<double>::epsilon()));
+  CHECK(KFAC<float, Mem>::factored_tolerance(128, 785) > 128 * 1.19e-7);
+
+  FactoredNet<double> net(false);
+  K::Options o;
+  o.factor_update_steps = std::int64_t(3);
+  o.inv_update_steps = std::int64_t(3);
+  o.factored_preconditioning = true;
+  K kfac(o);
+  kfac.register_model(net.model);
+  std::size_t bytes_at_4 = 0;
+  for (int s = 0; s < 8; ++s) {
+    const bool factor_step = s % 3 == 0;
+    CHECK(kfac.needs_curvature() == factor_step);
+    // Before the first step every owned layer records; afterwards the factored ones every
+    // step and the direct head only on factor-update steps.
+    CHECK(net.model.layer(0).recording_curvature());
+    CHECK(net.model.layer(2).recording_curvature());
+    CHECK(net.model.layer(4).recording_curvature() == (s == 0 || factor_step));
+    CHECK(kfac.wants_curvature(2) == net.model.layer(4).recording_curvature());
+    net.run(700 + s);
+    kfac.step(Space());
+    CHECK(kfac.factored(0));
+    CHECK(!kfac.factored(2));
+    CHECK(kfac.factored_check(0) <= K::factored_tolerance(4, 13));
+    if (s == 4)
+      bytes_at_4 = kfac.state_bytes();
+  }
+  CHECK(kfac.state_bytes() == bytes_at_4); // no allocation in steady state
+
+  // A larger batch makes the factored form dearer: rows 8 cost 6384 > 5980 for the first layer.
+  net.run(800, 8);
+  kfac.step(Space());
+  CHECK(!kfac.factored(0));
+  CHECK(!kfac.factored(1));
+
+  // Option off: nothing changes in the recording schedule.
+  FactoredNet<double> plain_net(false);
+  K::Options p;
+  p.factor_update_steps = std::int64_t(2);
+  K plain(p);
+  plain.register_model(plain_net.model);
+  plain_net.run(900);
+  plain.step(Space());
+  CHECK(!plain.factored(0));
+  CHECK(!plain_net.model.layer(0).recording_curvature());
+}
+
+TEST_CASE("kfac: factored preconditioning refuses a gradient that is not the batch's g^T a",
+          "[kfac][factored][errors]") {
+  const auto scale_block = [](nn::Sequential<double, Mem> &model, std::size_t layer,
+                              double factor) {
+    const auto g = model.layer(layer).curvature().weight_gradient;
+    Kokkos::parallel_for(
+        "scale", matrix_policy(Space(), g.extent(0), g.extent(1)),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { g(i, j) *= factor; });
+  };
+  for (const ComputeMethod method : {ComputeMethod::inverse, ComputeMethod::eigen}) {
+    FactoredNet<double> net(false);
+    KFAC<double, Mem>::Options o;
+    o.compute_method = method;
+    o.factor_update_steps = std::int64_t(2);
+    o.inv_update_steps = std::int64_t(4);
+    o.factored_preconditioning = true;
+    KFAC<double, Mem> kfac(o);
+    kfac.register_model(net.model);
+    net.run(1);
+    kfac.step(Space()); // factors, decompositions, a good factored step
+    net.run(2);
+    kfac.step(Space()); // a non-factor step: checked too
+    CHECK(kfac.factored(0));
+
+    // A gradient scaled by 1.01 (as clipping would) on a non-factor step (step 3).
+    net.run(3);
+    kfac.step(Space());
+    net.run(4);
+    scale_block(net.model, 2, 1.01);
+    const auto before = host_doubles(net.model.gradients());
+    REQUIRE_THROWS_AS(kfac.step(Space()), ValueError);
+    try {
+      kfac.step(Space());
+    } catch (const ValueError &e) {
+      const std::string m = e.what();
+      CHECK_THAT(m, Catch::Contains("layer '2'"));
+      CHECK_THAT(m, Catch::Contains("at step 3"));
+      CHECK_THAT(m, Catch::Contains("allowed"));
+      CHECK_THAT(m, Catch::Contains("no accumulation"));
+      CHECK_THAT(m, Catch::Contains("data-parallel averaging"));
+    }
+    CHECK(host_doubles(net.model.gradients()) == before); // nothing applied
+
+    // The direct head is not checked (and needs no check: P is computed from ∇ itself).
+    net.run(5);
+    scale_block(net.model, 4, 1.01);
+    kfac.step(Space());
+    CHECK(!kfac.factored(2));
+
+    // Gradients accumulated over two backward passes (a factor-update step, step 4).
+    const auto x1 = random_matrix<double>(4, 12, 11), x2 = random_matrix<double>(4, 12, 12);
+    const auto dy = random_matrix<double>(4, 2, 13, -0.1, 0.1);
+    net.model.zero_grad(Space());
+    net.model.forward(Space(), x1);
+    net.model.backward(Space(), dy);
+    net.model.forward(Space(), x2);
+    net.model.backward(Space(), dy);
+    REQUIRE(kfac.needs_curvature());
+    REQUIRE_THROWS_WITH(kfac.step(Space()), Catch::Contains("layer '0'") &&
+                                                Catch::Contains("is not the recorded batch"));
+  }
+}

@@ -9,6 +9,7 @@
 #include "kat/core/hyperparameter.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
+#include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/precond/kronecker_factor.hpp"
@@ -22,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -72,6 +74,26 @@ struct KFACOptions {
   bool keep_previous_on_failure = false;
   /// Where warnings go (never null).
   std::ostream *log = &std::cerr;
+  /// Computes P from the layer's recorded batch instead of from ∇ where that costs fewer
+  /// flops (default false). For a layer whose weight gradient is exactly the batch product
+  /// ∇ = gᵀa of the recorded a (rows x (in+1)) and g (rows x out), the inverse path's
+  /// P = G⁻¹ ∇ A⁻¹ (Martens & Grosse 2015: (A ⊗ G)⁻¹ vec(∇) = vec(G⁻¹ ∇ A⁻¹), here with the
+  /// damped factors) equals (G⁻¹gᵀ)(aA⁻¹) = G⁻¹(gᵀa)A⁻¹ by associativity, and the eigen
+  /// path's Q_Gᵀ ∇ Q_A equals (Q_Gᵀgᵀ)(aQ_A). With out x cols = out x (in+1) the first half costs
+  /// 2·out·cols·(out + cols) flops directly and 2·rows·(out² + cols² + out·cols) factored;
+  /// each step, each layer takes the cheaper form (KFAC::factored_flops(), direct_flops()):
+  /// Dense layers with a batch smaller than their dimensions gain, Conv2d (rows = N·H·W) and
+  /// narrow layers stay direct. This needs a and g on every step, not only on factor-update
+  /// steps: K-FAC asks the layers to record them (wants_curvature()).
+  ///
+  /// It is exact only when ∇ is the recorded batch's gᵀa: not with gradients accumulated over
+  /// several batches, averaged over data-parallel ranks (kat::dist strategies must not use
+  /// it), clipped, weight-decayed or otherwise modified before KFAC::step. Each step checks
+  /// this for every factored layer (Freivalds' test with a fixed random vector v:
+  /// ‖∇v − gᵀ(av)‖₂ <= (rows·ε + 2(rows + cols)·ε_double)·‖|g|ᵀ(|a||v|)‖₂, ε the machine
+  /// epsilon of the model's Scalar, a bound no rounding of ∇ = gᵀa can exceed) and throws
+  /// ValueError otherwise (docs/kfac.md, "Factored preconditioning").
+  bool factored_preconditioning = false;
 };
 
 /// Values of the hyperparameters at one step (what state() records).
@@ -215,8 +237,9 @@ public:
   ///                 (out x (in+1), LayoutLeft, preconditioned in place by step()) must be
   ///                 valid from registration on; a (rows x (in+1)), g (rows x out) and
   ///                 samples (N) must be valid after the backward of every step for which
-  ///                 needs_curvature() was true before its forward.
-  /// @param record   optional: called with needs_curvature() for the next step, so a layer
+  ///                 needs_curvature() (with Options::factored_preconditioning:
+  ///                 wants_curvature(i)) was true before its forward.
+  /// @param record   optional: called with wants_curvature(i) for the next step, so a layer
   ///                 can skip recording a and g when they are not needed.
   /// @param type     optional type name matched by skip_layers.
   /// @return whether the layer was registered (false when skip_layers names it).
@@ -251,9 +274,7 @@ public:
     if (owned_) {
       layers_.back()->owned = owned_(layers_.size() - 1);
     }
-    if (layers_.back()->record) {
-      layers_.back()->record(needs_curvature() && layers_.back()->owned);
-    }
+    tell_record(*layers_.back(), needs_curvature());
     return true;
   }
 
@@ -320,9 +341,7 @@ public:
       if (!l.owned) {
         l.ready = false;
       }
-      if (l.record) {
-        l.record(next && l.owned);
-      }
+      tell_record(l, next);
     }
   }
   /// Whether this process owns registered layer i (see set_owned()).
@@ -377,9 +396,13 @@ public:
   /// the first steps and is constant afterwards. A layer not owned (set_owned()) holds only
   /// its preconditioned-gradient buffer.
   std::size_t state_bytes() const {
-    std::size_t bytes = (work_.capacity() + cast_.capacity()) * sizeof(InverseScalar);
+    std::size_t bytes = (work_.capacity() + cast_.capacity() + factored_a_.capacity() +
+                         factored_g_.capacity() + factored_u_.capacity() + factored_v_.capacity()) *
+                            sizeof(InverseScalar) +
+                        (check_rows_.capacity() + check_out_.capacity()) * sizeof(double);
     for (const auto &l : layers_) {
-      bytes += l->A.bytes() + l->G.bytes() + l->p.span() * sizeof(InverseScalar);
+      bytes += l->A.bytes() + l->G.bytes() + l->p.span() * sizeof(InverseScalar) +
+               l->probe.span() * sizeof(double);
     }
     return bytes;
   }
@@ -390,6 +413,45 @@ public:
     const std::int64_t every = opt_.factor_update_steps(steps_);
     check_steps("factor_update_steps", every, steps_);
     return steps_ % every == 0;
+  }
+
+  /// Whether registered layer i should record a and g during the forward/backward before the
+  /// next step(): needs_curvature() for an owned layer, and with
+  /// Options::factored_preconditioning also every step for an owned layer that the factored
+  /// form may serve (until its first step, and afterwards while factored_flops() for its rows
+  /// is below direct_flops()). The layer's record callback is told exactly this. A layer
+  /// registered without a record callback must then supply a and g of the current batch on
+  /// every step, or empty views (the layer is then preconditioned directly).
+  bool wants_curvature(std::size_t i) const {
+    return wants_record(*layers_.at(i), needs_curvature());
+  }
+
+  /// Whether the last step() preconditioned registered layer i in factored form
+  /// (Options::factored_preconditioning).
+  bool factored(std::size_t i) const { return layers_.at(i)->factored; }
+
+  /// The relative difference ‖∇v − gᵀ(av)‖₂ / ‖|g|ᵀ(|a||v|)‖₂ of registered layer i's last
+  /// factored-preconditioning check (0 before any).
+  double factored_check(std::size_t i) const { return layers_.at(i)->check; }
+  /// The largest relative difference that check accepts for a batch of `rows` rows and `cols`
+  /// columns of a: rows·ε(Scalar) + 2(rows + cols)·ε(double) (see Options).
+  static double factored_tolerance(std::size_t rows, std::size_t cols) {
+    return static_cast<double>(rows) * static_cast<double>(std::numeric_limits<Scalar>::epsilon()) +
+           2.0 * static_cast<double>(rows + cols) * std::numeric_limits<double>::epsilon();
+  }
+
+  /// Flops of the first half of the direct preconditioning of an out x cols gradient,
+  /// G⁻¹∇ then (·)A⁻¹ (inverse path) or Q_Gᵀ∇ then (·)Q_A (eigen path): 2·out·cols·(out + cols).
+  static double direct_flops(std::size_t out, std::size_t cols) {
+    const double o = static_cast<double>(out), c = static_cast<double>(cols);
+    return 2.0 * o * c * (o + c);
+  }
+  /// Flops of the same product in factored form from a batch of `rows` rows: G⁻¹gᵀ, aA⁻¹ and
+  /// their product, 2·rows·(out² + cols² + out·cols). A layer is preconditioned in factored
+  /// form when this is strictly below direct_flops().
+  static double factored_flops(std::size_t out, std::size_t cols, std::size_t rows) {
+    const double o = static_cast<double>(out), c = static_cast<double>(cols);
+    return 2.0 * static_cast<double>(rows) * (o * o + c * c + o * c);
   }
 
   /// ν of the last step (1 when the clip did not act or is disabled).
@@ -425,9 +487,7 @@ public:
     }
     const bool next = needs_curvature();
     for (auto &l : layers_) {
-      if (l->record) {
-        l->record(next && l->owned);
-      }
+      tell_record(*l, next);
     }
   }
 
@@ -523,8 +583,7 @@ public:
     decompose(space, opt_.damping(steps_));
     const bool next = needs_curvature();
     for (auto &l : layers_) {
-      if (l->record)
-        l->record(next && l->owned);
+      tell_record(*l, next);
     }
   }
 
@@ -540,12 +599,30 @@ private:
     std::function<void(bool)> record;
     std::size_t out, cols;
     factor_type A, G;
-    inverse_matrix_type p; // this step's preconditioned gradient, before the KL scale
-    bool ready = false;    // has a decomposition to precondition with
-    bool applied = false;  // preconditioned in this step
-    bool owned = true;     // builds its factors here (set_owned)
-    record_type current;   // views() of this step
+    inverse_matrix_type p;  // this step's preconditioned gradient, before the KL scale
+    bool ready = false;     // has a decomposition to precondition with
+    bool applied = false;   // preconditioned in this step
+    bool owned = true;      // builds its factors here (set_owned)
+    record_type current;    // views() of this step
+    bool asked = false;     // what the record callback was last told (this step's recording)
+    bool every_step = true; // factored_preconditioning: record on every step (see wants_record)
+    bool factored = false;  // the last step used the factored form
+    Vector<double, MemorySpace> probe; // Freivalds vector v (cols), on first factored use
+    double check = 0;                  // the last check's relative difference
   };
+
+  /// Seed of the Freivalds vectors (stream: the registration index).
+  static constexpr std::uint64_t probe_seed = 0x4b4641435f464143ull;
+
+  bool wants_record(const Entry &l, bool next) const {
+    return l.owned && (next || (opt_.factored_preconditioning && l.every_step));
+  }
+  void tell_record(Entry &l, bool next) {
+    l.asked = wants_record(l, next);
+    if (l.record) {
+      l.record(l.asked);
+    }
+  }
 
   template <class L> std::size_t register_nn_layer(const std::string &path, L &layer) {
     std::size_t count = 0;
@@ -757,9 +834,10 @@ private:
     ScopedRegion region("kat::KFAC::precondition");
     double vg = 0;
     const bool hooked = static_cast<bool>(precondition_hook_);
-    for (auto &lp : layers_) {
-      Entry &l = *lp;
+    for (std::size_t index = 0; index < layers_.size(); ++index) {
+      Entry &l = *layers_[index];
       l.applied = false;
+      l.factored = false;
       if (!hooked && !(l.owned && l.ready)) {
         continue; // left to the base optimizer
       }
@@ -770,6 +848,10 @@ private:
                                              grad.extent(1)));
       }
       if (l.owned && l.ready) {
+        l.factored = use_factored(l);
+        if (l.factored) {
+          check_factored(space, l, index);
+        }
         if (opt_.compute_method == ComputeMethod::eigen) {
           precondition_eigen(space, l, grad, v.damping);
         } else {
@@ -819,28 +901,190 @@ private:
     }
   }
 
+  /// `x` as an InverseScalar matrix, converted into `ws`: the view itself when the types agree.
+  static inverse_matrix_type to_inverse(const execution_space &space, const matrix_type &x,
+                                        Workspace<InverseScalar, MemorySpace> &ws) {
+    if constexpr (std::is_same<Scalar, InverseScalar>::value) {
+      (void)space;
+      (void)ws;
+      return x;
+    } else {
+      const inverse_matrix_type c = ws.matrix(x.extent(0), x.extent(1));
+      kat::detail::convert(space, x, c);
+      return c;
+    }
+  }
   /// The gradient as an InverseScalar matrix: the view itself when the types agree.
   inverse_matrix_type as_inverse(const execution_space &space, const matrix_type &grad) {
-    if constexpr (std::is_same<Scalar, InverseScalar>::value) {
-      return grad;
-    } else {
-      const inverse_matrix_type c = cast_.matrix(grad.extent(0), grad.extent(1));
-      kat::detail::convert(space, grad, c);
-      return c;
+    return to_inverse(space, grad, cast_);
+  }
+
+  /// Whether layer l is preconditioned in factored form this step: the option is on, a and g
+  /// of this step's batch were recorded (the record callback was told so, or there is none),
+  /// and the factored product is cheaper for their rows. Remembers the cost decision so that
+  /// a layer that stays direct records only on factor-update steps.
+  bool use_factored(Entry &l) const {
+    if (!opt_.factored_preconditioning || (l.record && !l.asked)) {
+      return false;
+    }
+    const record_type &r = l.current;
+    if (r.a.extent(0) == 0 && r.g.extent(0) == 0) {
+      return false; // not supplied this step: direct
+    }
+    checked_record(l); // shapes
+    const std::size_t rows = r.a.extent(0);
+    l.every_step = factored_flops(l.out, l.cols, rows) < direct_flops(l.out, l.cols);
+    return l.every_step;
+  }
+
+  /// op(left) gᵀ a right into dst (out x cols), from this step's a and g: G⁻¹(gᵀa)A⁻¹ with
+  /// left = G⁻¹, right = A⁻¹ (inverse path), or Q_Gᵀ(gᵀa)Q_A with left = Q_G transposed,
+  /// right = Q_A (eigen path).
+  void factored_product(const execution_space &space, const Entry &l,
+                        const inverse_matrix_type &left, Trans left_trans,
+                        const inverse_matrix_type &right, const inverse_matrix_type &dst) {
+    const inverse_matrix_type a = to_inverse(space, l.current.a, factored_a_);
+    const inverse_matrix_type g = to_inverse(space, l.current.g, factored_g_);
+    const std::size_t rows = a.extent(0);
+    const inverse_matrix_type u = factored_u_.matrix(l.out, rows);
+    const inverse_matrix_type v = factored_v_.matrix(rows, l.cols);
+    const InverseScalar one(1), zero(0);
+    gemm(space, left_trans, Trans::T, one, left, g, zero, u); // op(L) gᵀ, out x rows
+    gemm(space, Trans::N, Trans::N, one, a, right, zero, v);  // a R, rows x cols
+    gemm(space, Trans::N, Trans::N, one, u, v, zero, dst);
+  }
+
+  /// Freivalds' check that this step's weight gradient is the recorded batch's gᵀa, with a
+  /// fixed random v (cols, uniform in [-1, 1), drawn once per layer): in double,
+  /// ‖∇v − gᵀ(av)‖₂ <= τ ‖|g|ᵀ(|a||v|)‖₂ with τ = rows·ε(Scalar) + 2(rows + cols)·ε(double).
+  /// Any summation order of ∇ = gᵀa in Scalar errs by at most γ_rows (|g|ᵀ|a|) entry-wise
+  /// (γ_n = nu/(1 − nu) <= n·ε for unit roundoff u = ε/2, Higham, "Accuracy and Stability of
+  /// Numerical Algorithms", sec. 3.5), so a gradient that is gᵀa never fails; the second term
+  /// covers the check's own double rounding. Cost O(out·cols + rows·(cols + out)).
+  /// @throws ValueError naming the layer, the step and both relative differences otherwise;
+  ///   NumericalError if the check is not finite.
+  void check_factored(const execution_space &space, Entry &l, std::size_t index) {
+    ScopedRegion region("kat::KFAC::factored_check");
+    const record_type &r = l.current;
+    const std::size_t rows = r.a.extent(0), out = l.out, cols = l.cols;
+    if (l.probe.extent(0) != cols) {
+      l.probe = Vector<double, MemorySpace>(
+          Kokkos::view_alloc("kat::KFAC::" + l.name + "::probe", Kokkos::WithoutInitializing),
+          cols);
+      const Vector<double, MemorySpace> p = l.probe;
+      const std::uint64_t seed = probe_seed, stream = index;
+      Kokkos::parallel_for(
+          "kat::KFAC::probe", Kokkos::RangePolicy<execution_space>(space, 0, cols),
+          KOKKOS_LAMBDA(const std::size_t j) {
+            p(j) = 2.0 * counter_uniform(seed, stream, j) - 1.0;
+          });
+    }
+    const matrix_type a = r.a, g = r.g, grad = r.weight_gradient;
+    const Vector<double, MemorySpace> v = l.probe;
+    // Each work item handles kChunk consecutive rows of a (and of ∇) on host spaces, so one
+    // thread runs down contiguous column segments into local sums, and one row on devices,
+    // so neighbouring threads read neighbouring entries of a column.
+    constexpr bool host =
+        Kokkos::SpaceAccessibility<execution_space, Kokkos::HostSpace>::accessible;
+    constexpr std::size_t kChunk = host ? 64 : 1;
+    const Matrix<double, MemorySpace> av = check_rows_.matrix(rows, 2);
+    Kokkos::parallel_for(
+        "kat::KFAC::check_av",
+        Kokkos::RangePolicy<execution_space>(space, 0, (rows + kChunk - 1) / kChunk),
+        KOKKOS_LAMBDA(const std::size_t c) {
+          const std::size_t begin = c * kChunk;
+          const std::size_t n = begin + kChunk < rows ? kChunk : rows - begin;
+          double s[kChunk], t[kChunk];
+          for (std::size_t i = 0; i < n; ++i) {
+            s[i] = 0;
+            t[i] = 0;
+          }
+          for (std::size_t j = 0; j < cols; ++j) {
+            const double vj = v(j), abs_vj = vj < 0 ? -vj : vj;
+            const Scalar *col = &a(begin, j);
+            for (std::size_t i = 0; i < n; ++i) {
+              const double x = static_cast<double>(col[i]);
+              s[i] += x * vj;
+              t[i] += (x < 0 ? -x : x) * abs_vj;
+            }
+          }
+          for (std::size_t i = 0; i < n; ++i) {
+            av(begin + i, 0) = s[i]; // (a v)_i
+            av(begin + i, 1) = t[i]; // (|a||v|)_i
+          }
+        });
+    const Matrix<double, MemorySpace> dk = check_out_.matrix(out, 2);
+    Kokkos::parallel_for(
+        "kat::KFAC::check_gv",
+        Kokkos::RangePolicy<execution_space>(space, 0, (out + kChunk - 1) / kChunk),
+        KOKKOS_LAMBDA(const std::size_t c) {
+          const std::size_t begin = c * kChunk;
+          const std::size_t n = begin + kChunk < out ? kChunk : out - begin;
+          double d[kChunk];
+          for (std::size_t k = 0; k < n; ++k) {
+            d[k] = 0;
+          }
+          for (std::size_t j = 0; j < cols; ++j) {
+            const double vj = v(j);
+            const Scalar *col = &grad(begin, j);
+            for (std::size_t k = 0; k < n; ++k) {
+              d[k] += static_cast<double>(col[k]) * vj;
+            }
+          }
+          for (std::size_t k = 0; k < n; ++k) {
+            double e = 0, b = 0;
+            for (std::size_t i = 0; i < rows; ++i) {
+              const double gi = static_cast<double>(g(i, begin + k));
+              e += gi * av(i, 0);
+              b += (gi < 0 ? -gi : gi) * av(i, 1);
+            }
+            dk(begin + k, 0) = d[k] - e; // (∇v − gᵀ(av))_k
+            dk(begin + k, 1) = b;        // (|g|ᵀ(|a||v|))_k
+          }
+        });
+    double dd = 0, bb = 0;
+    Kokkos::parallel_reduce(
+        "kat::KFAC::check_diff", Kokkos::RangePolicy<execution_space>(space, 0, out),
+        KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 0) * dk(k, 0); }, dd);
+    Kokkos::parallel_reduce(
+        "kat::KFAC::check_bound", Kokkos::RangePolicy<execution_space>(space, 0, out),
+        KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 1) * dk(k, 1); }, bb);
+    const double diff = std::sqrt(dd), bound = std::sqrt(bb);
+    if (!std::isfinite(diff) || !std::isfinite(bound)) {
+      throw NumericalError(kat::detail::concat(
+          context(l), ": factored_preconditioning: the check ‖∇v − gᵀ(av)‖ is not finite at step ",
+          steps_, " (are the gradient, a and g finite?)"));
+    }
+    const double tol = factored_tolerance(rows, cols);
+    l.check = bound > 0 ? diff / bound : (diff > 0 ? std::numeric_limits<double>::infinity() : 0);
+    if (!(diff <= tol * bound)) {
+      throw ValueError(kat::detail::concat(
+          context(l), ": factored_preconditioning at step ", steps_,
+          ": the weight gradient is not the recorded batch's gᵀa: ‖∇v − gᵀ(av)‖₂ / "
+          "‖|g|ᵀ(|a||v|)‖₂ = ",
+          l.check, ", allowed ", tol,
+          " (rounding of gᵀa in the model's precision). The option requires the gradient to be "
+          "exactly gᵀa of the batch recorded in a and g: no accumulation over several "
+          "batches or backward passes, no data-parallel averaging, no clipping, weight decay "
+          "or other change before KFAC::step; turn factored_preconditioning off otherwise"));
     }
   }
 
   void precondition_eigen(const execution_space &space, Entry &l, const matrix_type &grad,
                           double damping) {
-    const inverse_matrix_type g = as_inverse(space, grad);
     const inverse_matrix_type w = work_.matrix(l.out, l.cols);
     const auto &qa = l.A.eigenvectors();
     const auto &qg = l.G.eigenvectors();
     const auto da = l.A.eigenvalues();
     const auto dg = l.G.eigenvalues();
     const InverseScalar one(1), zero(0);
-    gemm(space, Trans::T, Trans::N, one, qg, g, zero, w);   // Q_Gᵀ ∇
-    gemm(space, Trans::N, Trans::N, one, w, qa, zero, l.p); // (Q_Gᵀ ∇) Q_A
+    if (l.factored) {
+      factored_product(space, l, qg, Trans::T, qa, l.p); // (Q_Gᵀ gᵀ)(a Q_A)
+    } else {
+      const inverse_matrix_type g = as_inverse(space, grad);
+      gemm(space, Trans::T, Trans::N, one, qg, g, zero, w);   // Q_Gᵀ ∇
+      gemm(space, Trans::N, Trans::N, one, w, qa, zero, l.p); // (Q_Gᵀ ∇) Q_A
+    }
     const inverse_matrix_type p = l.p;
     const InverseScalar lambda = static_cast<InverseScalar>(damping);
     Kokkos::parallel_for(
@@ -853,6 +1097,10 @@ private:
   }
 
   void precondition_inverse(const execution_space &space, Entry &l, const matrix_type &grad) {
+    if (l.factored) {
+      factored_product(space, l, l.G.inverse(), Trans::N, l.A.inverse(), l.p); // (G⁻¹gᵀ)(aA⁻¹)
+      return;
+    }
     const inverse_matrix_type g = as_inverse(space, grad);
     const inverse_matrix_type w = work_.matrix(l.out, l.cols);
     const InverseScalar one(1), zero(0);
@@ -908,6 +1156,14 @@ private:
   std::vector<std::unique_ptr<Entry>> layers_;
   Workspace<InverseScalar, MemorySpace> work_{"kat::KFAC::work"};
   Workspace<InverseScalar, MemorySpace> cast_{"kat::KFAC::cast"};
+  // factored_preconditioning: a and g converted, G⁻¹gᵀ (or Q_Gᵀgᵀ), aA⁻¹ (or aQ_A), and the
+  // check's (av, |a||v|) and (∇v − gᵀav, |g|ᵀ|a||v|).
+  Workspace<InverseScalar, MemorySpace> factored_a_{"kat::KFAC::factored_a"};
+  Workspace<InverseScalar, MemorySpace> factored_g_{"kat::KFAC::factored_g"};
+  Workspace<InverseScalar, MemorySpace> factored_u_{"kat::KFAC::factored_u"};
+  Workspace<InverseScalar, MemorySpace> factored_v_{"kat::KFAC::factored_v"};
+  Workspace<double, MemorySpace> check_rows_{"kat::KFAC::check_rows"};
+  Workspace<double, MemorySpace> check_out_{"kat::KFAC::check_out"};
   std::int64_t steps_ = 0;
   double kl_scale_ = 1.0, vg_sum_ = 0.0;
   bool warned_multiple_ = false;

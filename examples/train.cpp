@@ -67,6 +67,7 @@ struct Options {
   double kl_clip = 1e-4;
   std::string compute_method = "inverse";
   bool pi_correction = false;
+  bool factored_preconditioning = false;
   std::vector<std::string> skip_layers;
   std::string factor_precision = "float";
   std::string inverse_precision = "double";
@@ -183,6 +184,7 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
   k.compute_method =
       o.compute_method == "eigen" ? kat::ComputeMethod::eigen : kat::ComputeMethod::inverse;
   k.pi_correction = o.pi_correction;
+  k.factored_preconditioning = o.factored_preconditioning;
   k.skip_layers = o.skip_layers;
   auto kfac = std::make_shared<KFAC>(k);
   const std::size_t layers = kfac->register_model(model);
@@ -1027,6 +1029,9 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   kfac->add_flag("--pi-correction", o.pi_correction,
                  "pi-corrected damping split (--compute-method inverse)");
+  kfac->add_flag("--factored-preconditioning", o.factored_preconditioning,
+                 "P = (G^-1 g^T)(a A^-1) from the batch where cheaper than G^-1 grad A^-1 "
+                 "(exact; one process only, see docs/kfac.md)");
   kfac->add_option("--skip-layers", o.skip_layers,
                    "Layers left to SGD, by index path (\"0\", \"3.1\") or type (\"Conv2d\")");
   kfac->add_option("--factor-precision", o.factor_precision, "float | double")
@@ -1088,6 +1093,12 @@ int main(int argc, char **argv) {
       } catch (const kat::ValueError &e) {
         throw CLI::ValidationError("--grad-worker-fraction", e.what());
       }
+    }
+    if (ranks.size > 1 && o.factored_preconditioning) {
+      throw CLI::ValidationError("--factored-preconditioning",
+                                 "needs the local batch's gradient, but on " +
+                                     std::to_string(ranks.size) +
+                                     " ranks the gradients are averaged; use one process");
     }
     if (!o.dist_strategy.empty() && o.optimizer != "kfac") {
       throw CLI::ValidationError("--dist-strategy",

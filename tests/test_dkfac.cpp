@@ -10,6 +10,8 @@
 #include <kat/dist/communicator.hpp>
 #include <kat/dist/data_parallel.hpp>
 #include <kat/dist/dkfac.hpp>
+#include <kat/dist/dpkfac.hpp>
+#include <kat/dist/kaisa.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>
@@ -239,6 +241,27 @@ TEST_CASE("dkfac: the destructor removes the hook", "[mpi][dist][kfac]") {
     CHECK(d.options().symmetric_communication);
   }
   CHECK(!kfac.factor_hook());
+}
+
+TEST_CASE("dkfac: the strategies refuse factored preconditioning and leave no hook",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  KFACOptions options;
+  options.factored_preconditioning = true;
+  KFACd kfac(options);
+  Matrix<double, Mem> grad("grad", 3, 5);
+  kfac.register_layer("dense", [grad] {
+    KFACd::record_type r;
+    r.weight_gradient = grad;
+    return r;
+  });
+  CHECK_THROWS_WITH(DKFACd(comm, kfac), Catch::Contains("kat::dist::DKFAC") &&
+                                            Catch::Contains("factored_preconditioning"));
+  CHECK_THROWS_WITH(dist::DPKFAC<KFACd>(comm, kfac), Catch::Contains("kat::dist::DPKFAC"));
+  CHECK_THROWS_AS(dist::KAISA<KFACd>(comm, kfac), ValueError);
+  CHECK(!kfac.factor_hook());
+  CHECK(!kfac.precondition_hook());
+  CHECK(kfac.owned(0));
 }
 
 #endif // KAT_ENABLE_MPI

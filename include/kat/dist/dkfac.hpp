@@ -14,6 +14,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/dist/communicator.hpp"
+#include "kat/dist/detail/factored_guard.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -77,8 +78,10 @@ public:
   using Stats = DKFACStats;
 
   /// Installs the hook on `kfac` (replacing any hook it had).
+  /// @throws ValueError if kfac.options().factored_preconditioning is set.
   DKFAC(Communicator &comm, KFACType &kfac, Options options = Options())
       : comm_(comm), kfac_(kfac), options_(options) {
+    detail::reject_factored(kfac_, "DKFAC");
     kfac_.set_factor_hook([this](const execution_space &space, const factor_matrix_type &batch,
                                  std::size_t layer,
                                  char factor) { average(space, batch, layer, factor); });

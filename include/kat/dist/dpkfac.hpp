@@ -13,6 +13,7 @@
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/dist/communicator.hpp"
+#include "kat/dist/detail/factored_guard.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -79,9 +80,11 @@ public:
 
   /// Assigns the layers of `kfac` to the ranks of `comm` and installs the hook (replacing any
   /// precondition hook and ownership it had).
+  /// @throws ValueError if kfac.options().factored_preconditioning is set.
   DPKFAC(Communicator &comm, KFACType &kfac, Options options = Options())
       : comm_(comm), kfac_(kfac), options_(options),
         owners_(owners(layer_costs(kfac), comm.size(), options.assignment)) {
+    detail::reject_factored(kfac_, "DPKFAC");
     const int rank = comm_.rank();
     kfac_.set_owned([this, rank](std::size_t layer) {
       return layer < owners_.size() && owners_[layer] == rank;

@@ -138,7 +138,8 @@ public:
   /// Assigns the registered layers (collective on `comm`: in HYBRID-OPT it splits it twice,
   /// into the worker groups and then the receiver groups) and installs the hooks.
   /// @throws ValueError if grad_worker_fraction·P is not an integer dividing P (naming
-  ///   grad_worker_fraction, P and the allowed values); MPIError from the splits.
+  ///   grad_worker_fraction, P and the allowed values), or if
+  ///   kfac.options().factored_preconditioning is set (from its DKFAC); MPIError from the splits.
   KAISA(Communicator &comm, KFACType &kfac, Options options = Options())
       : comm_(comm), kfac_(kfac), options_(options),
         grad_workers_(grad_workers(options.grad_worker_fraction, comm.size())),

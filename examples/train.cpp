@@ -241,13 +241,13 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
       for (std::size_t i = 0; i < dpkfac->owners().size(); ++i)
         owners += (i ? " " : "") + std::to_string(dpkfac->owner(i));
       std::printf("DP-KFAC on %d ranks (%s assignment, layer owners: %s): each rank builds and "
-                  "decomposes its layers' factors from its local batch; P broadcast, %zu bytes "
-                  "per step\n",
+                  "decomposes its layers' factors from its local batch; P broadcast in the model "
+                  "precision, %zu bytes per step\n",
                   comm->size(), o.dp_kfac_assignment.c_str(), owners.c_str(),
                   dpkfac->bytes_per_step());
     }
     *report = [kfac, dpkfac, comm, root]() {
-      const auto bytes = gather_bytes(*comm, kfac->state_bytes());
+      const auto bytes = gather_bytes(*comm, kfac->state_bytes() + dpkfac->workspace_bytes());
       if (root)
         std::printf("DP-KFAC: %llu steps, %llu bytes broadcast (%llu calls); K-FAC state bytes "
                     "per rank: %s\n",
@@ -257,6 +257,7 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     join_bytes(bytes).c_str());
     };
     p.step = [kfac, dpkfac](const Space &space) { kfac->step(space); };
+    p.state_bytes = [kfac, dpkfac]() { return kfac->state_bytes() + dpkfac->workspace_bytes(); };
     p.comm_bytes = [comm]() { return comm->stats().total().bytes; };
     return p;
   }

@@ -10,8 +10,11 @@
 #error "kat/dist/dpkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
+#include "kat/core/detail/convert.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
 #include "kat/dist/communicator.hpp"
 #include "kat/dist/detail/factored_guard.hpp"
 
@@ -19,6 +22,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace kat::dist {
@@ -36,6 +40,11 @@ enum class LayerAssignment {
 /// Settings of DPKFAC; must be the same on every rank.
 struct DPKFACOptions {
   LayerAssignment assignment = LayerAssignment::round_robin;
+  /// Broadcast P in the model's Scalar instead of K-FAC's InverseScalar (default true). The
+  /// update is applied to a Scalar gradient anyway, and with a float model and double
+  /// inverses this halves the volume. The owner rounds its P to Scalar as well, so every rank
+  /// computes the KL clip from, and applies, the same P. No effect when the two types agree.
+  bool model_precision_broadcast = true;
 };
 
 /// What one rank's DPKFAC did since construction or reset_stats().
@@ -43,8 +52,8 @@ struct DPKFACStats {
   /// K-FAC steps (each broadcasts every layer's P once).
   std::uint64_t steps = 0;
   /// The P broadcasts: calls and payload bytes, taken from the Communicator's broadcast
-  /// counter around each one (element count x sizeof(InverseScalar) per call, on every rank,
-  /// root included). Per step: L calls and Σ_layers out·(in+1)·sizeof(InverseScalar) bytes.
+  /// counter around each one (element count x the size of the broadcast scalar per call, on
+  /// every rank, root included). Per step: L calls and DPKFAC::bytes_per_step() bytes.
   CollectiveCounter broadcast;
 };
 
@@ -75,6 +84,8 @@ public:
   using execution_space = typename KFACType::execution_space;
   using inverse_matrix_type = typename KFACType::inverse_matrix_type;
   using inverse_scalar_type = typename inverse_matrix_type::non_const_value_type;
+  using scalar_type = typename KFACType::scalar_type;
+  using memory_space = typename KFACType::memory_space;
   using Options = DPKFACOptions;
   using Stats = DPKFACStats;
 
@@ -161,16 +172,21 @@ public:
   }
 
   /// The analytic broadcast payload of one step, in the units of CommunicatorStats:
-  /// Σ over the registered layers of out·(in+1)·sizeof(InverseScalar).
-  static std::size_t bytes_per_step(const KFACType &kfac) {
+  /// Σ over the registered layers of out·(in+1), times sizeof(Scalar) with
+  /// model_precision_broadcast, sizeof(InverseScalar) without.
+  static std::size_t bytes_per_step(const KFACType &kfac, const Options &options = Options()) {
     std::size_t entries = 0;
     for (std::size_t i = 0; i < kfac.size(); ++i) {
       entries += kfac.factor_a(i).dim() * kfac.factor_g(i).dim();
     }
-    return entries * sizeof(inverse_scalar_type);
+    return entries *
+           (options.model_precision_broadcast ? sizeof(scalar_type) : sizeof(inverse_scalar_type));
   }
-  /// bytes_per_step of this KFAC.
-  std::size_t bytes_per_step() const { return bytes_per_step(kfac_); }
+  /// bytes_per_step of this KFAC and options.
+  std::size_t bytes_per_step() const { return bytes_per_step(kfac_, options_); }
+  /// Bytes of the Scalar staging buffer for model_precision_broadcast (0 until the first
+  /// step, or when Scalar and InverseScalar agree).
+  std::size_t workspace_bytes() const { return narrow_.capacity() * sizeof(scalar_type); }
 
 private:
   void broadcast(const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
@@ -178,17 +194,33 @@ private:
     if (layer == 0) {
       ++stats_.steps;
     }
+    const int root = owners_.at(layer);
     const CollectiveCounter before = comm_.stats().broadcast;
-    comm_.broadcast(space, p, owners_.at(layer));
+    if (narrowed()) {
+      const Matrix<scalar_type, memory_space> q = narrow_.matrix(p.extent(0), p.extent(1));
+      if (comm_.rank() == root) {
+        kat::detail::convert(space, p, q);
+      }
+      comm_.broadcast(space, q, root);
+      kat::detail::convert(space, q, p); // the owner too: the same rounded P everywhere
+    } else {
+      comm_.broadcast(space, p, root);
+    }
     const CollectiveCounter after = comm_.stats().broadcast;
     stats_.broadcast.calls += after.calls - before.calls;
     stats_.broadcast.bytes += after.bytes - before.bytes;
+  }
+
+  bool narrowed() const {
+    return options_.model_precision_broadcast &&
+           !std::is_same<scalar_type, inverse_scalar_type>::value;
   }
 
   Communicator &comm_;
   KFACType &kfac_;
   Options options_;
   std::vector<int> owners_;
+  Workspace<scalar_type, memory_space> narrow_{"kat::dist::DPKFAC::narrow"};
   Stats stats_;
 };
 

@@ -123,6 +123,17 @@ const std::vector<std::size_t> kADims{7, 13, 9}, kGDims{12, 8, 4};
 
 std::uint64_t every(std::int64_t period) { return std::uint64_t((kSteps + period - 1) / period); }
 
+// The test MLP registered with a K-FAC of kConfigs[0] (a KFACd can be neither copied nor
+// moved, so the two live together).
+struct RegisteredMLP {
+  Model model{FeatureShape{1, 2, 3}};
+  KFACd kfac{kfac_options(kConfigs[0])};
+  RegisteredMLP() {
+    build_mlp(model, 3);
+    REQUIRE(kfac.register_model(model) == 3);
+  }
+};
+
 } // namespace
 
 // COMM-OPT, HYBRID-OPT (where P has one) and MEM-OPT.
@@ -183,10 +194,8 @@ TEST_CASE("kaisa: the greedy rule gives every work item one rank and balances th
   auto comm = Communicator::world();
   INFO(rank_of(comm));
   for (const double f : fractions(comm.size())) {
-    KFACd kfac(kfac_options(kConfigs[0]));
-    Model model(FeatureShape{1, 2, 3});
-    build_mlp(model, 3);
-    REQUIRE(kfac.register_model(model) == 3);
+    RegisteredMLP m;
+    KFACd &kfac = m.kfac;
     dist::KAISAOptions o;
     o.grad_worker_fraction = f;
     KAISAd kaisa(comm, kfac, o);
@@ -247,10 +256,8 @@ TEST_CASE("kaisa: the hybrid two-level assignment worked by hand", "[mpi][dist][
   INFO(rank_of(comm));
   for (const double f : fractions(comm.size())) {
     INFO("grad_worker_fraction " << f);
-    KFACd kfac(kfac_options(kConfigs[0]));
-    Model model(FeatureShape{1, 2, 3});
-    build_mlp(model, 3);
-    REQUIRE(kfac.register_model(model) == 3);
+    RegisteredMLP m;
+    KFACd &kfac = m.kfac;
     dist::KAISAOptions o;
     o.grad_worker_fraction = f;
     KAISAd kaisa(comm, kfac, o);
@@ -346,10 +353,8 @@ TEST_CASE("kaisa: invalid grad_worker_fraction values are rejected", "[mpi][dist
   INFO(rank_of(comm));
   for (const double f : {0.3, 0.75, 0.0, 1.5, std::nan("")}) {
     INFO("grad_worker_fraction " << f);
-    KFACd kfac(kfac_options(kConfigs[0]));
-    Model model(FeatureShape{1, 2, 3});
-    build_mlp(model, 3);
-    REQUIRE(kfac.register_model(model) == 3);
+    RegisteredMLP m;
+    KFACd &kfac = m.kfac;
     dist::KAISAOptions o;
     o.grad_worker_fraction = f;
     CHECK_THROWS_WITH(KAISAd(comm, kfac, o), Catch::Contains("grad_worker_fraction"));

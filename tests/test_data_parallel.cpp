@@ -109,16 +109,6 @@ void build_mlp(Model &model, std::uint64_t seed) {
 
 constexpr std::size_t kMlpParameters = 6 * 12 + 12 + 12 * 8 + 8 + 8 * 4 + 4;
 
-// A device vector with v(i) = f(i).
-template <class T, class F> Vector<T, Mem> vector_of(std::size_t n, F f) {
-  Vector<T, Mem> v("v", n);
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < n; ++i)
-    h(i) = static_cast<T>(f(i));
-  Kokkos::deep_copy(v, h);
-  return v;
-}
-
 std::vector<double> host_values(const Vector<double, Mem> &v) {
   auto h = to_host(v);
   return std::vector<double>(h.data(), h.data() + h.size());

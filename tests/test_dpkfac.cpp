@@ -327,17 +327,6 @@ TEST_CASE("dpkfac: on one rank DP-KFAC equals plain K-FAC exactly", "[mpi][dist]
 }
 
 namespace {
-// Host matrix with m(i, j) = f(i, j), copied to a new device matrix.
-template <class T, class F> Matrix<T, Mem> filled(std::size_t rows, std::size_t cols, F f) {
-  Matrix<T, Mem> m("m", rows, cols);
-  auto h = Kokkos::create_mirror_view(m);
-  for (std::size_t j = 0; j < cols; ++j)
-    for (std::size_t i = 0; i < rows; ++i)
-      h(i, j) = static_cast<T>(f(i, j));
-  Kokkos::deep_copy(m, h);
-  return m;
-}
-
 // One layer given by views, float model and double inverses, every step a factor and
 // decomposition step; returns each step's preconditioned gradient (host, column-major) and,
 // with DP-KFAC, the broadcast bytes.
@@ -356,10 +345,10 @@ FloatRun float_layer(Communicator *comm, bool model_precision) {
   KFACf kfac(o);
   // The owner (rank 0) builds the factors from its own a and g; the others' must not matter.
   const double r = comm != nullptr ? comm->rank() : 0;
-  const auto a = filled<float>(rows, cols, [&](std::size_t i, std::size_t j) {
+  const auto a = matrix_of<float>(rows, cols, [&](std::size_t i, std::size_t j) {
     return j + 1 == cols ? 1.0 : std::sin(1.0 + i + 2.0 * j + 7.0 * r);
   });
-  const auto g = filled<float>(rows, out, [&](std::size_t i, std::size_t j) {
+  const auto g = matrix_of<float>(rows, out, [&](std::size_t i, std::size_t j) {
     return 0.2 * std::cos(3.0 * i + j + 5.0 * r);
   });
   Matrix<float, Mem> grad("grad", out, cols);
@@ -380,7 +369,7 @@ FloatRun float_layer(Communicator *comm, bool model_precision) {
   FloatRun run;
   for (int s = 0; s < 3; ++s) {
     // The same (already averaged) gradient on every rank.
-    Kokkos::deep_copy(grad, filled<float>(out, cols, [&](std::size_t i, std::size_t j) {
+    Kokkos::deep_copy(grad, matrix_of<float>(out, cols, [&](std::size_t i, std::size_t j) {
                         return 0.1 * (s + 1) * std::sin(0.5 + i - 1.5 * j);
                       }));
     kfac.step(Space());

@@ -124,4 +124,25 @@ double weighted_sum(const Matrix<Scalar, Mem> &y, const Matrix<Scalar, Mem> &r) 
   return s;
 }
 
+// A device vector with v(i) = f(i).
+template <class T, class F> Vector<T, Mem> vector_of(std::size_t n, F f) {
+  Vector<T, Mem> v("v", n);
+  auto h = Kokkos::create_mirror_view(v);
+  for (std::size_t i = 0; i < n; ++i)
+    h(i) = static_cast<T>(f(i));
+  Kokkos::deep_copy(v, h);
+  return v;
+}
+
+// A device LayoutLeft matrix with m(i, j) = f(i, j).
+template <class T, class F> Matrix<T, Mem> matrix_of(std::size_t rows, std::size_t cols, F f) {
+  Matrix<T, Mem> m("m", rows, cols);
+  auto h = Kokkos::create_mirror_view(m);
+  for (std::size_t j = 0; j < cols; ++j)
+    for (std::size_t i = 0; i < rows; ++i)
+      h(i, j) = static_cast<T>(f(i, j));
+  Kokkos::deep_copy(m, h);
+  return m;
+}
+
 } // namespace kat::test

@@ -216,8 +216,9 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                   "bytes per factor update) and decomposes every factor\n",
                   comm->size(), dkfac->bytes_per_factor_update());
     }
-    *report = [kfac, dkfac, comm, root]() {
-      const auto bytes = gather_bytes(*comm, kfac->state_bytes() + dkfac->workspace_bytes());
+    p.state_bytes = [kfac, dkfac]() { return kfac->state_bytes() + dkfac->workspace_bytes(); };
+    *report = [state = p.state_bytes, dkfac, comm, root]() {
+      const auto bytes = gather_bytes(*comm, state());
       if (root)
         std::printf("D-KFAC: %llu factor updates, %llu bytes all-reduced (rank 0); K-FAC state "
                     "bytes per rank: %s\n",
@@ -226,7 +227,6 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     join_bytes(bytes).c_str());
     };
     p.step = [kfac, dkfac](const Space &space) { kfac->step(space); };
-    p.state_bytes = [kfac, dkfac]() { return kfac->state_bytes() + dkfac->workspace_bytes(); };
     p.comm_bytes = [comm]() { return comm->stats().total().bytes; };
     return p;
   }
@@ -246,8 +246,9 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                   comm->size(), o.dp_kfac_assignment.c_str(), owners.c_str(),
                   dpkfac->bytes_per_step());
     }
-    *report = [kfac, dpkfac, comm, root]() {
-      const auto bytes = gather_bytes(*comm, kfac->state_bytes() + dpkfac->workspace_bytes());
+    p.state_bytes = [kfac, dpkfac]() { return kfac->state_bytes() + dpkfac->workspace_bytes(); };
+    *report = [state = p.state_bytes, dpkfac, comm, root]() {
+      const auto bytes = gather_bytes(*comm, state());
       if (root)
         std::printf("DP-KFAC: %llu steps, %llu bytes broadcast (%llu calls); K-FAC state bytes "
                     "per rank: %s\n",
@@ -257,7 +258,6 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     join_bytes(bytes).c_str());
     };
     p.step = [kfac, dpkfac](const Space &space) { kfac->step(space); };
-    p.state_bytes = [kfac, dpkfac]() { return kfac->state_bytes() + dpkfac->workspace_bytes(); };
     p.comm_bytes = [comm]() { return comm->stats().total().bytes; };
     return p;
   }
@@ -279,9 +279,11 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                   comm->size(), o.grad_worker_fraction, mode_name, kaisa->bytes_per_factor_update(),
                   kaisa->bytes_per_decomposition_update(), kaisa->bytes_per_step());
     }
-    *report = [kfac, kaisa, comm, root]() {
-      const auto bytes =
-          gather_bytes(*comm, kfac->state_bytes() + kaisa->dkfac().workspace_bytes());
+    p.state_bytes = [kfac, kaisa]() {
+      return kfac->state_bytes() + kaisa->dkfac().workspace_bytes();
+    };
+    *report = [state = p.state_bytes, kaisa, comm, root]() {
+      const auto bytes = gather_bytes(*comm, state());
       if (root)
         std::printf("KAISA: %llu bytes all-reduced, %llu decomposition and %llu gradient bytes "
                     "broadcast (rank 0); K-FAC state bytes per rank: %s\n",
@@ -291,9 +293,6 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                     join_bytes(bytes).c_str());
     };
     p.step = [kfac, kaisa](const Space &space) { kfac->step(space); };
-    p.state_bytes = [kfac, kaisa]() {
-      return kfac->state_bytes() + kaisa->dkfac().workspace_bytes();
-    };
     // From KAISA's own counters: HYBRID-OPT broadcasts on sub-communicators, which `comm`
     // does not count.
     p.comm_bytes = [kaisa]() {

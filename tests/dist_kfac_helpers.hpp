@@ -2,7 +2,7 @@
 // Shared by the distributed K-FAC tests (test_dkfac.cpp, test_dpkfac.cpp, test_kaisa.cpp;
 // MPI builds only): a small MLP, the K-FAC schedules they sweep, the global batches every rank
 // generates alike, and one data-parallel K-FAC + SGD replica to train with.
-#include "test_helpers.hpp"
+#include "mpi_test_helpers.hpp"
 
 #include <kat/dist/communicator.hpp>
 #include <kat/dist/data_parallel.hpp>
@@ -30,18 +30,6 @@ using KFACd = KFAC<double, Mem>;
 
 constexpr std::size_t kBatch = 8;
 constexpr int kSteps = 4;
-
-// Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4): the Dense layers are model
-// layers 1, 3, 5 with out 12, 8, 4 and in+1 7, 13, 9 (factors A of 7, 13, 9, G of 12, 8, 4).
-inline void build_mlp(Model &model, std::uint64_t seed) {
-  model.add<nn::Flatten>();
-  model.add<nn::Dense>(6, 12);
-  model.add<nn::Tanh>();
-  model.add<nn::Dense>(12, 8);
-  model.add<nn::ReLU>();
-  model.add<nn::Dense>(8, 4);
-  model.compile(Space(), seed);
-}
 
 struct Config {
   std::int64_t factor_every, inv_every;
@@ -156,10 +144,6 @@ inline double max_abs_diff(const std::vector<double> &a, const std::vector<doubl
   for (std::size_t k = 0; k < a.size(); ++k)
     worst = std::max(worst, std::abs(a[k] - b[k]));
   return worst;
-}
-
-inline std::string rank_of(const dist::Communicator &comm) {
-  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
 } // namespace kat::test::dist_kfac

@@ -4,7 +4,7 @@
 // failure is reported instead of hanging. Compiles to nothing without KAT_ENABLE_MPI.
 #ifdef KAT_ENABLE_MPI
 
-#include "test_helpers.hpp"
+#include "mpi_test_helpers.hpp"
 
 #include <kat/dist/communicator.hpp>
 
@@ -41,10 +41,6 @@ std::vector<double> members(Communicator &comm, int world_rank) {
   Vector<std::int64_t, Mem> all("all", comm.size());
   comm.allgather(Space(), mine, all);
   return values(all);
-}
-
-std::string rank_of(const Communicator &comm) {
-  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
 } // namespace

@@ -71,6 +71,8 @@ TEST_CASE("sampler: one rank reproduces the DataLoader shuffle", "[dist][sampler
 
 #ifdef KAT_ENABLE_MPI
 
+#include "mpi_test_helpers.hpp"
+
 #include <kat/dist/communicator.hpp>
 #include <kat/dist/data_parallel.hpp>
 #include <kat/nn/activation.hpp>
@@ -95,27 +97,11 @@ namespace {
 using Model = nn::Sequential<double, Mem>;
 using DP = DataParallel<double, Mem>;
 
-// Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4): 4 parameter-free layers
-// around 3 Dense layers of 84, 104 and 36 parameters.
-void build_mlp(Model &model, std::uint64_t seed) {
-  model.add<nn::Flatten>();
-  model.add<nn::Dense>(6, 12);
-  model.add<nn::Tanh>();
-  model.add<nn::Dense>(12, 8);
-  model.add<nn::ReLU>();
-  model.add<nn::Dense>(8, 4);
-  model.compile(Space(), seed);
-}
-
 constexpr std::size_t kMlpParameters = 6 * 12 + 12 + 12 * 8 + 8 + 8 * 4 + 4;
 
 std::vector<double> host_values(const Vector<double, Mem> &v) {
   auto h = to_host(v);
   return std::vector<double>(h.data(), h.data() + h.size());
-}
-
-std::string rank_of(const Communicator &comm) {
-  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
 }
 
 } // namespace

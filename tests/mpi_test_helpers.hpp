@@ -1,0 +1,35 @@
+#pragma once
+// Shared by the MPI tests (MPI builds only): the rank named in failure messages, and the small
+// MLP the data-parallel and distributed K-FAC tests train.
+#include "test_helpers.hpp"
+
+#include <kat/dist/communicator.hpp>
+#include <kat/nn/activation.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
+#include <kat/nn/sequential.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace kat::test {
+
+// "rank r of P", for INFO().
+inline std::string rank_of(const dist::Communicator &comm) {
+  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+}
+
+// Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4): the Dense layers are model
+// layers 1, 3, 5 with 84, 104 and 36 parameters, out 12, 8, 4 and in+1 7, 13, 9 (K-FAC factors
+// A of 7, 13, 9 and G of 12, 8, 4).
+inline void build_mlp(nn::Sequential<double, Mem> &model, std::uint64_t seed) {
+  model.add<nn::Flatten>();
+  model.add<nn::Dense>(6, 12);
+  model.add<nn::Tanh>();
+  model.add<nn::Dense>(12, 8);
+  model.add<nn::ReLU>();
+  model.add<nn::Dense>(8, 4);
+  model.compile(Space(), seed);
+}
+
+} // namespace kat::test

@@ -14,7 +14,7 @@ for backend in ${KAT_BACKENDS:-serial openmp}; do
     -DKAT_ENABLE_EXAMPLES=OFF)
   env=()
   if [ "$backend" = openmp ]; then
-    args+=(-DCMAKE_PREFIX_PATH="$("$root/scripts/build_kokkos_openmp.sh" | tail -n 1)")
+    args+=(-DCMAKE_PREFIX_PATH="$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)")
     # OpenBLAS's OpenMP variant shares Kokkos's thread pool; see docs/backends.md.
     env=(LD_LIBRARY_PATH="$("$root/scripts/openmp_blas_dir.sh")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
       OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}" OMP_PROC_BIND=false)

@@ -2,7 +2,7 @@
 # Installs what is missing, then builds and runs the whole test suite twice, with MPI (Open
 # MPI), against Debian's Kokkos 3.4.1 (Serial backend) and against Kokkos 3.4.1 built with the
 # OpenMP backend from Debian's trilinos source package (cached; see
-# scripts/build_kokkos_openmp.sh).
+# scripts/build_kokkos.sh).
 #   KAT_BACKENDS="serial openmp"   which backends to test (default both)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,7 +24,7 @@ for backend in $backends; do
   case $backend in
     serial) ;;
     openmp)
-      prefix=$("$root/scripts/build_kokkos_openmp.sh" | tail -n 1)
+      prefix=$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)
       args+=(-DCMAKE_PREFIX_PATH="$prefix")
       # OpenBLAS's OpenMP variant shares Kokkos's thread pool (the default pthread variant
       # would fight it for the cores); see docs/backends.md.

@@ -131,7 +131,8 @@ template <class InverseScalar> int register_kfac_steps(const char *precision) {
   }
   return 0;
 }
-const int registered = register_kfac_steps<double>("double") + register_kfac_steps<float>("float");
+[[maybe_unused]] const int registered =
+    register_kfac_steps<double>("double") + register_kfac_steps<float>("float");
 
 // BM_KFACStep/inverse_precision:<precision>/factored: the same MLP runs with
 // factored_preconditioning (layers 784->256 and 256->256 factored at batch 128, the head
@@ -147,7 +148,7 @@ template <class InverseScalar> int register_factored_kfac_steps(const char *prec
       ->Iterations(5);
   return 0;
 }
-const int registered_factored =
+[[maybe_unused]] const int registered_factored =
     register_factored_kfac_steps<double>("double") + register_factored_kfac_steps<float>("float");
 
 } // namespace

@@ -346,9 +346,12 @@ kat::optim::LRSchedule build_schedule(const Options &o, std::int64_t total_steps
 struct KFACTimes {
   double factors = 0, comm = 0, decomposition = 0, precondition = 0, other = 0, total = 0;
 };
-constexpr double KFACTimes::*kfac_times_fields[] = {
-    &KFACTimes::factors,      &KFACTimes::comm,  &KFACTimes::decomposition,
-    &KFACTimes::precondition, &KFACTimes::other, &KFACTimes::total};
+// Through an alias: nvcc's generated host code spells the array of member pointers with
+// parentheses that g++ warns about.
+using KFACTimesField = double KFACTimes::*;
+constexpr KFACTimesField kfac_times_fields[] = {&KFACTimes::factors,       &KFACTimes::comm,
+                                                &KFACTimes::decomposition, &KFACTimes::precondition,
+                                                &KFACTimes::other,         &KFACTimes::total};
 
 KFACTimes kfac_times(const kat::RegionTimer &timer) {
   KFACTimes t;

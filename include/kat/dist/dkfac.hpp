@@ -23,6 +23,34 @@
 
 namespace kat::dist {
 
+namespace detail {
+
+/// packed(j(j+1)/2 + i) = (b(i, j) + b(j, i)) / 2 for i <= j: the symmetrized upper triangle
+/// of the d x d matrix b, column by column (packed: at least d(d+1)/2 entries).
+template <class ExecSpace, class MatrixView, class PackedView>
+void pack_upper(const ExecSpace &space, const MatrixView &b, const PackedView &packed) {
+  using T = typename MatrixView::non_const_value_type;
+  Kokkos::parallel_for(
+      "kat::dist::DKFAC::pack", matrix_policy(space, b.extent(0), b.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        if (i <= j) {
+          packed(j * (j + 1) / 2 + i) = T(0.5) * (b(i, j) + b(j, i));
+        }
+      });
+}
+
+/// The inverse of pack_upper: b(i, j) = b(j, i) = the packed entry of (min(i, j), max(i, j)).
+template <class ExecSpace, class PackedView, class MatrixView>
+void unpack_upper(const ExecSpace &space, const PackedView &packed, const MatrixView &b) {
+  Kokkos::parallel_for(
+      "kat::dist::DKFAC::unpack", matrix_policy(space, b.extent(0), b.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        b(i, j) = i <= j ? packed(j * (j + 1) / 2 + i) : packed(i * (i + 1) / 2 + j);
+      });
+}
+
+} // namespace detail
+
 /// Settings of DKFAC; must be the same on every rank.
 struct DKFACOptions {
   /// true (default, "symmetry aware" as in KAISA): each batch estimate is symmetrized and only
@@ -144,21 +172,9 @@ private:
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::dist::DKFAC::packed"), n);
     }
     const auto packed = Kokkos::subview(packed_, Kokkos::make_pair(std::size_t(0), n));
-    const factor_matrix_type b = batch;
-    using T = factor_scalar_type;
-    Kokkos::parallel_for(
-        "kat::dist::DKFAC::pack", matrix_policy(space, d, d),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-          if (i <= j) {
-            packed(j * (j + 1) / 2 + i) = T(0.5) * (b(i, j) + b(j, i));
-          }
-        });
+    detail::pack_upper(space, batch, packed);
     comm_.average(space, packed);
-    Kokkos::parallel_for(
-        "kat::dist::DKFAC::unpack", matrix_policy(space, d, d),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-          b(i, j) = i <= j ? packed(j * (j + 1) / 2 + i) : packed(i * (i + 1) / 2 + j);
-        });
+    detail::unpack_upper(space, packed, batch);
   }
 
   Communicator &comm_;

@@ -19,6 +19,23 @@
 
 namespace kat::nn {
 
+namespace detail {
+
+/// a(i, j) = x(i, j) for the x.extent(1) columns of x and 1 in any further column of a:
+/// a = [x 1] when a has one column more than x. a: rows x (>= x columns), same rows as x.
+template <class ExecSpace, class XView, class AView>
+void copy_with_ones_column(const ExecSpace &space, const XView &x, const AView &a) {
+  using value = typename AView::non_const_value_type;
+  const std::size_t in = x.extent(1);
+  Kokkos::parallel_for(
+      "kat::nn::Dense::record_a", matrix_policy(space, a.extent(0), a.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        a(i, j) = j < in ? x(i, j) : value(1);
+      });
+}
+
+} // namespace detail
+
 /// Fully connected (Linear) layer: y = x Wᵀ + b, x: N x in, W: out x in, b: out, y: N x out.
 ///
 /// W and b are stored back to back in the flat parameter buffer, W column-major, so [W b] is
@@ -160,13 +177,7 @@ private:
     const std::size_t n = x.extent(0);
     const std::size_t cols = in_ + (bias_ ? 1 : 0);
     a_view_ = a_.matrix(n, cols);
-    const auto a = a_view_;
-    const std::size_t in = in_;
-    Kokkos::parallel_for(
-        "kat::nn::Dense::record_a", matrix_policy(space, n, cols),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-          a(i, j) = j < in ? x(i, j) : Scalar(1);
-        });
+    detail::copy_with_ones_column(space, x, a_view_);
   }
 
   std::size_t in_, out_;

@@ -12,6 +12,29 @@
 
 namespace kat::nn {
 
+namespace detail {
+
+/// Σ_i (y_i − t_i)² in double over `count` contiguous elements, on `space`; with `with_grad`
+/// also grad_i = scale·(y_i − t_i).
+template <class ExecSpace, class Scalar>
+double squared_error_sum(const ExecSpace &space, const Scalar *y, const Scalar *t, Scalar *grad,
+                         std::size_t count, bool with_grad, Scalar scale) {
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "kat::nn::MSELoss", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+      KOKKOS_LAMBDA(const std::size_t i, double &sum) {
+        const Scalar d = y[i] - t[i];
+        sum += static_cast<double>(d) * static_cast<double>(d);
+        if (with_grad) {
+          grad[i] = scale * d;
+        }
+      },
+      total);
+  return total;
+}
+
+} // namespace detail
+
 /// Mean squared error over all N·D elements, as torch.nn.MSELoss with reduction = 'mean':
 ///
 ///   L = (1/(N·D)) Σ_ij (y_ij − t_ij)²,   dL/dy_ij = 2 (y_ij − t_ij) / (N·D)
@@ -51,20 +74,8 @@ private:
     }
     const bool with_grad = grad.extent(0) != 0;
     const Scalar scale = Scalar(2) / static_cast<Scalar>(count);
-    const Scalar *yp = y.data();
-    const Scalar *tp = t.data();
-    Scalar *gp = grad.data();
-    double total = 0;
-    Kokkos::parallel_reduce(
-        "kat::nn::MSELoss", Kokkos::RangePolicy<execution_space>(space, 0, count),
-        KOKKOS_LAMBDA(const std::size_t i, double &sum) {
-          const Scalar d = yp[i] - tp[i];
-          sum += static_cast<double>(d) * static_cast<double>(d);
-          if (with_grad) {
-            gp[i] = scale * d;
-          }
-        },
-        total);
+    const double total =
+        detail::squared_error_sum(space, y.data(), t.data(), grad.data(), count, with_grad, scale);
     if (!std::isfinite(total)) {
       throw NumericalError("kat::nn::MSELoss: the prediction or target contains NaN or Inf");
     }

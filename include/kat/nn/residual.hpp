@@ -19,6 +19,23 @@
 
 namespace kat::nn {
 
+namespace detail {
+
+/// c = a + b element-wise over equally shaped contiguous matrices (c may alias a).
+template <class ExecSpace, class MatrixView>
+void elementwise_add(const ExecSpace &space, const MatrixView &a, const MatrixView &b,
+                     const MatrixView &c) {
+  using value = typename MatrixView::non_const_value_type;
+  const value *ap = a.data();
+  const value *bp = b.data();
+  value *cp = c.data();
+  Kokkos::parallel_for(
+      "kat::nn::Residual::add", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
+      KOKKOS_LAMBDA(const std::size_t i) { cp[i] = ap[i] + bp[i]; });
+}
+
+} // namespace detail
+
 /// Residual connection (He et al., "Deep Residual Learning for Image Recognition", CVPR 2016,
 /// eq. (1) and, with a shortcut chain, eq. (2)): y = f(x) + s(x), where f is the body chain
 /// and s the shortcut chain — the identity when empty, typically a 1x1 strided Conv2d with
@@ -104,7 +121,7 @@ public:
     const matrix_type &sx = shortcut_.empty() ? x : shortcut_.forward(space, x);
     kat::detail::require_extent("kat::nn::Residual::forward", "y columns", fx.extent(1),
                                 y.extent(1));
-    add(space, fx, sx, y);
+    detail::elementwise_add(space, fx, sx, y);
   }
 
   void backward(const execution_space &space, const matrix_type &dy,
@@ -121,12 +138,12 @@ public:
     // dL/dx = f'(x)ᵀ dy + s'(x)ᵀ dy: the body writes into dx, the shortcut's part is added.
     body_.backward(space, dy, dx, acc);
     if (shortcut_.empty()) {
-      add(space, dx, dy, dx);
+      detail::elementwise_add(space, dx, dy, dx);
       return;
     }
     const matrix_type ds = sum_ws_.matrix(dx.extent(0), dx.extent(1));
     shortcut_.backward(space, dy, ds, acc);
-    add(space, dx, ds, dx);
+    detail::elementwise_add(space, dx, ds, dx);
   }
 
   void train(bool on) override {
@@ -154,17 +171,6 @@ public:
   }
 
 private:
-  // c = a + b element-wise over equally shaped contiguous matrices (c may alias a).
-  static void add(const execution_space &space, const matrix_type &a, const matrix_type &b,
-                  const matrix_type &c) {
-    const Scalar *ap = a.data();
-    const Scalar *bp = b.data();
-    Scalar *cp = c.data();
-    Kokkos::parallel_for(
-        "kat::nn::Residual::add", Kokkos::RangePolicy<execution_space>(space, 0, c.span()),
-        KOKKOS_LAMBDA(const std::size_t i) { cp[i] = ap[i] + bp[i]; });
-  }
-
   FeatureShape input_;
   detail::LayerChain<Scalar, MemorySpace> body_, shortcut_;
   Workspace<Scalar, MemorySpace> sum_ws_;

@@ -15,6 +15,69 @@
 
 namespace kat::nn {
 
+namespace detail {
+
+/// Σ_i [log Σ_c exp(z_ic − max_c z_ic) + max_c z_ic − z_{i,y_i}] over the rows of the logits z
+/// (N x C), in double, on `space`; with `with_grad` also grad(i, c) = (softmax(z_i)_c −
+/// [c = y_i])·inv_n. A label outside [0, C) adds +∞ (and leaves its grad row unwritten).
+template <class ExecSpace, class ZView, class LabelView>
+double softmax_cross_entropy_sum(const ExecSpace &space, const ZView &z, const LabelView &labels,
+                                 const ZView &grad, bool with_grad,
+                                 typename ZView::non_const_value_type inv_n) {
+  using Scalar = typename ZView::non_const_value_type;
+  const std::size_t n = z.extent(0);
+  const int classes = static_cast<int>(z.extent(1));
+  // Captured from the host: std::numeric_limits is not callable in every device compiler.
+  const double invalid = std::numeric_limits<double>::infinity();
+  double total = 0;
+  Kokkos::parallel_reduce(
+      "kat::nn::SoftmaxCrossEntropy", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
+      KOKKOS_LAMBDA(const std::size_t i, double &sum) {
+        const int label = labels(i);
+        Scalar zmax = z(i, 0);
+        for (int c = 1; c < classes; ++c) {
+          zmax = z(i, c) > zmax ? z(i, c) : zmax;
+        }
+        Scalar denom = 0;
+        for (int c = 0; c < classes; ++c) {
+          denom += math::exp(z(i, c) - zmax);
+        }
+        if (label < 0 || label >= classes) {
+          sum += invalid; // reported precisely by the caller
+          return;
+        }
+        // (zmax - z_y) first: adding log(denom) to a large zmax would round it away.
+        sum += static_cast<double>((zmax - z(i, label)) + math::log(denom));
+        if (with_grad) {
+          const Scalar inv_denom = Scalar(1) / denom;
+          for (int c = 0; c < classes; ++c) {
+            const Scalar p = math::exp(z(i, c) - zmax) * inv_denom;
+            grad(i, c) = (p - (c == label ? Scalar(1) : Scalar(0))) * inv_n;
+          }
+        }
+      },
+      total);
+  return total;
+}
+
+/// The smallest i with labels(i) outside [0, classes), or labels.extent(0) if there is none.
+template <class ExecSpace, class LabelView>
+std::int64_t first_invalid_label(const ExecSpace &space, const LabelView &labels, int classes) {
+  const std::size_t n = labels.extent(0);
+  std::int64_t first_bad = static_cast<std::int64_t>(n);
+  Kokkos::parallel_reduce(
+      "kat::nn::SoftmaxCrossEntropy::check_labels", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
+      KOKKOS_LAMBDA(const std::size_t i, std::int64_t &m) {
+        if ((labels(i) < 0 || labels(i) >= classes) && static_cast<std::int64_t>(i) < m) {
+          m = static_cast<std::int64_t>(i);
+        }
+      },
+      Kokkos::Min<std::int64_t>(first_bad));
+  return first_bad;
+}
+
+} // namespace detail
+
 /// Mean cross-entropy of softmax(logits) against integer class labels, as
 /// torch.nn.CrossEntropyLoss with reduction = 'mean':
 ///
@@ -51,7 +114,6 @@ private:
              const matrix_type &grad) const {
     ScopedRegion region("kat::nn::SoftmaxCrossEntropy");
     const std::size_t n = z.extent(0);
-    const int classes = static_cast<int>(z.extent(1));
     kat::detail::require_extent("kat::nn::SoftmaxCrossEntropy", "labels length", n,
                                 labels.extent(0));
     if (n == 0) {
@@ -59,36 +121,8 @@ private:
     }
     const bool with_grad = grad.extent(0) != 0;
     const Scalar inv_n = Scalar(1) / static_cast<Scalar>(n);
-    // Captured from the host: std::numeric_limits is not callable in every device compiler.
-    const double invalid = std::numeric_limits<double>::infinity();
-    double total = 0;
-    Kokkos::parallel_reduce(
-        "kat::nn::SoftmaxCrossEntropy", Kokkos::RangePolicy<execution_space>(space, 0, n),
-        KOKKOS_LAMBDA(const std::size_t i, double &sum) {
-          const int label = labels(i);
-          Scalar zmax = z(i, 0);
-          for (int c = 1; c < classes; ++c) {
-            zmax = z(i, c) > zmax ? z(i, c) : zmax;
-          }
-          Scalar denom = 0;
-          for (int c = 0; c < classes; ++c) {
-            denom += math::exp(z(i, c) - zmax);
-          }
-          if (label < 0 || label >= classes) {
-            sum += invalid; // reported precisely below
-            return;
-          }
-          // (zmax - z_y) first: adding log(denom) to a large zmax would round it away.
-          sum += static_cast<double>((zmax - z(i, label)) + math::log(denom));
-          if (with_grad) {
-            const Scalar inv_denom = Scalar(1) / denom;
-            for (int c = 0; c < classes; ++c) {
-              const Scalar p = math::exp(z(i, c) - zmax) * inv_denom;
-              grad(i, c) = (p - (c == label ? Scalar(1) : Scalar(0))) * inv_n;
-            }
-          }
-        },
-        total);
+    const double total =
+        detail::softmax_cross_entropy_sum(space, z, labels, grad, with_grad, inv_n);
     if (!std::isfinite(total)) {
       report_non_finite(space, z, labels);
     }
@@ -99,16 +133,7 @@ private:
                                              const label_view &labels) {
     const std::size_t n = z.extent(0);
     const int classes = static_cast<int>(z.extent(1));
-    std::int64_t first_bad = static_cast<std::int64_t>(n);
-    Kokkos::parallel_reduce(
-        "kat::nn::SoftmaxCrossEntropy::check_labels",
-        Kokkos::RangePolicy<execution_space>(space, 0, n),
-        KOKKOS_LAMBDA(const std::size_t i, std::int64_t &m) {
-          if ((labels(i) < 0 || labels(i) >= classes) && static_cast<std::int64_t>(i) < m) {
-            m = static_cast<std::int64_t>(i);
-          }
-        },
-        Kokkos::Min<std::int64_t>(first_bad));
+    const std::int64_t first_bad = detail::first_invalid_label(space, labels, classes);
     if (first_bad < static_cast<std::int64_t>(n)) {
       std::int32_t value = 0;
       Kokkos::deep_copy(Kokkos::View<std::int32_t, Kokkos::HostSpace>(&value),

@@ -12,6 +12,7 @@
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/precond/detail/kfac_kernels.hpp"
 #include "kat/precond/kronecker_factor.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -872,7 +873,7 @@ private:
       if (!l.applied) {
         continue;
       }
-      const double layer_vg = dot(space, l.p, l.current.weight_gradient);
+      const double layer_vg = kat::detail::elementwise_dot(space, l.p, l.current.weight_gradient);
       if (!std::isfinite(layer_vg)) {
         throw NumericalError(
             kat::detail::concat(context(l), ": the preconditioned gradient is not finite at step ",
@@ -891,13 +892,7 @@ private:
       Entry &l = *lp;
       if (!l.applied)
         continue;
-      const matrix_type grad = l.current.weight_gradient;
-      const inverse_matrix_type p = l.p;
-      Kokkos::parallel_for(
-          "kat::KFAC::apply", matrix_policy(space, l.out, l.cols),
-          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-            grad(i, j) = static_cast<Scalar>(scale * p(i, j));
-          });
+      kat::detail::scale_into(space, l.p, scale, l.current.weight_gradient);
     }
   }
 
@@ -971,85 +966,12 @@ private:
       l.probe = Vector<double, MemorySpace>(
           Kokkos::view_alloc("kat::KFAC::" + l.name + "::probe", Kokkos::WithoutInitializing),
           cols);
-      const Vector<double, MemorySpace> p = l.probe;
-      const std::uint64_t seed = probe_seed, stream = index;
-      Kokkos::parallel_for(
-          "kat::KFAC::probe", Kokkos::RangePolicy<execution_space>(space, 0, cols),
-          KOKKOS_LAMBDA(const std::size_t j) {
-            p(j) = 2.0 * counter_uniform(seed, stream, j) - 1.0;
-          });
+      kat::detail::fill_probe(space, l.probe, probe_seed, index);
     }
-    const matrix_type a = r.a, g = r.g, grad = r.weight_gradient;
-    const Vector<double, MemorySpace> v = l.probe;
-    // Each work item handles kChunk consecutive rows of a (and of ∇) on host spaces, so one
-    // thread runs down contiguous column segments into local sums, and one row on devices,
-    // so neighbouring threads read neighbouring entries of a column.
-    constexpr bool host =
-        Kokkos::SpaceAccessibility<execution_space, Kokkos::HostSpace>::accessible;
-    constexpr std::size_t kChunk = host ? 64 : 1;
-    const Matrix<double, MemorySpace> av = check_rows_.matrix(rows, 2);
-    Kokkos::parallel_for(
-        "kat::KFAC::check_av",
-        Kokkos::RangePolicy<execution_space>(space, 0, (rows + kChunk - 1) / kChunk),
-        KOKKOS_LAMBDA(const std::size_t c) {
-          const std::size_t begin = c * kChunk;
-          const std::size_t n = begin + kChunk < rows ? kChunk : rows - begin;
-          double s[kChunk], t[kChunk];
-          for (std::size_t i = 0; i < n; ++i) {
-            s[i] = 0;
-            t[i] = 0;
-          }
-          for (std::size_t j = 0; j < cols; ++j) {
-            const double vj = v(j), abs_vj = vj < 0 ? -vj : vj;
-            const Scalar *col = &a(begin, j);
-            for (std::size_t i = 0; i < n; ++i) {
-              const double x = static_cast<double>(col[i]);
-              s[i] += x * vj;
-              t[i] += (x < 0 ? -x : x) * abs_vj;
-            }
-          }
-          for (std::size_t i = 0; i < n; ++i) {
-            av(begin + i, 0) = s[i]; // (a v)_i
-            av(begin + i, 1) = t[i]; // (|a||v|)_i
-          }
-        });
-    const Matrix<double, MemorySpace> dk = check_out_.matrix(out, 2);
-    Kokkos::parallel_for(
-        "kat::KFAC::check_gv",
-        Kokkos::RangePolicy<execution_space>(space, 0, (out + kChunk - 1) / kChunk),
-        KOKKOS_LAMBDA(const std::size_t c) {
-          const std::size_t begin = c * kChunk;
-          const std::size_t n = begin + kChunk < out ? kChunk : out - begin;
-          double d[kChunk];
-          for (std::size_t k = 0; k < n; ++k) {
-            d[k] = 0;
-          }
-          for (std::size_t j = 0; j < cols; ++j) {
-            const double vj = v(j);
-            const Scalar *col = &grad(begin, j);
-            for (std::size_t k = 0; k < n; ++k) {
-              d[k] += static_cast<double>(col[k]) * vj;
-            }
-          }
-          for (std::size_t k = 0; k < n; ++k) {
-            double e = 0, b = 0;
-            for (std::size_t i = 0; i < rows; ++i) {
-              const double gi = static_cast<double>(g(i, begin + k));
-              e += gi * av(i, 0);
-              b += (gi < 0 ? -gi : gi) * av(i, 1);
-            }
-            dk(begin + k, 0) = d[k] - e; // (∇v − gᵀ(av))_k
-            dk(begin + k, 1) = b;        // (|g|ᵀ(|a||v|))_k
-          }
-        });
-    double dd = 0, bb = 0;
-    Kokkos::parallel_reduce(
-        "kat::KFAC::check_diff", Kokkos::RangePolicy<execution_space>(space, 0, out),
-        KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 0) * dk(k, 0); }, dd);
-    Kokkos::parallel_reduce(
-        "kat::KFAC::check_bound", Kokkos::RangePolicy<execution_space>(space, 0, out),
-        KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 1) * dk(k, 1); }, bb);
-    const double diff = std::sqrt(dd), bound = std::sqrt(bb);
+    const kat::detail::FreivaldsSums sums =
+        kat::detail::freivalds_sums(space, r.a, r.g, r.weight_gradient, l.probe,
+                                    check_rows_.matrix(rows, 2), check_out_.matrix(out, 2));
+    const double diff = std::sqrt(sums.diff), bound = std::sqrt(sums.bound);
     if (!std::isfinite(diff) || !std::isfinite(bound)) {
       throw NumericalError(kat::detail::concat(
           context(l), ": factored_preconditioning: the check ‖∇v − gᵀ(av)‖ is not finite at step ",
@@ -1085,13 +1007,7 @@ private:
       gemm(space, Trans::T, Trans::N, one, qg, g, zero, w);   // Q_Gᵀ ∇
       gemm(space, Trans::N, Trans::N, one, w, qa, zero, l.p); // (Q_Gᵀ ∇) Q_A
     }
-    const inverse_matrix_type p = l.p;
-    const InverseScalar lambda = static_cast<InverseScalar>(damping);
-    Kokkos::parallel_for(
-        "kat::KFAC::eigen_scale", matrix_policy(space, l.out, l.cols),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-          p(i, j) /= dg(i) * da(j) + lambda;
-        });
+    kat::detail::eigen_scale(space, l.p, dg, da, static_cast<InverseScalar>(damping));
     gemm(space, Trans::N, Trans::N, one, qg, l.p, zero, w); // Q_G (·)
     gemm(space, Trans::N, Trans::T, one, w, qa, zero, l.p); // (·) Q_Aᵀ
   }
@@ -1106,18 +1022,6 @@ private:
     const InverseScalar one(1), zero(0);
     gemm(space, Trans::N, Trans::N, one, l.G.inverse(), g, zero, w);
     gemm(space, Trans::N, Trans::N, one, w, l.A.inverse(), zero, l.p);
-  }
-
-  static double dot(const execution_space &space, const inverse_matrix_type &p,
-                    const matrix_type &grad) {
-    double sum = 0;
-    Kokkos::parallel_reduce(
-        "kat::KFAC::vg_sum", matrix_policy(space, p.extent(0), p.extent(1)),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, double &s) {
-          s += static_cast<double>(p(i, j)) * static_cast<double>(grad(i, j));
-        },
-        sum);
-    return sum;
   }
 
   /// A factor's entries (column-major); dim² zeros if it was never allocated.

@@ -22,6 +22,51 @@
 
 namespace kat {
 
+namespace detail {
+
+/// The running-average pass of KroneckerFactor::update over the d x d batch estimate b and
+/// factor f: for each (i, j) with i <= j, v = sym if `first`, else alpha·f(i, j) + beta·sym,
+/// with sym = (b(i, j) + b(j, i)) / 2 (alpha and beta rounded to b's scalar first), is written
+/// to b(i, j) and b(j, i). Each work item reads and writes only its own symmetric pair, so
+/// working in place is race-free. f is not read when `first`.
+/// @return the number of non-finite results (0: b holds the new factor).
+template <class ExecSpace, class MatrixView>
+int running_average(const ExecSpace &space, const MatrixView &f, const MatrixView &b, bool first,
+                    double alpha, double beta) {
+  using Scalar = typename MatrixView::non_const_value_type;
+  const Scalar a = static_cast<Scalar>(alpha);
+  const Scalar c = static_cast<Scalar>(beta);
+  int bad = 0;
+  Kokkos::parallel_reduce(
+      "kat::KroneckerFactor::running_average", matrix_policy(space, b.extent(0), b.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, int &count) {
+        if (i > j) {
+          return;
+        }
+        const Scalar sym = Scalar(0.5) * (b(i, j) + b(j, i));
+        const Scalar v = first ? sym : a * f(i, j) + c * sym;
+        b(i, j) = v;
+        b(j, i) = v;
+        count += kat::math::isfinite(v) ? 0 : 1;
+      },
+      bad);
+  return bad;
+}
+
+/// dst = f + shift·I, converted to dst's scalar type (f and dst: d x d).
+template <class ExecSpace, class FView, class DstView>
+void copy_shifted(const ExecSpace &space, const FView &f, const DstView &dst, double shift) {
+  using value = typename DstView::non_const_value_type;
+  const value s = static_cast<value>(shift);
+  Kokkos::parallel_for(
+      "kat::KroneckerFactor::copy", matrix_policy(space, dst.extent(0), dst.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        dst(i, j) = static_cast<value>(f(i, j)) + (i == j ? s : value(0));
+      });
+}
+
+} // namespace detail
+
 /// The default batch hook of KroneckerFactor::update: does nothing (and costs nothing).
 struct NoBatchHook {
   template <class ExecSpace, class View> void operator()(const ExecSpace &, const View &) const {}
@@ -108,25 +153,9 @@ public:
     // new value to both symmetric entries of the batch buffer (no other work item touches
     // them, so in place is race-free), counting non-finite results. On success the buffers
     // swap, so a failed update leaves F untouched at no extra cost.
-    const matrix_type f = factor_, b = batch_;
     const bool first = updates_ == 0;
-    const Scalar alpha = static_cast<Scalar>(first ? 0.0 : decay);
-    const Scalar beta = static_cast<Scalar>(first ? 1.0 : 1.0 - decay);
-    int bad = 0;
-    Kokkos::parallel_reduce(
-        "kat::KroneckerFactor::running_average", matrix_policy(space, dim_, dim_),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, int &count) {
-          if (i > j) {
-            return;
-          }
-          const Scalar sym = Scalar(0.5) * (b(i, j) + b(j, i));
-          const Scalar v = first ? sym : alpha * f(i, j) + beta * sym;
-          b(i, j) = v;
-          b(j, i) = v;
-          count += kat::math::isfinite(v) ? 0 : 1;
-        },
-        bad);
-    if (bad != 0) {
+    if (detail::running_average(space, factor_, batch_, first, first ? 0.0 : decay,
+                                first ? 1.0 : 1.0 - decay) != 0) {
       return false;
     }
     std::swap(factor_, batch_);
@@ -165,7 +194,7 @@ public:
     if (next_d_.extent(0) != dim_) {
       next_d_ = inverse_vector_type(label_ + "::d", dim_);
     }
-    copy_factor(space, next_q_, 0.0);
+    detail::copy_shifted(space, factor_, next_q_, 0.0);
     symmetric_eigen(space, next_q_, next_d_);
     const inverse_vector_type d = next_d_;
     Kokkos::parallel_for(
@@ -185,7 +214,7 @@ public:
   template <class ExecSpace> void compute_inverse(const ExecSpace &space, double damping) {
     ScopedRegion region("kat::KroneckerFactor::compute_inverse");
     ensure(next_inverse_, label_ + "::inverse");
-    copy_factor(space, next_inverse_, damping);
+    detail::copy_shifted(space, factor_, next_inverse_, damping);
     cholesky_inverse(space, next_inverse_);
     std::swap(inverse_, next_inverse_);
     has_inverse_ = true;
@@ -247,18 +276,6 @@ private:
     if (m.extent(0) != dim_) {
       m = inverse_matrix_type(Kokkos::view_alloc(label, Kokkos::WithoutInitializing), dim_, dim_);
     }
-  }
-
-  /// dst = F + shift·I, converted to InverseScalar.
-  template <class ExecSpace>
-  void copy_factor(const ExecSpace &space, const inverse_matrix_type &dst, double shift) const {
-    const matrix_type f = factor_;
-    const InverseScalar s = static_cast<InverseScalar>(shift);
-    Kokkos::parallel_for(
-        "kat::KroneckerFactor::copy", matrix_policy(space, dim_, dim_),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-          dst(i, j) = static_cast<InverseScalar>(f(i, j)) + (i == j ? s : InverseScalar(0));
-        });
   }
 
   std::string label_;

@@ -9,7 +9,58 @@
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
 
+#include <type_traits>
+
+// Kokkos Kernels 4.1 added BLAS overloads taking an execution space instance; 3.x (and 4.0)
+// issue every product on the default instance of the execution space.
+#if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40100
+#define KAT_KOKKOSBLAS_HAS_SPACE_ARGUMENT 1
+#else
+#define KAT_KOKKOSBLAS_HAS_SPACE_ARGUMENT 0
+#endif
+
 namespace kat {
+
+namespace detail {
+
+/// Whether `space` is the default instance of its execution space, i.e. whether work issued
+/// on `ExecSpace()` is ordered with work issued on `space`. Host spaces of Kokkos 3.x and 4.0
+/// (Serial, OpenMP, Threads) complete each kernel before returning, so any instance is as
+/// good as the default; CUDA and HIP instances differ by their stream.
+template <class ExecSpace> bool is_default_instance(const ExecSpace &space) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    return space.cuda_stream() == Kokkos::Cuda().cuda_stream();
+  }
+#endif
+#if defined(KOKKOS_ENABLE_HIP)
+#if KOKKOS_VERSION >= 40000
+  using HIPSpace = Kokkos::HIP;
+#else
+  using HIPSpace = Kokkos::Experimental::HIP;
+#endif
+  if constexpr (std::is_same<ExecSpace, HIPSpace>::value) {
+    return space.hip_stream() == HIPSpace().hip_stream();
+  }
+#endif
+  (void)space;
+  return true;
+}
+
+/// Runs `f` (which issues work on the default instance of ExecSpace) ordered with `space`:
+/// directly when `space` is the default instance, otherwise after fencing `space` and
+/// followed by a fence of the default instance.
+template <class ExecSpace, class F> void on_default_instance(const ExecSpace &space, F &&f) {
+  if (is_default_instance(space)) {
+    f();
+    return;
+  }
+  space.fence();
+  f();
+  ExecSpace().fence();
+}
+
+} // namespace detail
 
 /// Transposition of a gemm operand.
 enum class Trans : char { N = 'N', T = 'T' };
@@ -17,13 +68,17 @@ enum class Trans : char { N = 'N', T = 'T' };
 /// `C = alpha * op(A) * op(B) + beta * C` through `KokkosBlas::gemm` (which calls the vendor
 /// BLAS — OpenBLAS on host, cuBLAS/rocBLAS when Kokkos Kernels is built with them).
 ///
-/// @param space  execution space instance. Kokkos Kernels 3.4 has no instance overload, so
-///               the product is issued on the default instance of `ExecSpace`; callers that
-///               use other instances must order the work themselves.
+/// @param space  execution space instance the product runs on. With Kokkos Kernels >= 4.1 it is
+///               passed to `KokkosBlas::gemm` (cuBLAS/rocBLAS then use its stream). Older
+///               versions have no instance overload and issue the product on the default
+///               instance of `ExecSpace`: when `space` is another instance (another CUDA or
+///               HIP stream), KAT fences `space` before the product and the default instance
+///               after it, so the product is still ordered with `space`'s work; with the
+///               default instance (and on every host backend) nothing is added.
 /// @param A,B,C  rank-2 LayoutLeft views; op(A) is m x k, op(B) is k x n, C is m x n.
 /// @throws ShapeError if the inner or outer dimensions disagree.
 template <class ExecSpace, class AView, class BView, class CView>
-void gemm(const ExecSpace & /*space*/, Trans trans_a, Trans trans_b,
+void gemm(const ExecSpace &space, Trans trans_a, Trans trans_b,
           typename CView::const_value_type alpha, const AView &A, const BView &B,
           typename CView::const_value_type beta, const CView &C) {
   static_assert(Kokkos::is_view<AView>::value && Kokkos::is_view<BView>::value &&
@@ -47,12 +102,22 @@ void gemm(const ExecSpace & /*space*/, Trans trans_a, Trans trans_b,
   }
   const char ta_s[2] = {static_cast<char>(trans_a), '\0'};
   const char tb_s[2] = {static_cast<char>(trans_b), '\0'};
+  // BLAS leaves C untouched for k == 0 only when beta == 1, so C is scaled explicitly then.
+#if KAT_KOKKOSBLAS_HAS_SPACE_ARGUMENT
   if (k == 0) {
-    // BLAS leaves C untouched for k == 0 only when beta == 1; scale explicitly.
-    KokkosBlas::scal(C, beta, C);
-    return;
+    KokkosBlas::scal(space, C, beta, C);
+  } else {
+    KokkosBlas::gemm(space, ta_s, tb_s, alpha, A, B, beta, C);
   }
-  KokkosBlas::gemm(ta_s, tb_s, alpha, A, B, beta, C);
+#else
+  detail::on_default_instance(space, [&] {
+    if (k == 0) {
+      KokkosBlas::scal(C, beta, C);
+    } else {
+      KokkosBlas::gemm(ta_s, tb_s, alpha, A, B, beta, C);
+    }
+  });
+#endif
 }
 
 } // namespace kat

@@ -19,7 +19,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,11 @@ struct Config {
   std::int64_t factor_every, inv_every;
   ComputeMethod method;
 };
+
+// The steps among the kSteps steps 0, 1, ... that are multiples of `period`.
+inline std::uint64_t every(std::int64_t period) {
+  return std::uint64_t((kSteps + period - 1) / period);
+}
 
 inline std::string describe(const Config &c) {
   return std::string(c.method == ComputeMethod::eigen ? "eigen" : "inverse") +
@@ -144,6 +151,58 @@ inline double max_abs_diff(const std::vector<double> &a, const std::vector<doubl
   for (std::size_t k = 0; k < a.size(); ++k)
     worst = std::max(worst, std::abs(a[k] - b[k]));
   return worst;
+}
+
+// A view's entries in memory order (contiguous views).
+template <class View> std::vector<double> values_of(const View &v) {
+  const auto h = to_host(v);
+  return std::vector<double>(h.data(), h.data() + h.span());
+}
+
+// The injected-failure tests (test_kaisa.cpp, test_dpkfac.cpp): the MLP with a distributed
+// K-FAC strategy on its rank's rows, factors built at step 0 only (a factor corrupted
+// afterwards reaches the next decomposition unchanged) and decompositions every step.
+// `make(kfac)` installs the strategy.
+template <class Strategy> struct FaultyRun {
+  Space space;
+  std::ostringstream log; // the schedule warning and the keep_previous_on_failure warnings
+  Model model{FeatureShape{1, 2, 3}};
+  std::unique_ptr<KFACd> kfac;
+  std::unique_ptr<Strategy> strategy;
+  Matrix<double, Mem> dlogits{"dlogits", 2, 4};
+  nn::SoftmaxCrossEntropy<double, Mem> loss;
+
+  template <class Make> FaultyRun(ComputeMethod method, bool keep_previous, const Make &make) {
+    build_mlp(model, 11);
+    KFACd::Options o = kfac_options({1, 1, method});
+    o.factor_update_steps = Hyperparameter<std::int64_t>(
+        [](std::int64_t step) { return std::int64_t(step == 0 ? 1 : 1000); });
+    o.keep_previous_on_failure = keep_previous;
+    o.log = &log;
+    kfac = std::make_unique<KFACd>(o);
+    REQUIRE(kfac->register_model(model) == 3);
+    strategy = make(*kfac);
+  }
+  // Forward and backward on two rows of step s's batch that depend on the rank.
+  void forward_backward(int s, int rank) {
+    const Batch b = batch_rows(s, 2 * std::size_t(rank) % kBatch, 2);
+    loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
+    model.backward(space, dlogits, Model::Gradients::overwrite);
+  }
+  // The decomposition of factor `which` of registered layer `layer` (eigenvalues or inverse;
+  // empty without one).
+  std::vector<double> decomposition(std::size_t layer, char which) const {
+    const auto &f = which == 'A' ? kfac->factor_a(layer) : kfac->factor_g(layer);
+    if (kfac->options().compute_method == ComputeMethod::eigen) {
+      return f.has_eigen() ? values_of(f.eigenvalues()) : std::vector<double>();
+    }
+    return f.has_inverse() ? values_of(f.inverse()) : std::vector<double>();
+  }
+};
+
+// Overwrites a factor with NaN (on the rank that calls it only).
+inline void poison(const KFACd::factor_type &f) {
+  Kokkos::deep_copy(f.factor(), std::numeric_limits<double>::quiet_NaN());
 }
 
 } // namespace kat::test::dist_kfac

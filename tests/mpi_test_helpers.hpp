@@ -10,6 +10,7 @@
 #include <kat/nn/sequential.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace kat::test {
@@ -17,6 +18,17 @@ namespace kat::test {
 // "rank r of P", for INFO().
 inline std::string rank_of(const dist::Communicator &comm) {
   return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size());
+}
+
+// Whether `text` is the same on every rank of `comm` (collective): its hash compared through
+// one max and one min all-reduce.
+inline bool same_on_every_rank(dist::Communicator &comm, const std::string &text) {
+  const auto h = static_cast<std::int64_t>(std::hash<std::string>()(text) >> 1);
+  Kokkos::View<std::int64_t *, Kokkos::HostSpace> v("hashes", 2);
+  v(0) = h;
+  v(1) = -h;
+  comm.allreduce(Kokkos::DefaultHostExecutionSpace(), v, dist::ReduceOp::max);
+  return v(0) == -v(1);
 }
 
 // Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4): the Dense layers are model

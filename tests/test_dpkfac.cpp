@@ -1,4 +1,4 @@
-// kat::dist::DPKFAC (ALGORITHMS.md section 2, DP-KFAC): P ranks equal one process in which
+// kat::dist::DPKFAC (docs/algorithms.md section 2, DP-KFAC): P ranks equal one process in which
 // layer l's factors come from its owner's shard and the gradient is the whole batch's; the
 // round-robin and balanced assignments give each layer exactly one owner; the P broadcasts
 // send the analytic volume; a rank that owns k < L layers holds less K-FAC state; one rank
@@ -246,9 +246,11 @@ TEST_CASE("dpkfac: round-robin and balanced assignments give each layer exactly 
       for (std::size_t l = 0; l < owners.size(); ++l)
         CHECK(h(l) == 1.0);
       CHECK(static_cast<bool>(kfac.precondition_hook()));
+      CHECK(static_cast<bool>(kfac.decomposition_agreement()));
     }
-    // The destructor removes the hook and the ownership.
+    // The destructor removes the hook, the agreement and the ownership.
     CHECK(!kfac.precondition_hook());
+    CHECK(!kfac.decomposition_agreement());
     for (std::size_t l = 0; l < 3; ++l)
       CHECK(kfac.owned(l));
   }
@@ -274,6 +276,10 @@ TEST_CASE("dpkfac: the P broadcasts send the analytic volume", "[mpi][dist][kfac
       CHECK(run.counted.bytes == std::uint64_t(kSteps) * entries * sizeof(double));
       CHECK(run.stats.broadcast.calls == run.counted.calls);
       CHECK(run.stats.broadcast.bytes == run.counted.bytes);
+      // The agreement on decomposition failures: one all-reduce of 2L int32 per decomposition.
+      CHECK(run.stats.decomposition_agreement.calls == every(c.inv_every));
+      CHECK(run.stats.decomposition_agreement.bytes ==
+            every(c.inv_every) * 2 * kOut.size() * sizeof(std::int32_t));
     }
   }
 }
@@ -408,6 +414,49 @@ TEST_CASE("dpkfac: P in the model precision halves the bytes and every rank appl
       // And it is plain K-FAC's on rank 0's data, up to rounding P to float first.
       for (std::size_t k = 0; k < mine.size(); ++k) {
         CHECK(mine[k] == Approx(plain.gradients[s][k]).epsilon(narrow ? 1e-6 : 1e-7).margin(1e-9));
+      }
+    }
+  }
+}
+
+TEST_CASE("dpkfac: a decomposition failing on its owner makes every rank throw the same error",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  for (const ComputeMethod method : {ComputeMethod::eigen, ComputeMethod::inverse}) {
+    for (const bool keep_previous : {false, true}) {
+      INFO((method == ComputeMethod::eigen ? "eigen" : "inverse")
+           << (keep_previous ? ", keep_previous_on_failure" : ""));
+      FaultyRun<DPKFACd> run(method, keep_previous,
+                             [&](KFACd &kfac) { return std::make_unique<DPKFACd>(comm, kfac); });
+      run.forward_backward(0, comm.rank());
+      run.kfac->step(run.space);
+      const int owner = run.strategy->owner(1);
+      if (comm.rank() == owner) {
+        poison(run.kfac->factor_a(1)); // only the owner has factors of layer 1
+      }
+      const auto before = run.decomposition(1, 'A');
+      run.forward_backward(1, comm.rank());
+      std::string message;
+      try {
+        run.kfac->step(run.space);
+      } catch (const NumericalError &e) {
+        message = e.what();
+      }
+      INFO(message);
+      CHECK(run.decomposition(1, 'A') == before);
+      if (keep_previous) {
+        CHECK(message.empty());
+        CHECK(run.kfac->steps() == 2);
+        if (comm.rank() == owner) {
+          CHECK_THAT(run.log.str(), Catch::Contains("layer '3' factor A at step 1") &&
+                                        Catch::Contains("keeping the previous decomposition"));
+        }
+      } else {
+        CHECK_THAT(message, Catch::Contains("layer '3' factor A at step 1") &&
+                                Catch::Contains("decomposed on rank " + std::to_string(owner)));
+        CHECK(same_on_every_rank(comm, message));
+        CHECK(run.kfac->steps() == 1);
       }
     }
   }

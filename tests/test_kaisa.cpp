@@ -1,4 +1,4 @@
-// kat::dist::KAISA (ALGORITHMS.md section 2, KAISA): every valid grad_worker_fraction k/P
+// kat::dist::KAISA (docs/algorithms.md section 2, KAISA): every valid grad_worker_fraction k/P
 // (COMM-OPT 1, MEM-OPT 1/P, HYBRID-OPT between) gives the same preconditioned gradients and
 // parameters as D-KFAC, and only a layer's gradient workers keep its decompositions; the
 // greedy assignment gives every work item one rank, and its two-level hybrid form reduces to
@@ -21,8 +21,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -46,7 +48,7 @@ struct Run {
   std::vector<std::vector<double>> gradients; // after each kfac.step: the preconditioned ones
   dist::KAISAStats stats;
   dist::CollectiveCounter broadcast, allreduce; // the counters of K-FAC's own communicator
-  std::size_t per_decomposition = 0, per_step = 0, per_factor_update = 0;
+  std::size_t per_decomposition = 0, per_step = 0, per_factor_update = 0, per_agreement = 0;
   KAISAd::Mode mode = KAISAd::Mode::comm_opt;
   std::vector<int> layer_group;         // layer_worker_group(l) for the 3 layers
   int group = 0;                        // worker_group_of(this rank)
@@ -87,6 +89,7 @@ Run train(Communicator *comm, Strategy strategy, double fraction, const Config &
     run.per_decomposition = kaisa->bytes_per_decomposition_update();
     run.per_step = kaisa->bytes_per_step();
     run.per_factor_update = kaisa->bytes_per_factor_update();
+    run.per_agreement = kaisa->bytes_per_agreement();
     run.mode = kaisa->mode();
     run.group = kaisa->worker_group_of(comm->rank());
     const bool eigen = c.method == ComputeMethod::eigen;
@@ -120,8 +123,6 @@ const char *mode_name(KAISAd::Mode m) {
 
 // The MLP's factor dimensions by layer: A (in+1) and G (out).
 const std::vector<std::size_t> kADims{7, 13, 9}, kGDims{12, 8, 4};
-
-std::uint64_t every(std::int64_t period) { return std::uint64_t((kSteps + period - 1) / period); }
 
 // The test MLP registered with a K-FAC of kConfigs[0] (a KFACd can be neither copied nor
 // moved, so the two live together).
@@ -359,6 +360,7 @@ TEST_CASE("kaisa: invalid grad_worker_fraction values are rejected", "[mpi][dist
     o.grad_worker_fraction = f;
     CHECK_THROWS_WITH(KAISAd(comm, kfac, o), Catch::Contains("grad_worker_fraction"));
     CHECK(!kfac.factor_hook());
+    CHECK(!kfac.decomposition_agreement());
     CHECK(!kfac.decomposition_hook());
     CHECK(!kfac.precondition_hook());
   }
@@ -401,9 +403,14 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
       const Run r = train(&comm, Strategy::kaisa, f, c, std::size_t(comm.rank()) * local, local);
       INFO(mode_name(r.mode));
       const std::uint64_t decompositions = every(c.inv_every);
-      // Factors: as D-KFAC, the upper triangles, one all-reduce per factor per update.
+      // Factors: as D-KFAC, the upper triangles, one all-reduce per factor per update; the
+      // agreement on decomposition failures: one all-reduce of 2L int32 per decomposition step.
       CHECK(r.per_factor_update == upper * sizeof(double));
-      CHECK(r.allreduce.bytes == every(c.factor_every) * upper * sizeof(double));
+      CHECK(r.per_agreement == 2 * 3 * sizeof(std::int32_t));
+      CHECK(r.stats.decomposition_agreement.calls == decompositions);
+      CHECK(r.stats.decomposition_agreement.bytes == decompositions * r.per_agreement);
+      CHECK(r.allreduce.bytes ==
+            every(c.factor_every) * upper * sizeof(double) + decompositions * r.per_agreement);
       if (r.mode == KAISAd::Mode::hybrid_opt) {
         // Decompositions: each rank takes part in the broadcasts of the factors of its worker
         // group's layers; P: one broadcast per layer in each receiver group. Both on
@@ -461,13 +468,155 @@ TEST_CASE("kaisa: the destructor removes the hooks", "[mpi][dist][kfac]") {
       o.grad_worker_fraction = f;
       KAISAd k(comm, kfac, o);
       CHECK(static_cast<bool>(kfac.factor_hook()));
+      CHECK(static_cast<bool>(kfac.decomposition_agreement()));
       // Decompositions are broadcast unless MEM-OPT, P unless COMM-OPT.
       CHECK(static_cast<bool>(kfac.decomposition_hook()) == (k.mode() != KAISAd::Mode::mem_opt));
       CHECK(static_cast<bool>(kfac.precondition_hook()) == (k.mode() != KAISAd::Mode::comm_opt));
     }
     CHECK(!kfac.factor_hook());
+    CHECK(!kfac.decomposition_agreement());
     CHECK(!kfac.decomposition_hook());
     CHECK(!kfac.precondition_hook());
+  }
+}
+
+namespace {
+
+// The injected-failure run (dist_kfac_helpers.hpp) with KAISA at `fraction`.
+struct Faulty : FaultyRun<KAISAd> {
+  Faulty(Communicator &comm, double fraction, ComputeMethod method, bool keep_previous)
+      : FaultyRun<KAISAd>(method, keep_previous, [&](KFACd &kfac) {
+          dist::KAISAOptions k;
+          k.grad_worker_fraction = fraction;
+          return std::make_unique<KAISAd>(comm, kfac, k);
+        }) {}
+  KAISAd &kaisa() { return *strategy; }
+  std::vector<double> decomposition(char which) const {
+    return FaultyRun<KAISAd>::decomposition(1, which);
+  }
+};
+
+} // namespace
+
+TEST_CASE("kaisa: a decomposition failing on its owner makes every rank throw the same error",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  for (const ComputeMethod method : {ComputeMethod::eigen, ComputeMethod::inverse}) {
+    for (const double f : fractions(comm.size())) {
+      INFO("grad_worker_fraction " << f
+                                   << (method == ComputeMethod::eigen ? " eigen" : " inverse"));
+      Faulty run(comm, f, method, false);
+      run.forward_backward(0, comm.rank());
+      run.kfac->step(run.space);
+      // Only the rank that decomposes layer 1's G holds a poisoned factor.
+      const int owner = run.kaisa().decomposition_owner(1, 'G');
+      if (comm.rank() == owner) {
+        poison(run.kfac->factor_g(1));
+      }
+      const auto before = run.decomposition('G');
+      const auto gradients = values_of(run.model.gradients());
+      run.forward_backward(1, comm.rank());
+      const auto fresh = values_of(run.model.gradients());
+      std::string message;
+      try {
+        run.kfac->step(run.space);
+      } catch (const NumericalError &e) {
+        message = e.what();
+      }
+      INFO(message);
+      CHECK_THAT(message, Catch::Contains("layer '3' factor G at step 1") &&
+                              Catch::Contains("the decomposition failed") &&
+                              Catch::Contains("decomposed on rank " + std::to_string(owner)));
+      CHECK(same_on_every_rank(comm, message));
+      // Nothing changed: the step counter, the decomposition, the gradients.
+      CHECK(run.kfac->steps() == 1);
+      CHECK(run.decomposition('G') == before);
+      CHECK(values_of(run.model.gradients()) == fresh);
+      CHECK(fresh != gradients);
+    }
+  }
+}
+
+TEST_CASE("kaisa: with keep_previous_on_failure every rank keeps the previous decomposition",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  for (const ComputeMethod method : {ComputeMethod::eigen, ComputeMethod::inverse}) {
+    for (const double f : fractions(comm.size())) {
+      INFO("grad_worker_fraction " << f
+                                   << (method == ComputeMethod::eigen ? " eigen" : " inverse"));
+      Faulty run(comm, f, method, true);
+      run.forward_backward(0, comm.rank());
+      run.kfac->step(run.space);
+      const int owner = run.kaisa().decomposition_owner(1, 'A');
+      if (comm.rank() == owner) {
+        poison(run.kfac->factor_a(1));
+      }
+      const auto a = run.decomposition('A'), g = run.decomposition('G');
+      run.forward_backward(1, comm.rank());
+      run.kfac->step(run.space);
+      CHECK(run.kfac->steps() == 2);
+      // Every gradient worker of layer 1 still holds the step-0 decomposition of A (the owner
+      // kept it, the others received nothing) and one of G.
+      CHECK(run.decomposition('A') == a);
+      if (run.kaisa().is_gradient_worker(1, comm.rank())) {
+        CHECK(!a.empty());
+        CHECK(!g.empty());
+      }
+      CHECK_THAT(run.log.str(), Catch::Contains("layer '3' factor A at step 1") &&
+                                    Catch::Contains("keeping the previous decomposition"));
+      for (const double v : values_of(run.model.gradients())) {
+        CHECK(std::isfinite(v));
+      }
+    }
+  }
+}
+
+TEST_CASE("kaisa: a first decomposition that fails is never marked valid on any rank",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  for (const double f : fractions(comm.size())) {
+    INFO("grad_worker_fraction " << f);
+    // A checkpoint of step 1 whose layer-1 A is poisoned on its owner only (as a corrupted
+    // shard would be): load_state decomposes, and that first decomposition fails.
+    Faulty source(comm, f, ComputeMethod::eigen, true);
+    source.forward_backward(0, comm.rank());
+    source.kfac->step(source.space);
+    KFACState state = source.kfac->state();
+    const int owner = source.kaisa().decomposition_owner(1, 'A');
+    if (comm.rank() == owner) {
+      std::fill(state.layers[1].A.begin(), state.layers[1].A.end(),
+                std::numeric_limits<double>::quiet_NaN());
+    }
+    SECTION("keep_previous_on_failure: no rank holds a decomposition of that factor") {
+      Faulty run(comm, f, ComputeMethod::eigen, true);
+      run.kfac->load_state(run.space, state);
+      CHECK(!run.kfac->factor_a(1).has_eigen());
+      if (run.kaisa().is_gradient_worker(1, comm.rank())) {
+        CHECK(run.kfac->factor_g(1).has_eigen());
+        CHECK(run.kfac->factor_a(0).has_eigen());
+      }
+      // Layer 1 is left to the base optimizer on every rank: its gradient is unchanged.
+      run.forward_backward(1, comm.rank());
+      const auto before = values_of(run.model.layer(3).curvature().weight_gradient);
+      run.kfac->step(run.space);
+      CHECK(values_of(run.model.layer(3).curvature().weight_gradient) == before);
+    }
+    SECTION("by default: every rank throws the same error from load_state") {
+      Faulty run(comm, f, ComputeMethod::eigen, false);
+      std::string message;
+      try {
+        run.kfac->load_state(run.space, state);
+      } catch (const NumericalError &e) {
+        message = e.what();
+      }
+      INFO(message);
+      CHECK_THAT(message, Catch::Contains("layer '3' factor A") &&
+                              Catch::Contains("decomposed on rank " + std::to_string(owner)));
+      CHECK(same_on_every_rank(comm, message));
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// @brief kat::dist::DKFAC: distributed K-FAC in the D-KFAC strategy (ALGORITHMS.md section 2):
-/// every rank builds every factor from its local batch, the batch estimates are averaged over
+/// @brief kat::dist::DKFAC: distributed K-FAC in the D-KFAC strategy (docs/algorithms.md section
+/// 2): every rank builds every factor from its local batch, the batch estimates are averaged over
 /// the ranks, and every rank decomposes every factor and preconditions every layer. Needs KAT
 /// built with `-DKAT_ENABLE_MPI=ON`.
 

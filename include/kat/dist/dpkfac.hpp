@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief kat::dist::DPKFAC: distributed K-FAC in the DP-KFAC strategy (ALGORITHMS.md
+/// @brief kat::dist::DPKFAC: distributed K-FAC in the DP-KFAC strategy (docs/algorithms.md
 /// section 2): each layer's factors are built, from its own local batch only, and decomposed
 /// by one rank, which preconditions the layer's gradient and broadcasts P; the other ranks
 /// keep no factors for that layer. Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
@@ -16,6 +16,7 @@
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/dist/communicator.hpp"
+#include "kat/dist/detail/decomposition_agreement.hpp"
 #include "kat/dist/detail/factored_guard.hpp"
 
 #include <algorithm>
@@ -55,6 +56,10 @@ struct DPKFACStats {
   /// counter around each one (element count x the size of the broadcast scalar per call, on
   /// every rank, root included). Per step: L calls and DPKFAC::bytes_per_step() bytes.
   CollectiveCounter broadcast;
+  /// The agreement on decomposition failures (KFAC::set_decomposition_agreement), per
+  /// decomposition step one all-reduce of 2L int32 (8L bytes), plus, when a decomposition
+  /// failed, two broadcasts of the owner's message.
+  CollectiveCounter decomposition_agreement;
 };
 
 /// DP-KFAC: sets the ownership of a kat::KFAC's layers (KFAC::set_owned) by `assignment`
@@ -73,8 +78,12 @@ struct DPKFACStats {
 ///
 /// Register every layer before constructing it (the assignment is computed from the
 /// registered layers), on every rank the same layers in the same order, and call
-/// KFAC::step() on the same steps: the hook is collective. The destructor removes the hook
-/// and makes every layer owned again. Neither copyable nor movable; the Communicator and
+/// KFAC::step() on the same steps: the hook is collective. A decomposition that fails on a
+/// layer's owner is agreed on by every rank before any P is broadcast
+/// (KFAC::set_decomposition_agreement): without keep_previous_on_failure every rank throws the
+/// same NumericalError (naming the layer, the factor, the step and the owner's rank); with it
+/// the owner keeps the previous decomposition. The destructor removes the hook and the
+/// agreement and makes every layer owned again. Neither copyable nor movable; the Communicator and
 /// the KFAC must outlive it.
 ///
 /// @tparam KFACType  a kat::KFAC instantiation.
@@ -104,11 +113,18 @@ public:
         [this](const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
           broadcast(space, layer, p);
         });
+    kfac_.set_decomposition_agreement(
+        [this](const execution_space &, typename KFACType::DecompositionFailures &failures) {
+          detail::agree_on_decompositions(
+              comm_, failures, [this](std::size_t layer, char) { return owners_.at(layer); },
+              stats_.decomposition_agreement);
+        });
   }
   DPKFAC(const DPKFAC &) = delete;
   DPKFAC &operator=(const DPKFAC &) = delete;
   /// Removes the hook and the ownership from the KFAC.
   ~DPKFAC() {
+    kfac_.set_decomposition_agreement({});
     kfac_.set_precondition_hook({});
     kfac_.set_owned({});
   }
@@ -116,6 +132,10 @@ public:
   const Options &options() const { return options_; }
   const Stats &stats() const { return stats_; }
   void reset_stats() { stats_ = Stats(); }
+
+  /// The agreement's all-reduce payload of one decomposition step: 2L · sizeof(std::int32_t)
+  /// (DPKFACStats::decomposition_agreement; no decomposition failed).
+  std::size_t bytes_per_agreement() const { return 2 * kfac_.size() * sizeof(std::int32_t); }
 
   /// The owning rank of each registered layer.
   const std::vector<int> &owners() const { return owners_; }

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief kat::dist::KAISA: distributed K-FAC in the KAISA strategy (ALGORITHMS.md section 2;
+/// @brief kat::dist::KAISA: distributed K-FAC in the KAISA strategy (docs/algorithms.md section 2;
 /// Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep Neural
 /// Networks", SC'21): factors averaged over the ranks as in D-KFAC, each factor's
 /// decomposition computed by one rank chosen by a greedy least-loaded rule, and, by
@@ -17,6 +17,7 @@
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/dist/communicator.hpp"
+#include "kat/dist/detail/decomposition_agreement.hpp"
 #include "kat/dist/dkfac.hpp"
 #include "kat/precond/kfac.hpp"
 
@@ -80,6 +81,10 @@ struct KAISAStats {
   /// MEM-OPT and HYBRID-OPT: the P broadcasts within this rank's receiver group, per step
   /// Σ over all L layers of out·(in+1)·sizeof(InverseScalar). Zero in COMM-OPT.
   CollectiveCounter gradient_broadcast;
+  /// The agreement on decomposition failures (KFAC::set_decomposition_agreement), on the
+  /// whole communicator: per decomposition step one all-reduce of 2L int32 (8L bytes), plus,
+  /// when a decomposition failed, two broadcasts of the owner's message.
+  CollectiveCounter decomposition_agreement;
 };
 
 /// KAISA (Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep
@@ -112,10 +117,18 @@ struct KAISAStats {
 /// All three give the same P as D-KFAC (each decomposer computes from the same averaged
 /// factors). Every rank must register the same layers in the same order before constructing
 /// it (the constructor is collective: it splits the communicator in HYBRID-OPT) and call
-/// KFAC::step() on the same steps (the hooks are collective). A decomposition failure that
-/// throws on the owner (keep_previous_on_failure = false) leaves the other ranks of its group
-/// waiting in the broadcast. The destructor removes the hooks and the ownership. Neither
-/// copyable nor movable; the Communicator and the KFAC must outlive it.
+/// KFAC::step() on the same steps (the hooks are collective).
+///
+/// A decomposition that fails on its owner is agreed on by every rank before anything is
+/// broadcast (KFAC::set_decomposition_agreement: one all-reduce of 2L int32 per
+/// decomposition step, KAISAStats::decomposition_agreement): without
+/// keep_previous_on_failure every rank throws the same NumericalError, naming the layer, the
+/// factor, the step and the owner's rank, instead of waiting in a broadcast; with it every
+/// rank keeps the previous decomposition. A received decomposition becomes valid only after
+/// its broadcast filled it (KroneckerFactor::receive_eigen / commit_received_eigen).
+///
+/// The destructor removes the hooks and the ownership. Neither copyable nor movable; the
+/// Communicator and the KFAC must outlive it.
 ///
 ///     kat::dist::KAISA<kat::KFAC<float, Mem>> kaisa(comm, kfac, options);
 ///
@@ -171,6 +184,13 @@ public:
     kfac_.set_decomposition_owned([this, rank](std::size_t layer, char factor) {
       return decomposition_owner(layer, factor) == rank;
     });
+    kfac_.set_decomposition_agreement(
+        [this](const execution_space &, typename KFACType::DecompositionFailures &failures) {
+          detail::agree_on_decompositions(
+              comm_, failures,
+              [this](std::size_t layer, char factor) { return decomposition_owner(layer, factor); },
+              stats_.decomposition_agreement);
+        });
     if (mode_ != Mode::mem_opt) {
       kfac_.set_decomposition_hook(
           [this](const execution_space &space, std::size_t layer, char factor, factor_type &f) {
@@ -188,6 +208,7 @@ public:
   KAISA &operator=(const KAISA &) = delete;
   /// Removes the hooks and the decomposition ownership (the DKFAC member removes its own).
   ~KAISA() {
+    kfac_.set_decomposition_agreement({});
     kfac_.set_decomposition_hook({});
     kfac_.set_precondition_hook({});
     kfac_.set_decomposition_owned({});
@@ -391,6 +412,9 @@ public:
     }
     return entries * sizeof(inverse_scalar_type);
   }
+  /// The agreement's all-reduce payload of one decomposition step: 2L · sizeof(std::int32_t)
+  /// (KAISAStats::decomposition_agreement; no decomposition failed).
+  std::size_t bytes_per_agreement() const { return 2 * kfac_.size() * sizeof(std::int32_t); }
   /// The factor all-reduce payload of one factor update (DKFAC::bytes_per_factor_update).
   std::size_t bytes_per_factor_update() const { return dkfac_.bytes_per_factor_update(); }
 
@@ -416,9 +440,11 @@ private:
     counter.bytes += after.bytes - before.bytes;
   }
 
-  /// Called on every rank for every factor KFAC decomposes (all ranks own all layers); only
-  /// the ranks of the layer's worker group take part. The root's rank in the worker group's
-  /// communicator (split with key = rank) is its global rank minus g·gw.
+  /// Called on every rank for every factor KFAC decomposed successfully (all ranks own all
+  /// layers); only the ranks of the layer's worker group take part. The root's rank in the
+  /// worker group's communicator (split with key = rank) is its global rank minus g·gw. The
+  /// owner sends its decomposition; the others receive it into the factor's second buffers,
+  /// which become current only once the broadcast has filled them.
   void broadcast_decomposition(const execution_space &space, std::size_t layer, char factor,
                                factor_type &f) {
     const int group = layer_groups_.at(layer);
@@ -429,15 +455,24 @@ private:
     if (layer == first_group_layer_ && factor == 'A') {
       ++stats_.decomposition_updates;
     }
-    const int root = decomposition_owner(layer, factor) - group * grad_workers_;
+    const int owner = decomposition_owner(layer, factor);
+    const int root = owner - group * grad_workers_;
+    const bool sends = owner == comm_.rank();
     Communicator &c = worker_comm();
     counted(c, stats_.decomposition_broadcast, [&] {
       if (kfac_.options().compute_method == ComputeMethod::eigen) {
-        const auto buffers = f.eigen_buffers();
+        const auto buffers =
+            sends ? std::make_pair(f.eigenvectors(), f.eigenvalues()) : f.receive_eigen();
         c.broadcast(space, buffers.first, root);
         c.broadcast(space, buffers.second, root);
+        if (!sends) {
+          f.commit_received_eigen();
+        }
       } else {
-        c.broadcast(space, f.inverse_buffer(), root);
+        c.broadcast(space, sends ? f.inverse() : f.receive_inverse(), root);
+        if (!sends) {
+          f.commit_received_inverse();
+        }
       }
     });
   }

@@ -555,7 +555,7 @@ public:
   /// patch matrix with its ones column (x K without bias); g = dL/dY, the
   /// (N·H_out·W_out) x C_out view of dy as given (including the 1/N of a batch-mean loss);
   /// weight_gradient = d[W b] and weight = [W b] (C_out x (K+1)). These are the conv
-  /// quantities of ALGORITHMS.md section 1; forming A = aᵀa / (N·H_out·W_out) and
+  /// quantities of docs/algorithms.md section 1; forming A = aᵀa / (N·H_out·W_out) and
   /// G = gᵀg / (N·H_out·W_out) (after undoing the 1/N) is the preconditioner's job.
   CurvatureRecord<Scalar, MemorySpace> curvature() const override {
     return {a_view_, g_, grad_weight_bias_, weight_bias_, batch_};

@@ -6,6 +6,7 @@
 #include "kat/core/curvature.hpp"
 #include "kat/core/detail/convert.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/host_sync.hpp"
 #include "kat/core/hyperparameter.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
@@ -34,7 +35,7 @@
 
 namespace kat {
 
-/// How K-FAC turns the factors into a preconditioner (ALGORITHMS.md section 1).
+/// How K-FAC turns the factors into a preconditioner (docs/algorithms.md section 1).
 enum class ComputeMethod {
   eigen,  ///< eigendecompositions; damping added to the Kronecker product of eigenvalues
   inverse ///< Cholesky inverses of the factors with Tikhonov damping split between them
@@ -121,7 +122,7 @@ struct KFACState {
 /// K-FAC preconditioner (Martens & Grosse 2015, "Optimizing Neural Networks with
 /// Kronecker-factored Approximate Curvature"; Grosse & Martens 2016 for convolutions), in the
 /// formulation of KAISA (Pauloski et al. 2021, reference code kfac-pytorch) and exactly as
-/// ALGORITHMS.md section 1 states. It acts between backward and the base optimizer:
+/// docs/algorithms.md section 1 states. It acts between backward and the base optimizer:
 ///
 ///     model.forward / loss / model.backward   (layers record a and g when kfac asks)
 ///     kfac.step(space);                       (preconditions the weight gradients in place)
@@ -146,7 +147,7 @@ struct KFACState {
 ///   written over ∇ (κ = `kl_clip`; 0 disables the clip).
 ///
 /// Layers are registered with register_layer() (any code: views only, see
-/// ARCHITECTURE.md "Preconditioners do not require kat::nn") or register_model() (every
+/// docs/guide.md, "K-FAC with your own network") or register_model() (every
 /// kat::nn layer that supports curvature, containers included). Layers without a weight
 /// matrix (BatchNorm) are left to the base optimizer.
 ///
@@ -184,10 +185,22 @@ public:
   /// 'G') of registered layer i.
   using DecompositionOwnership = std::function<bool(std::size_t layer, char factor)>;
   /// See set_decomposition_hook(): `hook(space, layer, factor, f)`, with `f` the layer's
-  /// factor 'A' or 'G' (its decomposition may be written through KroneckerFactor's
-  /// eigen_buffers() / inverse_buffer()).
+  /// factor 'A' or 'G' (a decomposition computed elsewhere is received through
+  /// KroneckerFactor::receive_eigen() / receive_inverse() and their commits).
   using DecompositionHook =
       std::function<void(const execution_space &, std::size_t layer, char factor, factor_type &f)>;
+  /// What one decomposition step found on this process (see set_decomposition_agreement()).
+  struct DecompositionFailures {
+    /// failed[2i] and failed[2i + 1]: 1 if this process's decomposition of factor A or G of
+    /// registered layer i failed at this step, 0 otherwise (2 entries per registered layer).
+    std::vector<std::int32_t> failed;
+    /// The error of the first failed factor (in that order), without the "kat::KFAC: " prefix;
+    /// empty if none failed.
+    std::string message;
+  };
+  /// See set_decomposition_agreement(): `agree(space, failures)`.
+  using DecompositionAgreement =
+      std::function<void(const execution_space &, DecompositionFailures &failures)>;
 
   using Options = KFACOptions;
   using Values = KFACValues;
@@ -360,18 +373,44 @@ public:
   }
 
   /// Installs (or, with an empty function, removes) a hook on the decompositions. On every
-  /// step that decomposes, for each owned registered layer that is decomposed (every owned
-  /// layer with factors on an inv_update_steps step; see step()), in registration order, it
-  /// is called with 'A' and then 'G' after this process computed the decompositions it owns
-  /// (set_decomposition_owned()) and before the layer's readiness is decided; the hook may
-  /// fill the factor's decomposition through KroneckerFactor::eigen_buffers() (eigen method)
-  /// or inverse_buffer() (inverse method). It should enqueue its work on the given execution
-  /// space or fence it; it is collective for kat::dist::KAISA, and step() calls it in the same
-  /// order on every process that registers the same layers and holds the same factors.
-  /// Without a hook (the default) nothing changes.
+  /// step that decomposes, after this process computed the decompositions it owns
+  /// (set_decomposition_owned()) and the processes agreed on failures
+  /// (set_decomposition_agreement()), for each owned registered layer that is decomposed
+  /// (every owned layer with factors on an inv_update_steps step; see step()), in
+  /// registration order, it is called with 'A' and then 'G', except for a factor whose
+  /// decomposition failed (possible only with keep_previous_on_failure: every process then
+  /// keeps the previous one), and before the layer's readiness is decided. The hook may fill
+  /// the factor's decomposition through KroneckerFactor::receive_eigen() and
+  /// commit_received_eigen() (eigen method) or receive_inverse() and
+  /// commit_received_inverse() (inverse method). It should enqueue its work on the given
+  /// execution space or fence it; it is collective for kat::dist::KAISA, and step() calls it in
+  /// the same order on every process that registers the same layers and holds the same
+  /// factors. Without a hook (the default) nothing changes.
   void set_decomposition_hook(DecompositionHook hook) { decomposition_hook_ = std::move(hook); }
   /// The installed hook (empty if none).
   const DecompositionHook &decomposition_hook() const { return decomposition_hook_; }
+
+  /// Installs (or, with an empty function, removes) the agreement on decomposition failures.
+  /// When decompositions are split among processes (set_decomposition_owned()), one that
+  /// fails is known only to the process that computed it; the others would go on to wait for
+  /// it in a collective. On every step that decomposes, after this process computed the
+  /// decompositions it owns and before any decomposition hook, `agree(space, failures)` is
+  /// called with what this process found; it must replace `failures.failed` by the
+  /// element-wise maximum over the processes and `failures.message` by the message of the
+  /// first failed factor as the process that computed it wrote it (kat::dist::KAISA and
+  /// kat::dist::DPKFAC all-reduce and broadcast). Then, without keep_previous_on_failure, every
+  /// process throws the same NumericalError; with it, every process keeps the previous
+  /// decomposition of each failed factor. The agreement is collective: it runs on every
+  /// process on every inv_update_steps step and in load_state(), whether or not the process
+  /// decomposes anything itself. (The decompositions that a layer whose first factors came
+  /// late gets between those steps need none: such a layer exists only with
+  /// keep_previous_on_failure, under which nothing throws.) Without an agreement (the
+  /// default) each process acts on its own failures.
+  void set_decomposition_agreement(DecompositionAgreement agree) {
+    decomposition_agreement_ = std::move(agree);
+  }
+  /// The installed agreement (empty if none).
+  const DecompositionAgreement &decomposition_agreement() const { return decomposition_agreement_; }
 
   /// Installs (or, with an empty function, removes) a hook on the preconditioned gradients.
   /// With a hook, every step() first computes P for each owned layer that has a
@@ -463,6 +502,12 @@ public:
   /// One K-FAC step: updates factors and decompositions when due, then overwrites every
   /// registered weight gradient with its (KL-clipped) preconditioned gradient.
   ///
+  /// The host waits for the device once per step, to read back one small status buffer (the
+  /// KL clip's Σ P ⊙ ∇, and whether any factor, check or preconditioned gradient went wrong),
+  /// plus once more on a step that decomposes after updating factors (the decomposition
+  /// needs to know that the new factors are finite). Everything else is enqueued on `space`.
+  /// A step that throws changes no factor and no gradient, and steps() does not advance.
+  ///
   /// @throws ValueError if a callable hyperparameter returns a value out of range (naming it
   ///   and the step); ShapeError if a layer's a, g or weight_gradient do not match its
   ///   registration or a and g are missing on a factor-update step; NumericalError if a
@@ -475,13 +520,31 @@ public:
     for (auto &l : layers_) {
       l->current = l->views(); // once per step: the callback may do work
     }
-    if (steps_ % v.factor_update_steps == 0) {
-      update_factors(space, v.factor_decay);
-    }
+    const bool factor_step = steps_ % v.factor_update_steps == 0;
     // Besides every inv_update_steps, a layer whose first factors came late (a skipped
     // non-finite update) is decomposed as soon as it has them, not up to inv_update_steps later.
-    decompose(space, v.damping, steps_ % v.inv_update_steps != 0);
-    precondition(space, v);
+    const bool only_missing = steps_ % v.inv_update_steps != 0;
+    try {
+      clear_status(space);
+      if (factor_step) {
+        stage_factors(space, v.factor_decay);
+        if (decomposes(only_missing)) {
+          read_status(space); // the decompositions need the new factors, known to be finite
+          resolve_factors(true);
+        }
+      }
+      decompose(space, v.damping, only_missing);
+      precondition(space, v);
+      read_status(space);
+      finish_step();
+    } catch (...) {
+      for (auto &l : layers_) {
+        l->A.discard_update();
+        l->G.discard_update();
+        l->current = record_type();
+      }
+      throw;
+    }
     ++steps_;
     for (auto &l : layers_) {
       l->current = record_type(); // do not keep the layer's workspaces alive
@@ -610,10 +673,34 @@ private:
     bool factored = false;  // the last step used the factored form
     Vector<double, MemorySpace> probe; // Freivalds vector v (cols), on first factored use
     double check = 0;                  // the last check's relative difference
+    std::size_t check_rows = 0;        // rows of a in this step's check
   };
 
   /// Seed of the Freivalds vectors (stream: the registration index).
   static constexpr std::uint64_t probe_seed = 0x4b4641435f464143ull;
+
+  // The status buffer (one double each; status_ on the device, read back once per step):
+  // Σ P ⊙ ∇, the KL clip's ν, the non-finite count of each staged factor (A then G of each
+  // layer), each layer's factored-preconditioning verdict (0 passed, 1 failed) and its two
+  // squared norms.
+  using segment_type = kat::detail::PGSegment<InverseScalar, Scalar>;
+  static constexpr std::size_t vg_slot = 0, scale_slot = 1;
+  static std::size_t factor_slot(std::size_t layer, char which) {
+    return 2 + 2 * layer + (which == 'G' ? 1 : 0);
+  }
+  std::size_t verdict_slot(std::size_t layer) const { return 2 + 2 * layers_.size() + layer; }
+  std::size_t check_slot(std::size_t layer) const { return 2 + 3 * layers_.size() + 2 * layer; }
+
+  /// The factor hook as KroneckerFactor::stage_update's batch hook (a named type: nvcc does
+  /// not accept a function-local lambda type there).
+  struct BatchHook {
+    KFAC *kfac;
+    std::size_t index;
+    char which;
+    void operator()(const execution_space &space, const factor_matrix_type &batch) const {
+      kfac->factor_hook_(space, batch, index, which);
+    }
+  };
 
   bool wants_record(const Entry &l, bool next) const {
     return l.owned && (next || (opt_.factored_preconditioning && l.every_step));
@@ -723,71 +810,129 @@ private:
     return r;
   }
 
-  void update_factors(const execution_space &space, double decay) {
+  /// Stages every owned layer's factor updates (KroneckerFactor::stage_update) with the
+  /// counts of non-finite entries going to the status buffer; nothing is committed yet.
+  void stage_factors(const execution_space &space, double decay) {
     ScopedRegion region("kat::KFAC::update_factors");
-    std::size_t index = 0;
-    for (auto &lp : layers_) {
-      Entry &l = *lp;
+    for (std::size_t index = 0; index < layers_.size(); ++index) {
+      Entry &l = *layers_[index];
       if (!l.owned) {
-        ++index;
         continue;
       }
       const record_type r = checked_record(l);
       const double rows = static_cast<double>(r.a.extent(0));
       const double n = static_cast<double>(r.samples);
       const double g_scale = opt_.loss_reduction == LossReduction::mean ? n * n / rows : 1.0 / rows;
-      if (!update_factor(space, l.A, r.a, 1.0 / rows, decay, index, 'A')) {
-        factor_failure(l, "A", "the batch estimate aᵀa/rows has a NaN or an infinity");
-      }
-      if (!update_factor(space, l.G, r.g, g_scale, decay, index, 'G')) {
-        factor_failure(l, "G", "the batch estimate of gᵀg has a NaN or an infinity");
-      }
-      ++index;
+      stage_factor(space, l.A, r.a, 1.0 / rows, decay, index, 'A');
+      stage_factor(space, l.G, r.g, g_scale, decay, index, 'G');
     }
   }
 
-  /// factor.update, through the factor hook when one is installed.
+  /// factor.stage_update into the factor's status slot, through the factor hook when one is
+  /// installed.
   template <class XView>
-  bool update_factor(const execution_space &space, factor_type &factor, const XView &x,
-                     double scale, double decay, std::size_t index, char which) {
+  void stage_factor(const execution_space &space, factor_type &factor, const XView &x, double scale,
+                    double decay, std::size_t index, char which) {
+    const auto bad = Kokkos::subview(status_, factor_slot(index, which));
     if (!factor_hook_) {
-      return factor.update(space, x, scale, decay);
+      factor.stage_update(space, x, scale, decay, bad);
+      return;
     }
-    return factor.update(space, x, scale, decay,
-                         [&](const execution_space &s, const factor_matrix_type &batch) {
-                           factor_hook_(s, batch, index, which);
-                         });
+    factor.stage_update(space, x, scale, decay, bad, BatchHook{this, index, which});
   }
 
-  void factor_failure(const Entry &l, const char *factor, const std::string &what) const {
-    const std::string message = kat::detail::concat("layer '", l.name, "' factor ", factor,
-                                                    " at step ", steps_, ": ", what);
-    if (!opt_.keep_previous_on_failure) {
-      throw NumericalError("kat::KFAC: " + message);
+  /// Whether decompose(space, damping, only_missing) would decompose some layer once the
+  /// staged factor updates are committed.
+  bool decomposes(bool only_missing) const {
+    for (const auto &lp : layers_) {
+      const Entry &l = *lp;
+      const bool a = l.A.updates() > 0 || l.A.has_staged_update();
+      const bool g = l.G.updates() > 0 || l.G.has_staged_update();
+      if (l.owned && a && g && !(only_missing && l.ready)) {
+        return true;
+      }
     }
-    warn(message + "; keeping the previous factor");
+    return false;
+  }
+
+  /// The first staged factor update whose status slot counts non-finite entries, as the
+  /// message of the error it raises (empty if none).
+  std::string factor_error() const {
+    for (std::size_t index = 0; index < layers_.size(); ++index) {
+      const Entry &l = *layers_[index];
+      for (const char which : {'A', 'G'}) {
+        const factor_type &f = which == 'A' ? l.A : l.G;
+        if (f.has_staged_update() && status_host_(factor_slot(index, which)) != 0) {
+          return kat::detail::concat(
+              "layer '", l.name, "' factor ", which, " at step ", steps_, ": ",
+              which == 'A' ? "the batch estimate aᵀa/rows has a NaN or an infinity"
+                           : "the batch estimate of gᵀg has a NaN or an infinity");
+        }
+      }
+    }
+    return {};
+  }
+
+  /// Commits the staged factor updates whose status (read back) is finite. A non-finite one
+  /// throws NumericalError (`may_throw`, without keep_previous_on_failure: every staged update
+  /// is discarded first) or is discarded with a warning.
+  void resolve_factors(bool may_throw) {
+    if (may_throw && !opt_.keep_previous_on_failure) {
+      const std::string error = factor_error();
+      if (!error.empty()) {
+        for (auto &l : layers_) {
+          l->A.discard_update();
+          l->G.discard_update();
+        }
+        throw NumericalError("kat::KFAC: " + error);
+      }
+    }
+    for (std::size_t index = 0; index < layers_.size(); ++index) {
+      Entry &l = *layers_[index];
+      for (const char which : {'A', 'G'}) {
+        factor_type &f = which == 'A' ? l.A : l.G;
+        if (!f.has_staged_update()) {
+          continue;
+        }
+        if (status_host_(factor_slot(index, which)) == 0) {
+          f.commit_update();
+          continue;
+        }
+        f.discard_update();
+        warn(kat::detail::concat("layer '", l.name, "' factor ", which, " at step ", steps_,
+                                 ": the batch estimate has a NaN or an infinity; keeping the "
+                                 "previous factor"));
+      }
+    }
   }
 
   /// Decomposes every layer's factors, or with `only_missing` those of layers that have
-  /// factors but no decomposition yet.
+  /// factors but no decomposition yet: first the decompositions this process owns (failures
+  /// collected), then the agreement on failures, then the decomposition hooks.
+  /// @throws NumericalError (the same on every process with an agreement) if a decomposition
+  ///   failed, unless keep_previous_on_failure.
   void decompose(const execution_space &space, double damping, bool only_missing = false) {
     ScopedRegion region("kat::KFAC::decompose");
+    std::vector<std::size_t> due;
     for (std::size_t index = 0; index < layers_.size(); ++index) {
-      Entry &l = *layers_[index];
-      if (!l.owned || l.A.updates() == 0 || l.G.updates() == 0 || (only_missing && l.ready)) {
-        continue; // nothing to decompose yet (a factor update failed and was skipped)
+      const Entry &l = *layers_[index];
+      if (l.owned && l.A.updates() > 0 && l.G.updates() > 0 && !(only_missing && l.ready)) {
+        due.push_back(index); // (a layer without factors: a factor update failed and was skipped)
       }
-      const bool own_a = !decomposition_owned_ || decomposition_owned_(index, 'A');
-      const bool own_g = !decomposition_owned_ || decomposition_owned_(index, 'G');
-      bool ok = false;
-      if (opt_.compute_method == ComputeMethod::eigen) {
-        if (own_a)
-          try_decompose(l, "A", [&] { l.A.compute_eigen(space); });
-        if (own_g)
-          try_decompose(l, "G", [&] { l.G.compute_eigen(space); });
-        run_decomposition_hook(space, index, l);
-        ok = l.A.has_eigen() && l.G.has_eigen();
-      } else {
+    }
+    // With an agreement every process takes part on every full decomposition step, whether or
+    // not it decomposes anything itself (DP-KFAC: a rank that owns no layer).
+    if (due.empty() && (only_missing || !decomposition_agreement_)) {
+      return;
+    }
+    DecompositionFailures failures;
+    failures.failed.assign(2 * layers_.size(), 0);
+    std::vector<std::string> local(2 * layers_.size()); // this process's messages
+    const bool eigen = opt_.compute_method == ComputeMethod::eigen;
+    for (const std::size_t index : due) {
+      Entry &l = *layers_[index];
+      double da = 0, dg = 0;
+      if (!eigen) {
         double pi = 1.0;
         if (opt_.pi_correction) {
           const double ta = l.A.mean_eigenvalue(space), tg = l.G.mean_eigenvalue(space);
@@ -796,44 +941,74 @@ private:
           }
         }
         const double root = std::sqrt(damping);
-        const double da = pi * root, dg = root / pi;
-        if (own_a)
-          try_decompose(l, "A", [&] { l.A.compute_inverse(space, da); });
-        if (own_g)
-          try_decompose(l, "G", [&] { l.G.compute_inverse(space, dg); });
-        run_decomposition_hook(space, index, l);
-        ok = l.A.has_inverse() && l.G.has_inverse();
+        da = pi * root;
+        dg = root / pi;
       }
-      l.ready = ok;
+      for (const char which : {'A', 'G'}) {
+        if (decomposition_owned_ && !decomposition_owned_(index, which)) {
+          continue;
+        }
+        factor_type &f = which == 'A' ? l.A : l.G;
+        try {
+          if (eigen) {
+            f.compute_eigen(space);
+          } else {
+            f.compute_inverse(space, which == 'A' ? da : dg);
+          }
+        } catch (const NumericalError &e) {
+          const std::size_t k = 2 * index + (which == 'G' ? 1 : 0);
+          failures.failed[k] = 1;
+          local[k] = kat::detail::concat("layer '", l.name, "' factor ", which, " at step ", steps_,
+                                         ": the decomposition failed: ", e.what());
+          if (failures.message.empty()) {
+            failures.message = local[k];
+          }
+          if (!decomposition_agreement_ && !opt_.keep_previous_on_failure) {
+            throw NumericalError("kat::KFAC: " + failures.message);
+          }
+        }
+      }
     }
-  }
-
-  void run_decomposition_hook(const execution_space &space, std::size_t index, Entry &l) {
-    if (decomposition_hook_) {
-      decomposition_hook_(space, index, 'A', l.A);
-      decomposition_hook_(space, index, 'G', l.G);
+    if (decomposition_agreement_ && !only_missing) {
+      decomposition_agreement_(space, failures);
     }
-  }
-
-  template <class F> bool try_decompose(const Entry &l, const char *factor, F &&compute) const {
-    try {
-      compute();
-      return true;
-    } catch (const NumericalError &e) {
-      const std::string message =
-          kat::detail::concat("layer '", l.name, "' factor ", factor, " at step ", steps_,
-                              ": the decomposition failed: ", e.what());
+    if (!failures.message.empty()) {
       if (!opt_.keep_previous_on_failure) {
-        throw NumericalError("kat::KFAC: " + message);
+        throw NumericalError("kat::KFAC: " + failures.message);
       }
-      warn(message + "; keeping the previous decomposition");
-      return false;
+      bool first = true;
+      for (std::size_t k = 0; k < failures.failed.size(); ++k) {
+        if (failures.failed[k] == 0) {
+          continue;
+        }
+        const std::string what =
+            !local[k].empty() ? local[k]
+            : first           ? failures.message
+                              : kat::detail::concat("layer '", layers_[k / 2]->name, "' factor ",
+                                          k % 2 == 0 ? 'A' : 'G', " at step ", steps_,
+                                                    ": the decomposition failed elsewhere");
+        warn(what + "; keeping the previous decomposition");
+        first = false;
+      }
+    }
+    for (const std::size_t index : due) {
+      Entry &l = *layers_[index];
+      if (decomposition_hook_) {
+        for (const char which : {'A', 'G'}) {
+          if (failures.failed[2 * index + (which == 'G' ? 1 : 0)] == 0) {
+            decomposition_hook_(space, index, which, which == 'A' ? l.A : l.G);
+          }
+        }
+      }
+      l.ready = eigen ? l.A.has_eigen() && l.G.has_eigen() : l.A.has_inverse() && l.G.has_inverse();
     }
   }
 
+  /// Computes every applied layer's P, then, in one reduction over all of them, Σ P ⊙ ∇ into
+  /// the status buffer, the KL clip's ν from it (NaN when something failed this step) and
+  /// ∇ = ν·P, all enqueued on `space` (finish_step() reads the outcome back).
   void precondition(const execution_space &space, const Values &v) {
     ScopedRegion region("kat::KFAC::precondition");
-    double vg = 0;
     const bool hooked = static_cast<bool>(precondition_hook_);
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       Entry &l = *layers_[index];
@@ -868,32 +1043,108 @@ private:
         precondition_hook_(space, i, layers_[i]->p);
       }
     }
-    for (auto &lp : layers_) {
-      Entry &l = *lp;
+    const std::size_t total = update_segments(space);
+    if (total > 0) {
+      kat::detail::segment_dot(space, segments_, total, Kokkos::subview(status_, vg_slot));
+    }
+    // Without keep_previous_on_failure a non-finite factor fails the step; with it the
+    // factor is only kept, so only the factored-preconditioning verdicts count.
+    const std::size_t fail_begin =
+        opt_.keep_previous_on_failure ? verdict_slot(0) : factor_slot(0, 'A');
+    kat::detail::kl_scale(space, status_, vg_slot, scale_slot, fail_begin,
+                          verdict_slot(layers_.size()), v.kl_clip, v.lr);
+    if (total > 0) {
+      kat::detail::segment_apply(space, segments_, total, Kokkos::subview(status_, scale_slot));
+    }
+  }
+
+  /// The fused kernels' view of the applied layers (P and ∇ pointers, in registration
+  /// order); copied to the device only when it changed (not in a steady state).
+  /// @return the number of entries of all applied layers together.
+  std::size_t update_segments(const execution_space &space) {
+    std::vector<segment_type> segments;
+    std::size_t total = 0;
+    for (const auto &lp : layers_) {
+      const Entry &l = *lp;
       if (!l.applied) {
         continue;
       }
-      const double layer_vg = kat::detail::elementwise_dot(space, l.p, l.current.weight_gradient);
-      if (!std::isfinite(layer_vg)) {
+      const matrix_type &grad = l.current.weight_gradient;
+      segment_type seg;
+      seg.p = l.p.data();
+      seg.g = grad.data();
+      seg.out = l.out;
+      seg.ld = l.cols > 1 ? static_cast<std::size_t>(grad.stride(1)) : l.out;
+      seg.begin = total;
+      segments.push_back(seg);
+      total += l.out * l.cols;
+    }
+    const bool same = segments.size() == segments_host_.extent(0) &&
+                      std::equal(segments.begin(), segments.end(), segments_host_.data());
+    if (!same) {
+      segments_ = Kokkos::View<segment_type *, MemorySpace>(
+          Kokkos::view_alloc("kat::KFAC::segments", Kokkos::WithoutInitializing), segments.size());
+      segments_host_ = Kokkos::create_mirror_view(segments_);
+      std::copy(segments.begin(), segments.end(), segments_host_.data());
+      Kokkos::deep_copy(space, segments_, segments_host_);
+    }
+    return total;
+  }
+
+  /// Zeroes the status buffer (allocated on first use, or when layers were registered).
+  void clear_status(const execution_space &space) {
+    const std::size_t n = verdict_slot(layers_.size()) + 2 * layers_.size();
+    if (status_.extent(0) != n) {
+      status_ = Vector<double, MemorySpace>("kat::KFAC::status", n);
+      status_host_ = Kokkos::create_mirror_view(status_);
+    }
+    kat::detail::clear(space, status_);
+  }
+
+  /// Copies the status buffer to the host: the one place a step waits for the device.
+  void read_status(const execution_space &space) {
+    Kokkos::deep_copy(space, status_host_, status_);
+    kat::detail::fence(space);
+  }
+
+  /// From the status read back after precondition(): throws the step's first failure (a
+  /// non-finite factor, a failed factored-preconditioning check, a non-finite Σ P ⊙ ∇; the
+  /// kernels then left every gradient as it was), or commits the staged factors and records
+  /// Σ P ⊙ ∇ and ν.
+  void finish_step() {
+    if (!opt_.keep_previous_on_failure) {
+      resolve_factors(true); // throws (discarding every staged update) if one is not finite
+    }
+    for (std::size_t index = 0; index < layers_.size(); ++index) {
+      if (layers_[index]->factored) {
+        check_verdict(*layers_[index], index);
+      }
+    }
+    const double vg = status_host_(vg_slot);
+    if (!std::isfinite(vg)) {
+      report_non_finite();
+    }
+    resolve_factors(false);
+    vg_sum_ = vg;
+    kl_scale_ = status_host_(scale_slot);
+  }
+
+  /// Names the first applied layer whose Σ P ⊙ ∇ is not finite (blocking reductions: this
+  /// runs only when the step already failed).
+  [[noreturn]] void report_non_finite() {
+    const execution_space space;
+    for (const auto &lp : layers_) {
+      const Entry &l = *lp;
+      if (l.applied &&
+          !std::isfinite(kat::detail::elementwise_dot(space, l.p, l.current.weight_gradient))) {
         throw NumericalError(
             kat::detail::concat(context(l), ": the preconditioned gradient is not finite at step ",
                                 steps_, " (is the gradient finite?)"));
       }
-      vg += layer_vg;
     }
-    vg_sum_ = vg;
-    double nu = 1.0;
-    if (v.kl_clip > 0.0 && vg != 0.0 && v.lr > 0.0) {
-      nu = std::min(1.0, std::sqrt(v.kl_clip / std::fabs(vg * v.lr * v.lr)));
-    }
-    kl_scale_ = nu;
-    const InverseScalar scale = static_cast<InverseScalar>(nu);
-    for (auto &lp : layers_) {
-      Entry &l = *lp;
-      if (!l.applied)
-        continue;
-      kat::detail::scale_into(space, l.p, scale, l.current.weight_gradient);
-    }
+    throw NumericalError(kat::detail::concat(
+        "kat::KFAC::step: the sum of P ⊙ ∇ over the layers is not finite at step ", steps_,
+        " (is the gradient finite?)"));
   }
 
   /// `x` as an InverseScalar matrix, converted into `ws`: the view itself when the types agree.
@@ -955,9 +1206,10 @@ private:
   /// Any summation order of ∇ = gᵀa in Scalar errs by at most γ_rows (|g|ᵀ|a|) entry-wise
   /// (γ_n = nu/(1 − nu) <= n·ε for unit roundoff u = ε/2, Higham, "Accuracy and Stability of
   /// Numerical Algorithms", sec. 3.5), so a gradient that is gᵀa never fails; the second term
-  /// covers the check's own double rounding. Cost O(out·cols + rows·(cols + out)).
-  /// @throws ValueError naming the layer, the step and both relative differences otherwise;
-  ///   NumericalError if the check is not finite.
+  /// covers the check's own double rounding. Cost O(out·cols + rows·(cols + out)). The check
+  /// is enqueued on `space` with its verdict going to the status buffer; check_verdict()
+  /// reports it once the step's status is read back (the apply kernel writes no gradient of a
+  /// step whose check failed).
   void check_factored(const execution_space &space, Entry &l, std::size_t index) {
     ScopedRegion region("kat::KFAC::factored_check");
     const record_type &r = l.current;
@@ -968,18 +1220,26 @@ private:
           cols);
       kat::detail::fill_probe(space, l.probe, probe_seed, index);
     }
-    const kat::detail::FreivaldsSums sums =
-        kat::detail::freivalds_sums(space, r.a, r.g, r.weight_gradient, l.probe,
-                                    check_rows_.matrix(rows, 2), check_out_.matrix(out, 2));
-    const double diff = std::sqrt(sums.diff), bound = std::sqrt(sums.bound);
+    kat::detail::freivalds_check(space, r.a, r.g, r.weight_gradient, l.probe,
+                                 check_rows_.matrix(rows, 2), check_out_.matrix(out, 2), status_,
+                                 check_slot(index), verdict_slot(index),
+                                 factored_tolerance(rows, cols));
+    l.check_rows = rows;
+  }
+
+  /// The outcome of check_factored() for layer l, from the status read back.
+  /// @throws NumericalError if the check is not finite, ValueError if it failed.
+  void check_verdict(Entry &l, std::size_t index) {
+    const double diff = std::sqrt(status_host_(check_slot(index)));
+    const double bound = std::sqrt(status_host_(check_slot(index) + 1));
     if (!std::isfinite(diff) || !std::isfinite(bound)) {
       throw NumericalError(kat::detail::concat(
           context(l), ": factored_preconditioning: the check ‖∇v − gᵀ(av)‖ is not finite at step ",
           steps_, " (are the gradient, a and g finite?)"));
     }
-    const double tol = factored_tolerance(rows, cols);
+    const double tol = factored_tolerance(l.check_rows, l.cols);
     l.check = bound > 0 ? diff / bound : (diff > 0 ? std::numeric_limits<double>::infinity() : 0);
-    if (!(diff <= tol * bound)) {
+    if (status_host_(verdict_slot(index)) != 0) {
       throw ValueError(kat::detail::concat(
           context(l), ": factored_preconditioning at step ", steps_,
           ": the weight gradient is not the recorded batch's gᵀa: ‖∇v − gᵀ(av)‖₂ / "
@@ -1057,6 +1317,7 @@ private:
   DecompositionHook decomposition_hook_;
   Ownership owned_;
   DecompositionOwnership decomposition_owned_;
+  DecompositionAgreement decomposition_agreement_;
   std::vector<std::unique_ptr<Entry>> layers_;
   Workspace<InverseScalar, MemorySpace> work_{"kat::KFAC::work"};
   Workspace<InverseScalar, MemorySpace> cast_{"kat::KFAC::cast"};
@@ -1068,6 +1329,10 @@ private:
   Workspace<InverseScalar, MemorySpace> factored_v_{"kat::KFAC::factored_v"};
   Workspace<double, MemorySpace> check_rows_{"kat::KFAC::check_rows"};
   Workspace<double, MemorySpace> check_out_{"kat::KFAC::check_out"};
+  Vector<double, MemorySpace> status_;
+  typename Vector<double, MemorySpace>::HostMirror status_host_;
+  Kokkos::View<segment_type *, MemorySpace> segments_;
+  typename Kokkos::View<segment_type *, MemorySpace>::HostMirror segments_host_;
   std::int64_t steps_ = 0;
   double kl_scale_ = 1.0, vg_sum_ = 0.0;
   bool warned_multiple_ = false;

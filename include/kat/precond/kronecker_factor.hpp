@@ -5,6 +5,7 @@
 #include "kat/core/blas.hpp"
 #include "kat/core/detail/convert.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/host_sync.hpp"
 #include "kat/core/linalg.hpp"
 #include "kat/core/math.hpp"
 #include "kat/core/policy.hpp"
@@ -28,18 +29,18 @@ namespace detail {
 /// factor f: for each (i, j) with i <= j, v = sym if `first`, else alpha·f(i, j) + beta·sym,
 /// with sym = (b(i, j) + b(j, i)) / 2 (alpha and beta rounded to b's scalar first), is written
 /// to b(i, j) and b(j, i). Each work item reads and writes only its own symmetric pair, so
-/// working in place is race-free. f is not read when `first`.
-/// @return the number of non-finite results (0: b holds the new factor).
-template <class ExecSpace, class MatrixView>
-int running_average(const ExecSpace &space, const MatrixView &f, const MatrixView &b, bool first,
-                    double alpha, double beta) {
+/// working in place is race-free. f is not read when `first`. The number of non-finite results
+/// (0: b holds the new factor) is written to the rank-0 view `bad` without blocking the host.
+template <class ExecSpace, class MatrixView, class CountView>
+void running_average(const ExecSpace &space, const MatrixView &f, const MatrixView &b, bool first,
+                     double alpha, double beta, const CountView &bad) {
   using Scalar = typename MatrixView::non_const_value_type;
+  using Count = typename CountView::non_const_value_type;
   const Scalar a = static_cast<Scalar>(alpha);
   const Scalar c = static_cast<Scalar>(beta);
-  int bad = 0;
   Kokkos::parallel_reduce(
       "kat::KroneckerFactor::running_average", matrix_policy(space, b.extent(0), b.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, int &count) {
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, Count &count) {
         if (i > j) {
           return;
         }
@@ -47,10 +48,9 @@ int running_average(const ExecSpace &space, const MatrixView &f, const MatrixVie
         const Scalar v = first ? sym : a * f(i, j) + c * sym;
         b(i, j) = v;
         b(j, i) = v;
-        count += kat::math::isfinite(v) ? 0 : 1;
+        count += kat::math::isfinite(v) ? Count(0) : Count(1);
       },
       bad);
-  return bad;
 }
 
 /// dst = f + shift·I, converted to dst's scalar type (f and dst: d x d).
@@ -83,7 +83,7 @@ struct NoBatchHook {
 /// @tparam Scalar         precision the factor is accumulated in ("factor precision").
 /// @tparam MemorySpace    where the factor and its decomposition live.
 /// @tparam InverseScalar  precision of the decomposition ("inverse precision"; double by
-///                        default, as in ALGORITHMS.md section 1).
+///                        default, as in docs/algorithms.md section 1).
 ///
 /// A failed decomposition leaves the previous one in place (the new one is computed into a
 /// second buffer and swapped in only on success), so a caller may choose to keep using it.
@@ -115,9 +115,9 @@ public:
   /// or assign().
   const matrix_type &factor() const { return factor_; }
 
-  /// Folds a batch estimate into the running average (ALGORITHMS.md section 1):
+  /// Folds a batch estimate into the running average (docs/algorithms.md section 1):
   /// `F_new = scale · xᵀx`, symmetrized; `F ← decay·F + (1 − decay)·F_new`, or `F = F_new` on
-  /// the first update.
+  /// the first update. Blocks the host until the result is known (stage_update() does not).
   ///
   /// @param x      rows x dim LayoutLeft view (a or g of a layer), any scalar type; converted
   ///               to Scalar first when it differs.
@@ -136,10 +136,35 @@ public:
   template <class ExecSpace, class XView, class BatchHook = NoBatchHook>
   bool update(const ExecSpace &space, const XView &x, double scale, double decay,
               const BatchHook &hook = BatchHook()) {
+    if (bad_.data() == nullptr) {
+      bad_ = Kokkos::View<int, MemorySpace>(label_ + "::bad");
+    }
+    stage_update(space, x, scale, decay, bad_, hook);
+    int bad = 0;
+    Kokkos::deep_copy(space, Kokkos::View<int, Kokkos::HostSpace>(&bad), bad_);
+    kat::detail::fence(space);
+    if (bad != 0) {
+      discard_update();
+      return false;
+    }
+    commit_update();
+    return true;
+  }
+
+  /// update() without waiting for the device: the new running average is computed into a
+  /// second buffer and the number of its non-finite entries written to `bad` (a rank-0 view of
+  /// an arithmetic type in MemorySpace, overwritten). F is unchanged until commit_update()
+  /// makes the staged average current (after the caller has read `bad` back and found 0) or
+  /// discard_update() drops it; a second stage_update() replaces the staged average.
+  /// Parameters and errors as update().
+  template <class ExecSpace, class XView, class CountView, class BatchHook = NoBatchHook>
+  void stage_update(const ExecSpace &space, const XView &x, double scale, double decay,
+                    const CountView &bad, const BatchHook &hook = BatchHook()) {
     ScopedRegion region("kat::KroneckerFactor::update");
     kat::detail::require_extent((label_ + "::update").c_str(), "x columns", dim_,
                                 static_cast<std::size_t>(x.extent(1)));
     allocate();
+    staged_ = false;
     using x_scalar = typename XView::non_const_value_type;
     if constexpr (std::is_same<x_scalar, Scalar>::value) {
       gemm(space, Trans::T, Trans::N, static_cast<Scalar>(scale), x, x, Scalar(0), batch_);
@@ -151,17 +176,30 @@ public:
     hook(space, static_cast<const matrix_type &>(batch_));
     // One pass: each (i, j) with i <= j reads both batch entries and F(i, j) and writes the
     // new value to both symmetric entries of the batch buffer (no other work item touches
-    // them, so in place is race-free), counting non-finite results. On success the buffers
+    // them, so in place is race-free), counting non-finite results. On commit the buffers
     // swap, so a failed update leaves F untouched at no extra cost.
     const bool first = updates_ == 0;
-    if (detail::running_average(space, factor_, batch_, first, first ? 0.0 : decay,
-                                first ? 1.0 : 1.0 - decay) != 0) {
-      return false;
+    detail::running_average(space, factor_, batch_, first, first ? 0.0 : decay,
+                            first ? 1.0 : 1.0 - decay, bad);
+    staged_ = true;
+  }
+
+  /// Whether stage_update() left an average that is neither committed nor discarded.
+  bool has_staged_update() const { return staged_; }
+
+  /// Makes the staged average F (see stage_update()).
+  /// @throws Error if there is none.
+  void commit_update() {
+    if (!staged_) {
+      throw Error(label_ + "::commit_update: no staged update to commit");
     }
     std::swap(factor_, batch_);
     ++updates_;
-    return true;
+    staged_ = false;
   }
+
+  /// Drops the staged average (see stage_update()); F stays as it was.
+  void discard_update() { staged_ = false; }
 
   /// Overwrites F (for load_state); `values` is a dim x dim host or device view.
   template <class ExecSpace, class View> void assign(const ExecSpace &space, const View &values) {
@@ -172,6 +210,7 @@ public:
     allocate();
     Kokkos::deep_copy(space, factor_, values);
     updates_ = 1;
+    staged_ = false;
   }
 
   /// tr(F) / dim, the mean eigenvalue (π-correction of the inverse path).
@@ -229,24 +268,41 @@ public:
   /// (F + λI)⁻¹ (dim x dim), valid when has_inverse().
   const inverse_matrix_type &inverse() const { return inverse_; }
 
-  /// Receiving a decomposition computed elsewhere (distributed K-FAC, kat::dist::KAISA):
-  /// allocates Q (dim x dim) and d (dim) if needed, marks has_eigen() and returns the two
-  /// buffers, which the caller must fill with the eigendecomposition (eigenvectors in
-  /// columns, eigenvalues ascending and >= 0) before the next use of the factor.
-  std::pair<inverse_matrix_type, inverse_vector_type> eigen_buffers() {
-    ensure(q_, label_ + "::Q");
-    if (d_.extent(0) != dim_) {
-      d_ = inverse_vector_type(label_ + "::d", dim_);
+  /// Receiving a decomposition computed elsewhere (distributed K-FAC, kat::dist::KAISA): returns
+  /// buffers for Q (dim x dim) and d (dim), allocated if needed, for the caller to fill with
+  /// the eigendecomposition (eigenvectors in columns, eigenvalues ascending and >= 0). They
+  /// become eigenvectors() and eigenvalues(), and has_eigen() true, only at
+  /// commit_received_eigen(); until then (and if it is never called, e.g. because the
+  /// transfer failed) the current decomposition stays in place.
+  std::pair<inverse_matrix_type, inverse_vector_type> receive_eigen() {
+    ensure(next_q_, label_ + "::Q");
+    if (next_d_.extent(0) != dim_) {
+      next_d_ = inverse_vector_type(label_ + "::d", dim_);
     }
-    has_eigen_ = true;
-    return {q_, d_};
+    received_ = true;
+    return {next_q_, next_d_};
   }
-  /// As eigen_buffers() for the inverse: allocates (F + λI)⁻¹ (dim x dim) if needed, marks
-  /// has_inverse() and returns the buffer for the caller to fill.
-  inverse_matrix_type inverse_buffer() {
-    ensure(inverse_, label_ + "::inverse");
+  /// Makes the buffers of receive_eigen() the current eigendecomposition.
+  /// @throws Error if receive_eigen() was not called since the last commit.
+  void commit_received_eigen() {
+    take_received("commit_received_eigen");
+    std::swap(q_, next_q_);
+    std::swap(d_, next_d_);
+    has_eigen_ = true;
+  }
+  /// As receive_eigen() for the inverse (F + λI)⁻¹: returns a dim x dim buffer to fill, which
+  /// becomes inverse() at commit_received_inverse().
+  inverse_matrix_type receive_inverse() {
+    ensure(next_inverse_, label_ + "::inverse");
+    received_ = true;
+    return next_inverse_;
+  }
+  /// Makes the buffer of receive_inverse() the current inverse.
+  /// @throws Error if receive_inverse() was not called since the last commit.
+  void commit_received_inverse() {
+    take_received("commit_received_inverse");
+    std::swap(inverse_, next_inverse_);
     has_inverse_ = true;
-    return inverse_;
   }
 
   /// Bytes of memory this factor holds now: F and the batch buffer, the conversion
@@ -261,6 +317,13 @@ public:
   }
 
 private:
+  void take_received(const char *what) {
+    if (!received_) {
+      throw Error(label_ + "::" + what + ": nothing was received to commit");
+    }
+    received_ = false;
+  }
+
   /// F and the batch buffer, on first use.
   void allocate() {
     if (factor_.extent(0) != dim_) {
@@ -283,6 +346,8 @@ private:
   matrix_type factor_, batch_;
   Workspace<Scalar, MemorySpace> cast_;
   std::size_t updates_ = 0;
+  bool staged_ = false, received_ = false;
+  Kokkos::View<int, MemorySpace> bad_; // update()'s count of non-finite entries
   inverse_matrix_type q_, next_q_, inverse_, next_inverse_;
   inverse_vector_type d_, next_d_;
   bool has_eigen_ = false, has_inverse_ = false;

@@ -3,6 +3,7 @@
 /// @brief Internal: the element-wise kernels of kat::KFAC, as free functions (a device lambda
 /// may not live in a private member function under nvcc).
 
+#include "kat/core/math.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/random.hpp"
 
@@ -10,21 +11,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 namespace kat::detail {
 
-/// grad(i, j) = scale·p(i, j), converted to grad's scalar type (p and grad: out x cols).
-template <class ExecSpace, class PView, class GradView, class PScalar>
-void scale_into(const ExecSpace &space, const PView &p, PScalar scale, const GradView &grad) {
-  using value = typename GradView::non_const_value_type;
-  Kokkos::parallel_for(
-      "kat::KFAC::apply", matrix_policy(space, grad.extent(0), grad.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-        grad(i, j) = static_cast<value>(scale * p(i, j));
-      });
-}
-
-/// Σ_ij p(i, j)·grad(i, j) in double (p and grad: out x cols).
+/// Σ_ij p(i, j)·grad(i, j) in double (p and grad: out x cols). Blocks the host: only for
+/// error messages (the step itself uses the fused segment_dot()).
 template <class ExecSpace, class PView, class GradView>
 double elementwise_dot(const ExecSpace &space, const PView &p, const GradView &grad) {
   double sum = 0;
@@ -35,6 +28,115 @@ double elementwise_dot(const ExecSpace &space, const PView &p, const GradView &g
       },
       sum);
   return sum;
+}
+
+/// One preconditioned layer as the fused kernels see it: its preconditioned gradient P
+/// (contiguous out x cols, column-major) and its weight gradient ∇ (out x cols, column-major
+/// with leading dimension `ld`), whose entries are the flat indices [begin, begin + out·cols)
+/// of the fused index space.
+template <class PScalar, class GScalar> struct PGSegment {
+  const PScalar *p = nullptr;
+  GScalar *g = nullptr;
+  std::size_t out = 0, ld = 0, begin = 0;
+
+  friend bool operator==(const PGSegment &x, const PGSegment &y) {
+    return x.p == y.p && x.g == y.g && x.out == y.out && x.ld == y.ld && x.begin == y.begin;
+  }
+};
+
+/// The segment holding flat index e: the last one whose begin is <= e (segments sorted by
+/// begin, the first at 0, count >= 1).
+template <class SegmentView>
+KOKKOS_INLINE_FUNCTION std::size_t find_segment(const SegmentView &segments, std::size_t count,
+                                                std::size_t e) {
+  std::size_t lo = 0, hi = count; // segments[lo].begin <= e < segments[hi].begin (hi: end)
+  while (hi - lo > 1) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (segments(mid).begin <= e) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+/// One reduction over all segments: out() = Σ_segments Σ_ij P(i, j)·∇(i, j) in double,
+/// written to the rank-0 view `out` without blocking the host. `total` is the number of
+/// entries of all segments together.
+template <class ExecSpace, class SegmentView, class OutView>
+void segment_dot(const ExecSpace &space, const SegmentView &segments, std::size_t total,
+                 const OutView &out) {
+  const std::size_t count = segments.extent(0);
+  Kokkos::parallel_reduce(
+      "kat::KFAC::vg_sum", Kokkos::RangePolicy<ExecSpace>(space, 0, total),
+      KOKKOS_LAMBDA(const std::size_t e, double &s) {
+        const auto seg = segments(find_segment(segments, count, e));
+        const std::size_t k = e - seg.begin, i = k % seg.out, j = k / seg.out;
+        s += static_cast<double>(seg.p[k]) * static_cast<double>(seg.g[i + j * seg.ld]);
+      },
+      out);
+}
+
+/// ∇ = ν·P over all segments, with ν = scale() (a rank-0 view on the device) converted to
+/// P's scalar first; nothing is written when ν is NaN (the step failed and must leave the
+/// gradients as they are).
+template <class ExecSpace, class SegmentView, class ScaleView>
+void segment_apply(const ExecSpace &space, const SegmentView &segments, std::size_t total,
+                   const ScaleView &scale) {
+  using Segment = typename SegmentView::non_const_value_type;
+  using PScalar = std::remove_cv_t<std::remove_pointer_t<decltype(Segment::p)>>;
+  using GScalar = std::remove_pointer_t<decltype(Segment::g)>;
+  const std::size_t count = segments.extent(0);
+  Kokkos::parallel_for(
+      "kat::KFAC::apply", Kokkos::RangePolicy<ExecSpace>(space, 0, total),
+      KOKKOS_LAMBDA(const std::size_t e) {
+        const double nu = scale();
+        if (nu != nu) {
+          return;
+        }
+        const auto seg = segments(find_segment(segments, count, e));
+        const std::size_t k = e - seg.begin, i = k % seg.out, j = k / seg.out;
+        seg.g[i + j * seg.ld] = static_cast<GScalar>(static_cast<PScalar>(nu) * seg.p[k]);
+      });
+}
+
+/// The KL clip's ν (Martens & Grosse 2015; KAISA's form, docs/algorithms.md section 1) from
+/// the device: with vg = status(vg_slot), status(scale_slot) = min(1, sqrt(kl_clip /
+/// |vg·lr²|)) (1 when kl_clip, vg or lr is 0), or NaN when vg is not finite or the sum of
+/// status(k) for k in [fail_begin, fail_end) is not 0 (a failure found on the device this
+/// step). One work item; the host does not wait.
+template <class ExecSpace, class StatusView>
+void kl_scale(const ExecSpace &space, const StatusView &status, std::size_t vg_slot,
+              std::size_t scale_slot, std::size_t fail_begin, std::size_t fail_end, double kl_clip,
+              double lr) {
+  // Captured from the host: std::numeric_limits is not callable in every device compiler.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Kokkos::parallel_for(
+      "kat::KFAC::kl_scale", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
+      KOKKOS_LAMBDA(const std::size_t) {
+        double failures = 0;
+        for (std::size_t k = fail_begin; k < fail_end; ++k) {
+          failures += status(k);
+        }
+        const double vg = status(vg_slot);
+        double nu = 1.0;
+        if (failures != 0 || !kat::math::isfinite(vg)) {
+          nu = nan;
+        } else if (kl_clip > 0.0 && vg != 0.0 && lr > 0.0) {
+          const double r = kat::math::sqrt(kl_clip / kat::math::fabs(vg * lr * lr));
+          nu = r < 1.0 ? r : 1.0;
+        }
+        status(scale_slot) = nu;
+      });
+}
+
+/// status(k) = 0 for every k (the start of a step), without blocking the host.
+template <class ExecSpace, class StatusView>
+void clear(const ExecSpace &space, const StatusView &status) {
+  Kokkos::parallel_for(
+      "kat::KFAC::clear_status", Kokkos::RangePolicy<ExecSpace>(space, 0, status.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t k) { status(k) = 0; });
 }
 
 /// The eigen path's damping: p(i, j) /= dg(i)·da(j) + lambda (p: out x cols).
@@ -56,19 +158,17 @@ void fill_probe(const ExecSpace &space, const VView &v, std::uint64_t seed, std:
       KOKKOS_LAMBDA(const std::size_t j) { v(j) = 2.0 * counter_uniform(seed, stream, j) - 1.0; });
 }
 
-/// The two squared norms of KFAC's Freivalds check (kat::KFAC::check_factored).
-struct FreivaldsSums {
-  double diff = 0;  ///< ‖∇v − gᵀ(av)‖₂²
-  double bound = 0; ///< ‖|g|ᵀ(|a||v|)‖₂²
-};
-
-/// The sums of the Freivalds check that grad (out x cols) is gᵀa for a (rows x cols) and
-/// g (rows x out), with the probe v (cols), in double. av (rows x 2) receives (a v, |a||v|)
-/// and dk (out x 2) (∇v − gᵀ(av), |g|ᵀ(|a||v|)). a and grad must have contiguous columns.
-template <class ExecSpace, class XView, class VView, class WorkView>
-FreivaldsSums freivalds_sums(const ExecSpace &space, const XView &a, const XView &g,
-                             const XView &grad, const VView &v, const WorkView &av,
-                             const WorkView &dk) {
+/// The Freivalds check that grad (out x cols) is gᵀa for a (rows x cols) and g (rows x out),
+/// with the probe v (cols), in double (kat::KFAC::check_factored), without blocking the host:
+/// status(slot) = ‖∇v − gᵀ(av)‖₂², status(slot + 1) = ‖|g|ᵀ(|a||v|)‖₂², and status(verdict)
+/// = 0 if ‖∇v − gᵀ(av)‖₂ <= tol·‖|g|ᵀ(|a||v|)‖₂, 1 otherwise (also when either is not finite).
+/// av (rows x 2) receives (a v, |a||v|) and dk (out x 2) (∇v − gᵀ(av), |g|ᵀ(|a||v|)). a and
+/// grad must have contiguous columns.
+template <class ExecSpace, class XView, class VView, class WorkView, class StatusView>
+void freivalds_check(const ExecSpace &space, const XView &a, const XView &g, const XView &grad,
+                     const VView &v, const WorkView &av, const WorkView &dk,
+                     const StatusView &status, std::size_t slot, std::size_t verdict,
+                     double tol) {
   using Scalar = typename XView::non_const_value_type;
   const std::size_t rows = a.extent(0), cols = a.extent(1), out = grad.extent(0);
   // Each work item handles kChunk consecutive rows of a (and of ∇) on host spaces, so one
@@ -127,14 +227,21 @@ FreivaldsSums freivalds_sums(const ExecSpace &space, const XView &a, const XView
           dk(begin + k, 1) = b;        // (|g|ᵀ(|a||v|))_k
         }
       });
-  FreivaldsSums sums;
   Kokkos::parallel_reduce(
       "kat::KFAC::check_diff", Kokkos::RangePolicy<ExecSpace>(space, 0, out),
-      KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 0) * dk(k, 0); }, sums.diff);
+      KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 0) * dk(k, 0); },
+      Kokkos::subview(status, slot));
   Kokkos::parallel_reduce(
       "kat::KFAC::check_bound", Kokkos::RangePolicy<ExecSpace>(space, 0, out),
-      KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 1) * dk(k, 1); }, sums.bound);
-  return sums;
+      KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 1) * dk(k, 1); },
+      Kokkos::subview(status, slot + 1));
+  Kokkos::parallel_for(
+      "kat::KFAC::check_verdict", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
+      KOKKOS_LAMBDA(const std::size_t) {
+        const double diff = kat::math::sqrt(status(slot)),
+                     bound = kat::math::sqrt(status(slot + 1));
+        status(verdict) = diff <= tol * bound ? 0.0 : 1.0;
+      });
 }
 
 } // namespace kat::detail

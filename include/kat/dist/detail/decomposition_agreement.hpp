@@ -1,0 +1,73 @@
+#pragma once
+/// @file
+/// @brief Internal: the agreement on K-FAC decomposition failures of the distributed
+/// strategies that decompose each factor on one rank (KAISA, DP-KFAC).
+
+#ifndef KAT_ENABLE_MPI
+#error                                                                                             \
+    "kat/dist/detail/decomposition_agreement.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#else
+
+#include "kat/core/profiling.hpp"
+#include "kat/dist/communicator.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kat::dist::detail {
+
+/// Host memory a collective reads or writes in place.
+template <class T> using HostView = Kokkos::View<T *, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
+
+/// KFAC::DecompositionAgreement over `comm` (every rank calls it on the same steps):
+/// `failures.failed` becomes its element-wise maximum over the ranks (one all-reduce of 2L
+/// int32); if a factor failed somewhere, the rank that decomposed the first failed one
+/// (`owner(layer, 'A' or 'G')`) broadcasts its message, which becomes `failures.message` on
+/// every rank with " (decomposed on rank R)" appended (two broadcasts, on the failure path
+/// only). The collectives are added to `counter` (calls and bytes as CommunicatorStats counts
+/// them).
+template <class Failures, class Owner>
+void agree_on_decompositions(Communicator &comm, Failures &failures, const Owner &owner,
+                             CollectiveCounter &counter) {
+  ScopedRegion region("kat::dist::agree_on_decompositions");
+  const CollectiveCounter allreduce = comm.stats().allreduce, broadcast = comm.stats().broadcast;
+  using Host = Kokkos::DefaultHostExecutionSpace;
+  HostView<std::int32_t> failed(failures.failed.data(), failures.failed.size());
+  comm.allreduce(Host(), failed, ReduceOp::max);
+  std::size_t first = failures.failed.size();
+  for (std::size_t k = 0; k < failures.failed.size() && first == failures.failed.size(); ++k) {
+    if (failures.failed[k] != 0) {
+      first = k;
+    }
+  }
+  if (first < failures.failed.size()) {
+    const int root = owner(first / 2, first % 2 == 0 ? 'A' : 'G');
+    // MPI's datatypes in Communicator are numeric: the text travels one int32 per character.
+    std::int64_t length =
+        comm.rank() == root ? static_cast<std::int64_t>(failures.message.size()) : 0;
+    comm.broadcast(Host(), HostView<std::int64_t>(&length, 1), root);
+    std::basic_string<std::int32_t> text(static_cast<std::size_t>(length), 0);
+    if (comm.rank() == root) {
+      for (std::size_t i = 0; i < text.size(); ++i) {
+        text[i] = static_cast<unsigned char>(failures.message[i]);
+      }
+    }
+    comm.broadcast(Host(), HostView<std::int32_t>(&text[0], text.size()), root);
+    failures.message.assign(text.size(), ' ');
+    for (std::size_t i = 0; i < text.size(); ++i) {
+      failures.message[i] = static_cast<char>(text[i]);
+    }
+    failures.message += kat::detail::concat(" (decomposed on rank ", root, ")");
+  }
+  counter.calls += (comm.stats().allreduce.calls - allreduce.calls) +
+                   (comm.stats().broadcast.calls - broadcast.calls);
+  counter.bytes += (comm.stats().allreduce.bytes - allreduce.bytes) +
+                   (comm.stats().broadcast.bytes - broadcast.bytes);
+}
+
+} // namespace kat::dist::detail
+
+#endif // KAT_ENABLE_MPI

@@ -97,7 +97,6 @@ TEST_CASE("tools: region timer exclusive time and call paths", "[tools][profilin
   CHECK(timer.seconds("comm") >= 0.035);
   CHECK(timer.self_seconds("comm") == Approx(timer.seconds("comm")));
   CHECK(timer.self_seconds("factors") >= 0.01);
-  CHECK(timer.self_seconds("factors") < 0.015); // without the nested 0.02
   CHECK(timer.self_seconds("factors") + 0.02 <= timer.seconds("factors"));
   CHECK(timer.self_seconds("never") == 0.0);
   for (const auto &e : timer.entries()) {
@@ -115,10 +114,16 @@ TEST_CASE("tools: region timer exclusive time and call paths", "[tools][profilin
   CHECK(paths[5].path == P{"step", "precondition", "comm"});
   CHECK(paths[0].calls == 1);
   CHECK(paths[0].seconds >= 0.005);
-  CHECK(paths[0].seconds < 0.01);
   CHECK(paths[3].seconds >= 0.02);
   CHECK(paths[5].seconds >= 0.01);
-  CHECK(paths[5].seconds < 0.02);
+  // Upper bounds on spun times fail on a loaded machine (a preempted thread's region grows);
+  // these identities hold whatever the timing: the three "comm" paths make up the name's
+  // total, and a region's exclusive time is its inclusive time minus its nested regions'.
+  CHECK(paths[0].seconds + paths[3].seconds + paths[5].seconds ==
+        Approx(timer.seconds("comm")).epsilon(1e-9));
+  CHECK(timer.self_seconds("factors") ==
+        Approx(paths[2].seconds - paths[3].seconds).epsilon(1e-9));
+  CHECK(paths[2].self_seconds == Approx(timer.self_seconds("factors")).epsilon(1e-9));
   // The exclusive times below "step" add up to its inclusive time; nothing counts twice.
   double self = 0;
   for (std::size_t i = 1; i < paths.size(); ++i)

@@ -6,9 +6,10 @@
 #   scripts/build_kokkos.sh cuda     CUDA (sm_80, Ampere, whose PTX also runs on Hopper) +
 #                                    Serial, nvcc_wrapper; Kokkos Kernels with cuBLAS.
 #                                    Needs nvcc (scripts/check_cuda.sh installs it).
-#   scripts/build_kokkos.sh hip      HIP + Serial, hipcc; Kokkos Kernels without TPLs
-#                                    (Debian packages neither rocBLAS nor rocSOLVER).
-#                                    Needs hipcc (scripts/check_hip.sh installs it).
+#   scripts/build_kokkos.sh hip      HIP (gfx908 for consumers; Kokkos's own objects also
+#                                    carry gfx90a code) + Serial, hipcc; Kokkos Kernels
+#                                    without TPLs (Debian packages neither rocBLAS nor
+#                                    rocSOLVER). Needs hipcc (scripts/check_hip.sh installs it).
 #
 # The extracted sources ($KAT_DEPS_DIR/src-<version>) and each prefix
 # ($KAT_DEPS_DIR/kokkos-<backend>) are cached: a second run with the same source version
@@ -36,8 +37,11 @@ fi
 src=$deps/src-${version//[:~]/_}
 prefix=$deps/kokkos-$backend
 stamp=$prefix/.kat-complete
+# What the prefix is built from; a cached prefix with another id is rebuilt.
+build_id=$version
+[ "$backend" != hip ] || build_id="$version gfx908+gfx90a"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$version" ]; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$build_id" ]; then
   echo "$prefix"
   exit 0
 fi
@@ -84,7 +88,10 @@ case $backend in
   hip)
     command -v hipcc >/dev/null || { echo "build_kokkos.sh: hipcc not found on PATH" >&2; exit 1; }
     # Kokkos 3.4.1 knows only the Vega architectures (not gfx90a); see docs/backends.md.
-    common+=(-DCMAKE_CXX_COMPILER=hipcc)
+    # Kokkos's own objects get gfx90a code too, so that programs compiled for gfx90a against
+    # this prefix (scripts/check_hip.sh) have it in every code object; the exported target
+    # still names gfx908 only.
+    common+=(-DCMAKE_CXX_COMPILER=hipcc -DCMAKE_CXX_FLAGS=--offload-arch=gfx90a)
     kokkos=(-DKokkos_ENABLE_HIP=ON -DKokkos_ARCH_VEGA908=ON)
     ;;
 esac
@@ -103,5 +110,5 @@ cmake -S "$src/packages/kokkos-kernels" -B "$work/kk" "${common[@]}" -DKokkos_RO
 cmake --build "$work/kk" -j "$jobs" >>"$work/kk.log" 2>&1 || { tail -50 "$work/kk.log" >&2; exit 1; }
 cmake --install "$work/kk" >>"$work/kk.log" 2>&1
 
-echo "$version" >"$stamp"
+echo "$build_id" >"$stamp"
 echo "$prefix"

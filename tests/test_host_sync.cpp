@@ -59,7 +59,8 @@ struct MLPStep {
 
 } // namespace
 
-TEST_CASE("host sync: the tracker counts deep copies, reductions and KAT's fences", "[host_sync]") {
+TEST_CASE("host sync: the tracker counts deep copies and reductions and KAT fences",
+          "[host_sync]") {
   const Space space;
   Vector<double, Mem> v("v", 10);
   auto h = Kokkos::create_mirror_view(v);

@@ -1,43 +1,68 @@
 #!/usr/bin/env bash
-# Installs what is missing, then builds and runs the whole test suite twice, with MPI (Open
-# MPI), against Debian's Kokkos 3.4.1 (Serial backend) and against Kokkos 3.4.1 built with the
-# OpenMP backend from Debian's trilinos source package (cached; see
-# scripts/build_kokkos.sh).
-#   KAT_BACKENDS="serial openmp"   which backends to test (default both)
+# Installs what is missing, then builds and runs the whole test suite three times, with MPI
+# (Open MPI):
+#   serial    Debian's Kokkos 3.4.1 (Serial backend); also compiles the benchmarks
+#   openmp    Kokkos 3.4.1 with the OpenMP backend, built from Debian's trilinos source
+#             package (cached; see scripts/build_kokkos.sh)
+#   sanitize  the Serial build again with AddressSanitizer and UndefinedBehaviorSanitizer;
+#             any report fails the test that caused it
+# and prints how long each stage took.
+#   KAT_BACKENDS="serial openmp sanitize"   which configurations to test (default all three)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 "$root/scripts/setup.sh"
 jobs=$(nproc)
-backends=${KAT_BACKENDS:-serial openmp}
+backends=${KAT_BACKENDS:-serial openmp sanitize}
+
+stage_start=$SECONDS
+stage() { # prints the time the previous stage took, then names the next one
+  echo "== $1 (previous stage: $((SECONDS - stage_start)) s)"
+  stage_start=$SECONDS
+}
 
 for backend in $backends; do
   build=$root/build/test-$backend
-  # MPI on for both backends: ctest then also runs the "[mpi]" tests under mpiexec at 1, 2
-  # and 4 ranks (tests mpi_ranks_*, one OpenMP thread per rank; see tests/CMakeLists.txt).
+  # MPI on for every configuration: ctest then also runs the "[mpi]" tests under mpiexec at
+  # 1, 2 and 4 ranks (tests mpi_ranks_*, one OpenMP thread per rank; see tests/CMakeLists.txt).
   args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON
     -DKAT_ENABLE_MPI=ON)
-  # The Serial build also compiles the benchmarks (not run here), so they cannot rot.
-  if [ "$backend" = serial ]; then
-    args+=(-DKAT_ENABLE_BENCHMARKS=ON)
-  fi
+  env=() # the configuration's environment for building (test discovery runs tests) and ctest
   case $backend in
-    serial) ;;
+    serial)
+      # The Serial build also compiles the benchmarks (not run here), so they cannot rot.
+      args+=(-DKAT_ENABLE_BENCHMARKS=ON)
+      ;;
     openmp)
       prefix=$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)
       args+=(-DCMAKE_PREFIX_PATH="$prefix")
       # OpenBLAS's OpenMP variant shares Kokkos's thread pool (the default pthread variant
       # would fight it for the cores); see docs/backends.md.
-      export LD_LIBRARY_PATH="$(scripts/openmp_blas_dir.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      export OMP_NUM_THREADS=2 OMP_PROC_BIND=false
+      env=(LD_LIBRARY_PATH="$(scripts/openmp_blas_dir.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        OMP_NUM_THREADS=2 OMP_PROC_BIND=false)
       ;;
-    *) echo "test.sh: unknown backend '$backend' (serial | openmp)" >&2; exit 2 ;;
+    sanitize)
+      # -O1 keeps the reports' stacks readable; -fno-sanitize-recover makes undefined
+      # behaviour abort the test instead of printing and going on. Open MPI's own allocations
+      # that live until exit are not KAT's leaks: tests/sanitizer/lsan.supp names them, which
+      # needs whole stacks (fast_unwind_on_malloc=0: Debian's libraries keep no frame pointers)
+      # and Open MPI's plugins kept loaded until exit (else their frames have no module name).
+      flags="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
+      args=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" -DKAT_ENABLE_TESTS=ON
+        -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DKAT_MPI_TEST_TIMEOUT=900)
+      env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0
+        UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+        LSAN_OPTIONS=suppressions=$root/tests/sanitizer/lsan.supp:print_suppressions=0
+        OMPI_MCA_mca_base_component_disable_dlclose=1)
+      ;;
+    *) echo "test.sh: unknown configuration '$backend' (serial | openmp | sanitize)" >&2; exit 2 ;;
   esac
-  echo "== $backend: configure and build"
+  stage "$backend: configure and build"
   mkdir -p "$build"
   cmake -S "$root" -B "$build" "${args[@]}" >"$build/configure.log" 2>&1 ||
     { cat "$build/configure.log"; exit 1; }
-  cmake --build "$build" -j "$jobs"
-  echo "== $backend: test"
-  (cd "$build" && ctest --output-on-failure -j "$jobs")
+  env "${env[@]}" cmake --build "$build" -j "$jobs"
+  stage "$backend: test"
+  (cd "$build" && env "${env[@]}" ctest --output-on-failure -j "$jobs")
 done
+stage "done"

@@ -5,27 +5,34 @@
 # cannot rot on machines without an AMD GPU.
 #
 #   1. install  scripts/setup.sh, then Debian's hipcc and libamdhip64-dev (if missing)
-#   2. kokkos   Kokkos + Kokkos Kernels 3.4.1, HIP backend, gfx908 (scripts/build_kokkos.sh
-#               hip; cached in ~/.cache/kat). Kokkos 3.4.1 has no gfx90a architecture.
+#   2. kokkos   Kokkos + Kokkos Kernels 3.4.1, HIP backend, gfx908, Kokkos's own objects also
+#               for gfx90a (scripts/build_kokkos.sh hip; cached in ~/.cache/kat). Kokkos 3.4.1
+#               has no gfx90a architecture; see docs/backends.md, "HIP (compile check)".
+#   then for each architecture in KAT_HIP_ARCHS, in build/check-hip-<arch>:
 #   3. headers  one translation unit per public header, compiled to an object (host and
 #               device code), -Werror
 #   4. build    every test source, example and benchmark, compiled and linked; tests are not
 #               discovered (Catch2 would run the binary, which needs a GPU)
-#   5. objects  every object linked into the programs holds gfx908 code
-#   6. gfx90a   steps 3 to 5 again for gfx90a only, against the same Kokkos (whose own
-#               objects also carry gfx90a code); see docs/backends.md, "HIP (compile check)"
+#   5. objects  every object linked into the programs holds a code object for the architecture
 #
 # Debian packages neither rocBLAS nor rocSOLVER, so KAT uses its portable linear algebra
 # (KAT_ENABLE_ROCSOLVER=OFF) and Kokkos Kernels its native GEMM.
-#   KAT_JOBS   parallel compile jobs (default: nproc)
+#   KAT_HIP_ARCHS  the architectures to check, gfx90a (MI200, the default) and/or gfx908
+#                  (MI100, Kokkos 3.4.1's own); each costs a full build (~8 min on 2 cores)
+#   KAT_JOBS       parallel compile jobs (default: nproc)
 # Exits non-zero, showing the compiler's error, when a stage fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 jobs=${KAT_JOBS:-$(nproc)}
 export KAT_JOBS=$jobs
-build=$root/build/check-hip
-build90a=$root/build/check-hip-gfx90a
+archs=${KAT_HIP_ARCHS:-gfx90a}
+for arch in $archs; do
+  case $arch in
+    gfx908 | gfx90a) ;;
+    *) echo "check_hip.sh: KAT_HIP_ARCHS may name gfx908 and gfx90a, got '$arch'" >&2; exit 2 ;;
+  esac
+done
 summary=()
 # hipcc asks rocm_agent_enumerator for the GPU when a command names no architecture (links,
 # CMake's compiler checks); with no GPU that prints a Python traceback. Name one instead.
@@ -126,26 +133,32 @@ code_objects() { # code_objects DIR ARCH
     "with device code"
 }
 
-gfx90a() {
-  # Kokkos 3.4.1 cannot be configured for gfx90a (no Kokkos_ARCH_VEGA90A), so its exported
-  # target names gfx908; clang's --no-offload-arch drops that for KAT's sources.
-  # (CMAKE_CXX_FLAGS reach the link command too, where clang calls them unused.)
-  configure "$build90a" -DCMAKE_CXX_FLAGS="--offload-arch=gfx90a --no-offload-arch=gfx908" \
-    -DCMAKE_EXE_LINKER_FLAGS=-Wno-unused-command-line-argument
-  cmake --build "$build90a" --target kat_header_check all -j "$jobs"
-  code_objects "$build90a" gfx90a
+# Configures build/check-hip-ARCH for ARCH. Kokkos 3.4.1 cannot be configured for gfx90a (no
+# Kokkos_ARCH_VEGA90A), so its exported target names gfx908; for any other ARCH clang's
+# --no-offload-arch drops that for KAT's sources. (CMAKE_CXX_FLAGS reach the link command too,
+# where clang calls them unused.)
+configure_arch() { # configure_arch ARCH
+  local arch=$1
+  if [ "$arch" = gfx908 ]; then
+    configure "$root/build/check-hip-$arch"
+  else
+    configure "$root/build/check-hip-$arch" \
+      -DCMAKE_CXX_FLAGS="--offload-arch=$arch --no-offload-arch=gfx908" \
+      -DCMAKE_EXE_LINKER_FLAGS=-Wno-unused-command-line-argument
+  fi
 }
 
 stage install install_hip
 hipcc --version 2>/dev/null | sed -n 1,2p # HIP and clang versions
 stage kokkos "$root/scripts/build_kokkos.sh" hip
 prefix=$(tail -n 1 "$root/build/check-hip-kokkos.log")
-stage configure configure "$build"
-stage headers cmake --build "$build" --target kat_header_check -j "$jobs"
-stage build cmake --build "$build" -j "$jobs"
-stage objects code_objects "$build" gfx908
-stage gfx90a gfx90a
+for arch in $archs; do
+  stage "configure-$arch" configure_arch "$arch"
+  stage "headers-$arch" cmake --build "$root/build/check-hip-$arch" --target kat_header_check -j "$jobs"
+  stage "build-$arch" cmake --build "$root/build/check-hip-$arch" -j "$jobs"
+  stage "objects-$arch" code_objects "$root/build/check-hip-$arch" "$arch"
+done
 
 times=$(printf '%s, ' "${summary[@]}")
-echo "check_hip.sh: OK: headers, tests, examples and benchmarks compiled and linked for gfx908" \
-  "and gfx90a (${times%, })"
+echo "check_hip.sh: OK: headers, tests, examples and benchmarks compiled and linked for" \
+  "${archs// / and } (${times%, })"

@@ -1,4 +1,4 @@
-// K-FAC against independent computations (ALGORITHMS.md section 1, checks a-d), plus the
+// K-FAC against independent computations (docs/algorithms.md section 1, checks a-d), plus the
 // KL clip, update intervals, errors and state round trips.
 #include "test_helpers.hpp"
 

@@ -24,6 +24,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# shellcheck source=lib/common.sh
+. "$root/scripts/lib/common.sh"
 jobs=${KAT_JOBS:-$(nproc)}
 export KAT_JOBS=$jobs
 archs=${KAT_HIP_ARCHS:-gfx90a}
@@ -33,53 +35,17 @@ for arch in $archs; do
     *) echo "check_hip.sh: KAT_HIP_ARCHS may name gfx908 and gfx90a, got '$arch'" >&2; exit 2 ;;
   esac
 done
-summary=()
 # hipcc asks rocm_agent_enumerator for the GPU when a command names no architecture (links,
 # CMake's compiler checks); with no GPU that prints a Python traceback. Name one instead.
 export HCC_AMDGPU_TARGET=gfx908
 
-# Runs "$@" as stage $1 with its output in build/check-hip-<stage>.log; prints the time
-# taken, or the first compiler error and the log's tail on failure.
-stage() {
-  local name=$1 log=$root/build/check-hip-$1.log start=$SECONDS
-  shift
-  mkdir -p "$root/build"
-  echo "== $name"
-  # In the background: a function run as an if condition would ignore set -e.
-  "$@" >"$log" 2>&1 &
-  if ! wait $!; then
-    echo "check_hip.sh: stage '$name' failed after $((SECONDS - start)) s; log: $log" >&2
-    local first
-    first=$(grep -n -m 1 -E 'error:|Error [0-9]+|CMake Error' "$log" | cut -d: -f1 || true)
-    if [ -n "$first" ]; then
-      echo "--- first error (line $first of the log)" >&2
-      sed -n "$((first > 5 ? first - 5 : 1)),$((first + 40))p" "$log" >&2
-    fi
-    echo "--- end of the log" >&2
-    tail -n 30 "$log" >&2
-    exit 1
-  fi
-  echo "   $name: $((SECONDS - start)) s"
-  summary+=("$name $((SECONDS - start)) s")
-}
-
 install_hip() {
   "$root/scripts/setup.sh"
-  local missing=() p
-  for p in hipcc libamdhip64-dev; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
-      missing+=("$p")
-    fi
-  done
+  local missing
+  mapfile -t missing < <(kat_missing hipcc libamdhip64-dev)
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}"
-    local sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    export DEBIAN_FRONTEND=noninteractive
-    # Waits for another apt-get (a concurrent setup) instead of failing on its lock.
-    local wait=(-o DPkg::Lock::Timeout=600)
-    $sudo apt-get "${wait[@]}" update -qq
-    $sudo apt-get "${wait[@]}" install -y -qq --no-install-recommends "${missing[@]}"
+    kat_apt_install -- "${missing[@]}"
   fi
 }
 
@@ -148,17 +114,19 @@ configure_arch() { # configure_arch ARCH
   fi
 }
 
-stage install install_hip
+logs=$root/build/check-hip
+kat_stage install "$logs-install.log" install_hip
 hipcc --version 2>/dev/null | sed -n 1,2p # HIP and clang versions
-stage kokkos "$root/scripts/build_kokkos.sh" hip
-prefix=$(tail -n 1 "$root/build/check-hip-kokkos.log")
+kat_stage kokkos "$logs-kokkos.log" "$root/scripts/build_kokkos.sh" hip
+prefix=$(tail -n 1 "$logs-kokkos.log")
 for arch in $archs; do
-  stage "configure-$arch" configure_arch "$arch"
-  stage "headers-$arch" cmake --build "$root/build/check-hip-$arch" --target kat_header_check -j "$jobs"
-  stage "build-$arch" cmake --build "$root/build/check-hip-$arch" -j "$jobs"
-  stage "objects-$arch" code_objects "$root/build/check-hip-$arch" "$arch"
+  dir=$root/build/check-hip-$arch
+  kat_stage "configure-$arch" "$logs-configure-$arch.log" configure_arch "$arch"
+  kat_stage "headers-$arch" "$logs-headers-$arch.log" \
+    cmake --build "$dir" --target kat_header_check -j "$jobs"
+  kat_stage "build-$arch" "$logs-build-$arch.log" cmake --build "$dir" -j "$jobs"
+  kat_stage "objects-$arch" "$logs-objects-$arch.log" code_objects "$dir" "$arch"
 done
 
-times=$(printf '%s, ' "${summary[@]}")
 echo "check_hip.sh: OK: headers, tests, examples and benchmarks compiled and linked for" \
-  "${archs// / and } (${times%, })"
+  "${archs// / and } ($(kat_stage_summary))"

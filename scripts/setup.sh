@@ -2,6 +2,8 @@
 # Installs KAT's build, test and data dependencies from Debian packages.
 # Idempotent: when everything is present it prints nothing and touches nothing.
 set -euo pipefail
+# shellcheck source=lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
 
 packages=(
   build-essential cmake pkg-config
@@ -15,18 +17,8 @@ packages=(
   dpkg-dev     # apt-get source, for the OpenMP Kokkos build
 )
 
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
-    missing+=("$p")
-  fi
-done
-
+mapfile -t missing < <(kat_missing "${packages[@]}")
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  kat_apt_install -- "${missing[@]}"
 fi

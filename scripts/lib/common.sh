@@ -1,0 +1,61 @@
+# Sourced by KAT's scripts: Debian packages and timed, logged stages.
+
+# Empty when running as root, else "sudo".
+kat_sudo=""
+[ "$(id -u)" -eq 0 ] || kat_sudo="sudo"
+
+# kat_missing PACKAGE...: prints the packages that are not installed, one a line.
+kat_missing() {
+  local p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || echo "$p"
+  done
+}
+
+# kat_apt_install [apt-get option...] -- PACKAGE...: updates the package lists and installs the
+# packages without recommends, non-interactively, waiting for another apt-get's lock instead of
+# failing on it. The options (e.g. a private apt configuration) go to both apt-get calls.
+kat_apt_install() {
+  local opts=(-o DPkg::Lock::Timeout=600)
+  while [ "$1" != -- ]; do
+    opts+=("$1")
+    shift
+  done
+  shift
+  $kat_sudo env DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" update -qq
+  $kat_sudo env DEBIAN_FRONTEND=noninteractive apt-get "${opts[@]}" install -y -qq \
+    --no-install-recommends "$@" >/dev/null
+}
+
+# kat_stage NAME LOG COMMAND...: runs COMMAND with its output in LOG and prints the time it
+# took, adding "NAME Ns" to the array kat_stage_times. On failure prints the first compiler or
+# CMake error with its context and the end of LOG, and exits 1.
+kat_stage_times=()
+kat_stage() {
+  local name=$1 log=$2 start=$SECONDS first
+  shift 2
+  mkdir -p "$(dirname "$log")"
+  echo "== $name"
+  # In the background: a function run as an `if` condition would ignore set -e inside it.
+  "$@" >"$log" 2>&1 &
+  if ! wait $!; then
+    echo "== $name FAILED after $((SECONDS - start)) s; log: $log" >&2
+    first=$(grep -n -m 1 -E 'error:|Error [0-9]+|CMake Error' "$log" | cut -d: -f1 || true)
+    if [ -n "$first" ]; then
+      echo "--- first error (line $first of the log)" >&2
+      sed -n "$((first > 5 ? first - 5 : 1)),$((first + 40))p" "$log" >&2
+    fi
+    echo "--- end of the log" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+  echo "   $name: $((SECONDS - start)) s"
+  kat_stage_times+=("$name $((SECONDS - start)) s")
+}
+
+# The stage times so far, "a 1 s, b 2 s".
+kat_stage_summary() {
+  local s
+  s=$(printf '%s, ' "${kat_stage_times[@]}")
+  echo "${s%, }"
+}

@@ -171,6 +171,7 @@ template <class Strategy> struct FaultyRun {
   std::unique_ptr<Strategy> strategy;
   Matrix<double, Mem> dlogits{"dlogits", 2, 4};
   nn::SoftmaxCrossEntropy<double, Mem> loss;
+  std::vector<double> backward_gradients; // see failing_step()
 
   template <class Make> FaultyRun(ComputeMethod method, bool keep_previous, const Make &make) {
     build_mlp(model, 11);
@@ -189,6 +190,31 @@ template <class Strategy> struct FaultyRun {
     loss.forward_backward(space, model.forward(space, b.x), b.y, dlogits);
     model.backward(space, dlogits, Model::Gradients::overwrite);
   }
+  // Step 0 on this rank's rows: factors and the first decompositions.
+  void first_step(int rank) {
+    forward_backward(0, rank);
+    kfac->step(space);
+  }
+  // On rank `owner` only (this is rank `rank`), overwrites factor `which` of registered layer
+  // 1 with NaN, so that its next decomposition fails there.
+  void poison(int owner, int rank, char which) const {
+    if (rank == owner) {
+      const auto &f = which == 'A' ? kfac->factor_a(1) : kfac->factor_g(1);
+      Kokkos::deep_copy(f.factor(), std::numeric_limits<double>::quiet_NaN());
+    }
+  }
+  // Step 1's kfac.step() (after its forward and backward, whose gradients it keeps in
+  // `backward_gradients`): the NumericalError's message, or empty if it did not throw.
+  std::string failing_step(int rank) {
+    forward_backward(1, rank);
+    backward_gradients = values_of(model.gradients());
+    try {
+      kfac->step(space);
+    } catch (const NumericalError &e) {
+      return e.what();
+    }
+    return {};
+  }
   // The decomposition of factor `which` of registered layer `layer` (eigenvalues or inverse;
   // empty without one).
   std::vector<double> decomposition(std::size_t layer, char which) const {
@@ -199,10 +225,5 @@ template <class Strategy> struct FaultyRun {
     return f.has_inverse() ? values_of(f.inverse()) : std::vector<double>();
   }
 };
-
-// Overwrites a factor with NaN (on the rank that calls it only).
-inline void poison(const KFACd::factor_type &f) {
-  Kokkos::deep_copy(f.factor(), std::numeric_limits<double>::quiet_NaN());
-}
 
 } // namespace kat::test::dist_kfac

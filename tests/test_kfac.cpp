@@ -1028,3 +1028,53 @@ TEST_CASE("kfac: factored preconditioning refuses a gradient that is not the bat
                                                 Catch::Contains("is not the recorded batch"));
   }
 }
+
+TEST_CASE("kfac: a weight gradient with a leading dimension above out is preconditioned in place",
+          "[kfac]") {
+  // The same Dense layer registered twice: once with its own (contiguous) gradient, once with
+  // a copy held in the first rows of a taller matrix (leading dimension out + 3), as a code
+  // with padded storage would register it. The fused KL-clip and apply kernels must read and
+  // write the padded one at its strides and leave the padding alone.
+  const std::size_t n = 5, out = 3, in = 4;
+  nn::Dense<double, Mem> layer(in, out);
+  auto buffer = bind_fresh<double>(layer, 7);
+  layer.record_curvature(true);
+  auto x = random_matrix<double>(n, in, 8);
+  auto dy = random_matrix<double>(n, out, 9);
+  Matrix<double, Mem> y("y", n, out);
+  layer.forward(Space(), x, y);
+  layer.backward(Space(), dy, Matrix<double, Mem>());
+  Matrix<double, Mem> tall("tall", out + 3, in + 1);
+  Kokkos::deep_copy(tall, -7.0);
+  const auto padded = Kokkos::subview(tall, Kokkos::make_pair(std::size_t(0), out), Kokkos::ALL);
+  static_assert(
+      std::is_same<std::decay_t<decltype(padded)>::array_layout, Kokkos::LayoutLeft>::value,
+      "a row range of a LayoutLeft matrix stays LayoutLeft");
+  REQUIRE(padded.stride(1) == out + 3);
+  Kokkos::deep_copy(padded, layer.curvature().weight_gradient);
+  for (const ComputeMethod method : {ComputeMethod::eigen, ComputeMethod::inverse}) {
+    auto o = exact_options(method, 0.05);
+    o.kl_clip = 1e-4; // the clip acts, so ν·P with ν < 1 is what both must hold
+    KFAC<double, Mem> plain(o), strided(o);
+    plain.register_layer("0", [&] { return layer.curvature(); });
+    strided.register_layer("0", [&] {
+      auto r = layer.curvature();
+      r.weight_gradient = padded;
+      return r;
+    });
+    Kokkos::deep_copy(padded, layer.curvature().weight_gradient);
+    strided.step(Space());
+    plain.step(Space());
+    REQUIRE(plain.kl_scale() < 1.0);
+    CHECK(strided.kl_scale() == plain.kl_scale());
+    CHECK(strided.vg_sum() == plain.vg_sum());
+    const auto p = to_host(layer.curvature().weight_gradient);
+    const auto t = to_host(tall);
+    for (std::size_t j = 0; j < in + 1; ++j) {
+      for (std::size_t i = 0; i < out + 3; ++i) {
+        CHECK(t(i, j) == (i < out ? p(i, j) : -7.0));
+      }
+    }
+    layer.backward(Space(), dy, Matrix<double, Mem>()); // a fresh gradient for the next method
+  }
+}

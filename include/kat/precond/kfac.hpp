@@ -855,18 +855,22 @@ private:
     return false;
   }
 
-  /// The first staged factor update whose status slot counts non-finite entries, as the
-  /// message of the error it raises (empty if none).
+  /// What went wrong with a staged update of factor `which` of layer l that is not finite.
+  std::string factor_failure(const Entry &l, char which) const {
+    return kat::detail::concat("layer '", l.name, "' factor ", which, " at step ", steps_, ": ",
+                               which == 'A' ? "the batch estimate aᵀa/rows has a NaN or an infinity"
+                                            : "the batch estimate of gᵀg has a NaN or an infinity");
+  }
+
+  /// The failure of the first staged factor update whose status slot counts non-finite
+  /// entries (empty if none).
   std::string factor_error() const {
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       const Entry &l = *layers_[index];
       for (const char which : {'A', 'G'}) {
         const factor_type &f = which == 'A' ? l.A : l.G;
         if (f.has_staged_update() && status_host_(factor_slot(index, which)) != 0) {
-          return kat::detail::concat(
-              "layer '", l.name, "' factor ", which, " at step ", steps_, ": ",
-              which == 'A' ? "the batch estimate aᵀa/rows has a NaN or an infinity"
-                           : "the batch estimate of gᵀg has a NaN or an infinity");
+          return factor_failure(l, which);
         }
       }
     }
@@ -899,9 +903,7 @@ private:
           continue;
         }
         f.discard_update();
-        warn(kat::detail::concat("layer '", l.name, "' factor ", which, " at step ", steps_,
-                                 ": the batch estimate has a NaN or an infinity; keeping the "
-                                 "previous factor"));
+        warn(factor_failure(l, which) + "; keeping the previous factor");
       }
     }
   }
@@ -1043,9 +1045,9 @@ private:
         precondition_hook_(space, i, layers_[i]->p);
       }
     }
-    const std::size_t total = update_segments(space);
-    if (total > 0) {
-      kat::detail::segment_dot(space, segments_, total, Kokkos::subview(status_, vg_slot));
+    const std::size_t chunks = update_segments(space);
+    if (chunks > 0) {
+      kat::detail::segment_dot(space, segments_, chunks, Kokkos::subview(status_, vg_slot));
     }
     // Without keep_previous_on_failure a non-finite factor fails the step; with it the
     // factor is only kept, so only the factored-preconditioning verdicts count.
@@ -1053,17 +1055,18 @@ private:
         opt_.keep_previous_on_failure ? verdict_slot(0) : factor_slot(0, 'A');
     kat::detail::kl_scale(space, status_, vg_slot, scale_slot, fail_begin,
                           verdict_slot(layers_.size()), v.kl_clip, v.lr);
-    if (total > 0) {
-      kat::detail::segment_apply(space, segments_, total, Kokkos::subview(status_, scale_slot));
+    if (chunks > 0) {
+      kat::detail::segment_apply(space, segments_, chunks, Kokkos::subview(status_, scale_slot));
     }
   }
 
   /// The fused kernels' view of the applied layers (P and ∇ pointers, in registration
   /// order); copied to the device only when it changed (not in a steady state).
-  /// @return the number of entries of all applied layers together.
+  /// @return the number of chunks of all applied layers together.
   std::size_t update_segments(const execution_space &space) {
+    constexpr std::size_t chunk = kat::detail::fused_chunk<execution_space>;
     std::vector<segment_type> segments;
-    std::size_t total = 0;
+    std::size_t chunks = 0;
     for (const auto &lp : layers_) {
       const Entry &l = *lp;
       if (!l.applied) {
@@ -1075,9 +1078,10 @@ private:
       seg.g = grad.data();
       seg.out = l.out;
       seg.ld = l.cols > 1 ? static_cast<std::size_t>(grad.stride(1)) : l.out;
-      seg.begin = total;
+      seg.n = l.out * l.cols;
+      seg.chunk = chunks;
       segments.push_back(seg);
-      total += l.out * l.cols;
+      chunks += (seg.n + chunk - 1) / chunk;
     }
     const bool same = segments.size() == segments_host_.extent(0) &&
                       std::equal(segments.begin(), segments.end(), segments_host_.data());
@@ -1088,7 +1092,7 @@ private:
       std::copy(segments.begin(), segments.end(), segments_host_.data());
       Kokkos::deep_copy(space, segments_, segments_host_);
     }
-    return total;
+    return chunks;
   }
 
   /// Zeroes the status buffer (allocated on first use, or when layers were registered).

@@ -31,28 +31,36 @@ double elementwise_dot(const ExecSpace &space, const PView &p, const GradView &g
 }
 
 /// One preconditioned layer as the fused kernels see it: its preconditioned gradient P
-/// (contiguous out x cols, column-major) and its weight gradient ∇ (out x cols, column-major
-/// with leading dimension `ld`), whose entries are the flat indices [begin, begin + out·cols)
-/// of the fused index space.
+/// (n = out·cols entries, contiguous, column-major) and its weight gradient ∇ (out x cols,
+/// column-major with leading dimension `ld` >= out), cut into chunks of `fused_chunk` entries
+/// numbered from `chunk` on in the fused index space.
 template <class PScalar, class GScalar> struct PGSegment {
   const PScalar *p = nullptr;
   GScalar *g = nullptr;
-  std::size_t out = 0, ld = 0, begin = 0;
+  std::size_t out = 0, ld = 0, n = 0, chunk = 0;
 
   friend bool operator==(const PGSegment &x, const PGSegment &y) {
-    return x.p == y.p && x.g == y.g && x.out == y.out && x.ld == y.ld && x.begin == y.begin;
+    return x.p == y.p && x.g == y.g && x.out == y.out && x.ld == y.ld && x.n == y.n &&
+           x.chunk == y.chunk;
   }
 };
 
-/// The segment holding flat index e: the last one whose begin is <= e (segments sorted by
-/// begin, the first at 0, count >= 1).
+/// Entries per work item of the fused kernels: on host spaces a thread runs down a long
+/// contiguous stretch (no index arithmetic per entry, vectorizable); on devices one entry per
+/// thread, so neighbouring threads touch neighbouring entries.
+template <class ExecSpace>
+constexpr std::size_t fused_chunk =
+    Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible ? 2048 : 1;
+
+/// The segment holding chunk c: the last one whose first chunk is <= c (segments in order,
+/// the first starting at chunk 0; count >= 1).
 template <class SegmentView>
 KOKKOS_INLINE_FUNCTION std::size_t find_segment(const SegmentView &segments, std::size_t count,
-                                                std::size_t e) {
-  std::size_t lo = 0, hi = count; // segments[lo].begin <= e < segments[hi].begin (hi: end)
+                                                std::size_t c) {
+  std::size_t lo = 0, hi = count; // segments(lo).chunk <= c < segments(hi).chunk (hi: end)
   while (hi - lo > 1) {
     const std::size_t mid = lo + (hi - lo) / 2;
-    if (segments(mid).begin <= e) {
+    if (segments(mid).chunk <= c) {
       lo = mid;
     } else {
       hi = mid;
@@ -61,19 +69,45 @@ KOKKOS_INLINE_FUNCTION std::size_t find_segment(const SegmentView &segments, std
   return lo;
 }
 
+/// Calls f(k, gk) for the entries k of P that chunk c of `seg` covers, with gk the offset of
+/// the matching entry of ∇ (k itself when ∇ is contiguous).
+template <std::size_t Chunk, class Segment, class F>
+KOKKOS_INLINE_FUNCTION void for_chunk(const Segment &seg, std::size_t c, const F &f) {
+  const std::size_t begin = (c - seg.chunk) * Chunk;
+  const std::size_t end = begin + Chunk < seg.n ? begin + Chunk : seg.n;
+  if (seg.ld == seg.out) {
+    for (std::size_t k = begin; k < end; ++k) {
+      f(k, k);
+    }
+    return;
+  }
+  std::size_t i = begin % seg.out, j = begin / seg.out;
+  for (std::size_t k = begin; k < end; ++k) {
+    f(k, i + j * seg.ld);
+    if (++i == seg.out) {
+      i = 0;
+      ++j;
+    }
+  }
+}
+
 /// One reduction over all segments: out() = Σ_segments Σ_ij P(i, j)·∇(i, j) in double,
-/// written to the rank-0 view `out` without blocking the host. `total` is the number of
-/// entries of all segments together.
+/// written to the rank-0 view `out` without blocking the host. `chunks` is the number of
+/// chunks of all segments together.
 template <class ExecSpace, class SegmentView, class OutView>
-void segment_dot(const ExecSpace &space, const SegmentView &segments, std::size_t total,
+void segment_dot(const ExecSpace &space, const SegmentView &segments, std::size_t chunks,
                  const OutView &out) {
+  constexpr std::size_t chunk = fused_chunk<ExecSpace>;
   const std::size_t count = segments.extent(0);
   Kokkos::parallel_reduce(
-      "kat::KFAC::vg_sum", Kokkos::RangePolicy<ExecSpace>(space, 0, total),
-      KOKKOS_LAMBDA(const std::size_t e, double &s) {
-        const auto seg = segments(find_segment(segments, count, e));
-        const std::size_t k = e - seg.begin, i = k % seg.out, j = k / seg.out;
-        s += static_cast<double>(seg.p[k]) * static_cast<double>(seg.g[i + j * seg.ld]);
+      "kat::KFAC::vg_sum", Kokkos::RangePolicy<ExecSpace>(space, 0, chunks),
+      KOKKOS_LAMBDA(const std::size_t c, double &s) {
+        const auto seg = segments(find_segment(segments, count, c));
+        double local = 0;
+        for_chunk<chunk>(seg, c, [&](std::size_t k, std::size_t gk) {
+          local += static_cast<double>(seg.p[k]) * static_cast<double>(seg.g[gk]);
+        });
+        s += local;
       },
       out);
 }
@@ -82,22 +116,25 @@ void segment_dot(const ExecSpace &space, const SegmentView &segments, std::size_
 /// P's scalar first; nothing is written when ν is NaN (the step failed and must leave the
 /// gradients as they are).
 template <class ExecSpace, class SegmentView, class ScaleView>
-void segment_apply(const ExecSpace &space, const SegmentView &segments, std::size_t total,
+void segment_apply(const ExecSpace &space, const SegmentView &segments, std::size_t chunks,
                    const ScaleView &scale) {
   using Segment = typename SegmentView::non_const_value_type;
   using PScalar = std::remove_cv_t<std::remove_pointer_t<decltype(Segment::p)>>;
   using GScalar = std::remove_pointer_t<decltype(Segment::g)>;
+  constexpr std::size_t chunk = fused_chunk<ExecSpace>;
   const std::size_t count = segments.extent(0);
   Kokkos::parallel_for(
-      "kat::KFAC::apply", Kokkos::RangePolicy<ExecSpace>(space, 0, total),
-      KOKKOS_LAMBDA(const std::size_t e) {
+      "kat::KFAC::apply", Kokkos::RangePolicy<ExecSpace>(space, 0, chunks),
+      KOKKOS_LAMBDA(const std::size_t c) {
         const double nu = scale();
         if (nu != nu) {
           return;
         }
-        const auto seg = segments(find_segment(segments, count, e));
-        const std::size_t k = e - seg.begin, i = k % seg.out, j = k / seg.out;
-        seg.g[i + j * seg.ld] = static_cast<GScalar>(static_cast<PScalar>(nu) * seg.p[k]);
+        const PScalar factor = static_cast<PScalar>(nu);
+        const auto seg = segments(find_segment(segments, count, c));
+        for_chunk<chunk>(seg, c, [&](std::size_t k, std::size_t gk) {
+          seg.g[gk] = static_cast<GScalar>(factor * seg.p[k]);
+        });
       });
 }
 
@@ -167,8 +204,7 @@ void fill_probe(const ExecSpace &space, const VView &v, std::uint64_t seed, std:
 template <class ExecSpace, class XView, class VView, class WorkView, class StatusView>
 void freivalds_check(const ExecSpace &space, const XView &a, const XView &g, const XView &grad,
                      const VView &v, const WorkView &av, const WorkView &dk,
-                     const StatusView &status, std::size_t slot, std::size_t verdict,
-                     double tol) {
+                     const StatusView &status, std::size_t slot, std::size_t verdict, double tol) {
   using Scalar = typename XView::non_const_value_type;
   const std::size_t rows = a.extent(0), cols = a.extent(1), out = grad.extent(0);
   // Each work item handles kChunk consecutive rows of a (and of ∇) on host spaces, so one

@@ -14,6 +14,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/random.hpp"
 #include "kat/core/region_timer.hpp"
+#include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 
@@ -45,6 +46,8 @@
 #include "kat/data/data_loader.hpp"
 #include "kat/data/dataset.hpp"
 #include "kat/data/idx.hpp"
+
+#include "kat/io/checkpoint.hpp"
 
 // DistributedSampler needs no MPI; the rest of kat::dist does (KAT configured with
 // -DKAT_ENABLE_MPI=ON).

@@ -7,6 +7,7 @@
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/random.hpp"
+#include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
 #include "kat/data/dataset.hpp"
 
@@ -115,6 +116,43 @@ public:
   const std::vector<std::size_t> &order() const { return host_order_; }
   /// The epoch last passed to start_epoch.
   std::size_t epoch() const { return epoch_; }
+  /// Samples served so far this epoch.
+  std::size_t position() const { return cursor_; }
+
+  /// The loader's place in its data (kat/core/state.hpp): "epoch" and "position" (uint64)
+  /// and the epoch's "order" (uint64, [epoch_size()]), so a resumed run serves the rest of
+  /// the epoch exactly, whichever sampler chose the order.
+  StateDict state_dict() const {
+    StateDict s;
+    s.set("epoch", static_cast<std::uint64_t>(epoch_));
+    s.set("position", static_cast<std::uint64_t>(cursor_));
+    s.set("order", std::vector<std::uint64_t>(host_order_.begin(), host_order_.end()));
+    return s;
+  }
+
+  /// Restores what state_dict() saved (of a loader over a data set of the same size).
+  /// @throws StateError naming the entry that is missing, unexpected or of another dtype or
+  ///   shape; ValueError if an index in "order" is >= size() or "position" exceeds the
+  ///   order's length. The loader is unchanged on failure.
+  void load_state_dict(const StateDict &state) {
+    const char *where = "kat::data::DataLoader::load_state_dict";
+    state.require_names(where, {"epoch", "position", "order"});
+    const auto epoch = state.get<std::uint64_t>("epoch");
+    const auto position = state.get<std::uint64_t>("position");
+    const auto &shape = state.shape_of<std::uint64_t>("order");
+    if (shape.size() != 1) {
+      throw StateError(kat::detail::concat(where, ": state entry 'order' must have rank 1, got ",
+                                           kat::detail::shape_string(shape)));
+    }
+    const auto order = state.get_vector<std::uint64_t>("order", shape);
+    if (position > order.size()) {
+      throw ValueError(kat::detail::concat(where, ": position must be <= the order's length ",
+                                           order.size(), ", got ", position));
+    }
+    start_epoch(static_cast<std::size_t>(epoch),
+                std::vector<std::size_t>(order.begin(), order.end()));
+    cursor_ = static_cast<std::size_t>(position);
+  }
 
   /// Starts epoch `epoch`: rewinds to the first batch and, with shuffling, sets the order to a
   /// Fisher-Yates permutation drawn from `HostRng(seed ^ splitmix64(epoch))`. The permutation

@@ -219,6 +219,29 @@ public:
   std::uint64_t num_batches_tracked() const { return num_batches_tracked_; }
   void set_num_batches_tracked(std::uint64_t n) { num_batches_tracked_ = n; }
 
+  /// "running_mean", "running_var" (Scalar, [C]) and "num_batches_tracked" (uint64).
+  StateDict state_dict() const override {
+    StateDict s;
+    s.set_view("running_mean", running_mean_);
+    s.set_view("running_var", running_var_);
+    s.set("num_batches_tracked", static_cast<std::uint64_t>(num_batches_tracked_));
+    return s;
+  }
+  void check_state_dict(const StateDict &state) const override {
+    state.require_names("kat::nn::BatchNorm::load_state_dict",
+                        {"running_mean", "running_var", "num_batches_tracked"});
+    const std::vector<std::uint64_t> shape{channels_};
+    state.checked<Scalar>("running_mean", shape);
+    state.checked<Scalar>("running_var", shape);
+    state.checked<std::uint64_t>("num_batches_tracked", {});
+  }
+  void load_state_dict(const StateDict &state) override {
+    check_state_dict(state);
+    state.copy_to("running_mean", running_mean_);
+    state.copy_to("running_var", running_var_);
+    num_batches_tracked_ = state.get<std::uint64_t>("num_batches_tracked");
+  }
+
   /// Total (re)allocations of the layer's workspaces; constant after the first step.
   std::size_t workspace_allocations() const {
     return stats_.allocations() + coefficients_.allocations();

@@ -48,6 +48,21 @@ public:
   /// resumes the exact mask sequence (checkpoints; finite-difference checks).
   std::uint64_t mask_counter() const { return calls_; }
   void set_mask_counter(std::uint64_t k) { calls_ = k; }
+
+  /// "mask_counter" (uint64): the index of the next training mask.
+  StateDict state_dict() const override {
+    StateDict s;
+    s.set("mask_counter", calls_);
+    return s;
+  }
+  void check_state_dict(const StateDict &state) const override {
+    state.require_names("kat::nn::Dropout::load_state_dict", {"mask_counter"});
+    state.checked<std::uint64_t>("mask_counter", {});
+  }
+  void load_state_dict(const StateDict &state) override {
+    check_state_dict(state);
+    calls_ = state.get<std::uint64_t>("mask_counter");
+  }
   FeatureShape output_shape(const FeatureShape &input) const override { return input; }
 
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {

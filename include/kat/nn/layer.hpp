@@ -4,6 +4,7 @@
 
 #include "kat/core/curvature.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -79,6 +80,18 @@ public:
   /// The layers a container (Residual) holds, so preconditioners and masks can reach every
   /// weight matrix; empty for an ordinary layer.
   virtual std::vector<Layer *> sublayers() { return {}; }
+
+  /// The layer's state beyond its parameters (those live in the model's flat buffer):
+  /// running statistics, random-stream counters (kat/core/state.hpp). Empty by default.
+  virtual StateDict state_dict() const { return {}; }
+  /// Throws StateError unless `state` is what this layer's load_state_dict() accepts;
+  /// changes nothing. By default the state must be empty.
+  virtual void check_state_dict(const StateDict &state) const {
+    state.require_names("kat::nn::" + name() + "::load_state_dict", {});
+  }
+  /// Restores what state_dict() saved.
+  /// @throws StateError as check_state_dict(), before anything changes.
+  virtual void load_state_dict(const StateDict &state) { check_state_dict(state); }
 
   /// Whether this layer can record the K-FAC quantities `a` and `g`.
   virtual bool supports_curvature() const { return false; }

@@ -161,6 +161,32 @@ public:
     return all;
   }
 
+  /// The body's and the shortcut's layer states, as "body.<i>.<entry>" and
+  /// "shortcut.<i>.<entry>".
+  StateDict state_dict() const override {
+    StateDict s;
+    body_.save_state(s, "body");
+    shortcut_.save_state(s, "shortcut");
+    return s;
+  }
+  void check_state_dict(const StateDict &state) const override {
+    for (const auto &entry : state.entries()) {
+      const std::string &n = entry.first;
+      if (n.compare(0, 5, "body.") != 0 && n.compare(0, 9, "shortcut.") != 0) {
+        throw StateError(kat::detail::concat("kat::nn::Residual::load_state_dict: unexpected "
+                                             "state entry '",
+                                             n, "'"));
+      }
+    }
+    body_.check_state(state, "body");
+    shortcut_.check_state(state, "shortcut");
+  }
+  void load_state_dict(const StateDict &state) override {
+    check_state_dict(state);
+    body_.load_state(state, "body");
+    shortcut_.load_state(state, "shortcut");
+  }
+
   const detail::LayerChain<Scalar, MemorySpace> &body() const { return body_; }
   const detail::LayerChain<Scalar, MemorySpace> &shortcut() const { return shortcut_; }
 

@@ -153,6 +153,37 @@ public:
   const ParameterBuffer<Scalar, MemorySpace> &buffer() const { return buffer_; }
   std::size_t parameter_count() const { return chain_.parameter_count(); }
 
+  /// The model's state (kat/core/state.hpp): "parameters" (Scalar, [parameter_count()]) and
+  /// each layer's own state (running statistics, mask counters) as "layers.<i>.<entry>"
+  /// (nested containers add their own parts: "layers.<i>.body.<j>.<entry>"). Fences.
+  /// @throws Error before compile().
+  StateDict state_dict() const {
+    require_compiled("state_dict");
+    StateDict s;
+    s.set_view("parameters", buffer_.parameters());
+    chain_.save_state(s, "layers");
+    return s;
+  }
+
+  /// Restores what state_dict() saved into a model of the same architecture, after checking
+  /// every entry (a failed load changes nothing). Gradients are untouched.
+  /// @throws StateError naming the first entry that is missing, unexpected or of another
+  ///   dtype or shape; Error before compile().
+  void load_state_dict(const StateDict &state) {
+    require_compiled("load_state_dict");
+    for (const auto &entry : state.entries()) {
+      if (entry.first != "parameters" && entry.first.compare(0, 7, "layers.") != 0) {
+        throw StateError(kat::detail::concat("kat::nn::Sequential::load_state_dict: unexpected "
+                                             "state entry '",
+                                             entry.first, "'"));
+      }
+    }
+    state.checked<Scalar>("parameters", {static_cast<std::uint64_t>(parameter_count())});
+    chain_.check_state(state, "layers");
+    state.copy_to("parameters", buffer_.parameters());
+    chain_.load_state(state, "layers");
+  }
+
   const std::vector<std::unique_ptr<layer_type>> &layers() const { return chain_.layers(); }
   layer_type &layer(std::size_t i) { return *chain_.layers().at(i); }
 

@@ -140,6 +140,23 @@ public:
   /// Second moment v (PyTorch's `exp_avg_sq`), length n, in squared gradient units.
   const vector_type &exp_avg_sq() const { return v_; }
 
+  /// "steps", "lr", "exp_avg" and "exp_avg_sq" (Scalar, [n] each).
+  StateDict state_dict() const override {
+    StateDict s = Base::state_dict();
+    s.set_view("exp_avg", m_);
+    s.set_view("exp_avg_sq", v_);
+    return s;
+  }
+
+  /// @throws StateError / ValueError as Optimizer::load_state_dict.
+  void load_state_dict(const StateDict &state) override {
+    const auto [steps, lr] = this->checked_base_state(state, {"exp_avg", "exp_avg_sq"});
+    state.copy_to("exp_avg", m_);
+    state.copy_to("exp_avg_sq", v_);
+    this->steps_ = steps;
+    this->lr_ = lr;
+  }
+
 protected:
   /// `who` names the optimizer in validation messages and view labels.
   Adam(std::size_t n, const Options &options, const std::string &who)

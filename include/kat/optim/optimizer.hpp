@@ -3,6 +3,7 @@
 /// @brief Abstract first-order optimizer acting on one flat parameter vector and its gradient.
 
 #include "kat/core/error.hpp"
+#include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -11,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kat {
 namespace optim {
@@ -83,11 +86,48 @@ public:
   /// Length n of the parameter vector this optimizer was built for.
   std::size_t size() const { return size_; }
 
+  /// The optimizer's state (kat/core/state.hpp): "steps" (int64), "lr" (float64) and the
+  /// subclass's buffers (host copies; fences).
+  virtual StateDict state_dict() const {
+    StateDict s;
+    s.set("steps", steps_);
+    s.set("lr", lr_);
+    return s;
+  }
+
+  /// Restores what state_dict() saved, after checking every entry, so a failed load changes
+  /// nothing. The options given at construction are not part of the state.
+  /// @throws StateError naming the first entry that is missing, unexpected or of another
+  ///   dtype or shape; ValueError if "steps" < 0 or "lr" is not a valid rate.
+  virtual void load_state_dict(const StateDict &state) {
+    const auto [steps, lr] = checked_base_state(state, {});
+    steps_ = steps;
+    lr_ = lr;
+  }
+
 protected:
   /// `lr` must already be validated by the subclass (which knows its own name for messages).
   Optimizer(std::size_t n, double lr) : lr_(lr), size_(n) {}
   Optimizer(const Optimizer &) = default;
   Optimizer &operator=(const Optimizer &) = default;
+
+  /// Checks that `state` holds exactly "steps", "lr" and `buffers` (each a Scalar vector of
+  /// length size()) and returns the valid steps and lr; changes nothing.
+  std::pair<std::int64_t, double>
+  checked_base_state(const StateDict &state, const std::vector<std::string> &buffers) const {
+    const std::string where = "kat::optim::" + name() + "::load_state_dict";
+    std::vector<std::string> names{"steps", "lr"};
+    names.insert(names.end(), buffers.begin(), buffers.end());
+    state.require_names(where, names);
+    for (const auto &b : buffers) {
+      state.checked<Scalar>(b, {static_cast<std::uint64_t>(size_)});
+    }
+    const auto steps = state.get<std::int64_t>("steps");
+    const auto lr = state.get<double>("lr");
+    detail::require_option(steps >= 0, where, "steps", ">= 0", static_cast<double>(steps));
+    detail::require_lr(where, lr);
+    return {steps, lr};
+  }
 
   /// Checks both lengths against size() and counts the step; every subclass calls it first.
   void begin_step(const vector_type &params, const vector_type &grads) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace kat {
 namespace optim {
@@ -112,6 +113,29 @@ public:
   /// Momentum buffer (length n, empty when momentum == 0). Writable through the view so a
   /// checkpoint can restore it (together with set_steps()).
   const vector_type &momentum_buffer() const { return buf_; }
+
+  /// "steps", "lr" and, with momentum, "momentum_buffer" (Scalar, [n]).
+  StateDict state_dict() const override {
+    StateDict s = Base::state_dict();
+    if (buf_.extent(0) > 0) {
+      s.set_view("momentum_buffer", buf_);
+    }
+    return s;
+  }
+
+  /// @throws StateError / ValueError as Optimizer::load_state_dict; the entries must include
+  ///   "momentum_buffer" exactly when momentum != 0.
+  void load_state_dict(const StateDict &state) override {
+    const bool has_buffer = buf_.extent(0) > 0;
+    const auto [steps, lr] =
+        this->checked_base_state(state, has_buffer ? std::vector<std::string>{"momentum_buffer"}
+                                                   : std::vector<std::string>{});
+    if (has_buffer) {
+      state.copy_to("momentum_buffer", buf_);
+    }
+    this->steps_ = steps;
+    this->lr_ = lr;
+  }
 
 private:
   static const Options &validated(const Options &o) {

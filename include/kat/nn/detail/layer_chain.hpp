@@ -50,6 +50,50 @@ public:
     return *layers_.back();
   }
 
+  /// Adds layer i's state as "<prefix>.<i>.<entry>".
+  void save_state(StateDict &state, const std::string &prefix) const {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      state.merge(kat::detail::concat(prefix, '.', i), layers_[i]->state_dict());
+    }
+  }
+  /// Checks the entries under "<prefix>." against the layers' check_state_dict(): every one
+  /// must name a layer, and each layer must accept its own (throws StateError naming the
+  /// layer's prefix).
+  void check_state(const StateDict &state, const std::string &prefix) const {
+    const std::string head = prefix + ".";
+    for (const auto &entry : state.entries()) {
+      const std::string &n = entry.first;
+      if (n.compare(0, head.size(), head) != 0) {
+        continue;
+      }
+      const std::size_t dot = n.find('.', head.size());
+      const std::string index = n.substr(head.size(), dot - head.size());
+      const bool valid = dot != std::string::npos && !index.empty() && index.size() < 10 &&
+                         index.find_first_not_of("0123456789") == std::string::npos &&
+                         std::stoul(index) < layers_.size() &&
+                         index == std::to_string(std::stoul(index));
+      if (!valid) {
+        throw StateError(kat::detail::concat(owner_, ": unexpected state entry '", n, "' (",
+                                             layers_.size(), " layers)"));
+      }
+    }
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const std::string sub = kat::detail::concat(prefix, '.', i);
+      try {
+        layers_[i]->check_state_dict(state.sub(sub));
+      } catch (const StateError &e) {
+        throw StateError(kat::detail::concat("under '", sub, "': ", e.what()));
+      }
+    }
+  }
+  /// Restores every layer's state from the entries under "<prefix>.<i>." (check_state()
+  /// first).
+  void load_state(const StateDict &state, const std::string &prefix) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->load_state_dict(state.sub(kat::detail::concat(prefix, '.', i)));
+    }
+  }
+
   bool empty() const { return layers_.empty(); }
   std::size_t size() const { return layers_.size(); }
   const std::vector<std::unique_ptr<layer_type>> &layers() const { return layers_; }

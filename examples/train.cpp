@@ -77,6 +77,11 @@ struct Options {
   std::string dist_strategy;
   std::string dp_kfac_assignment = "round-robin";
   double grad_worker_fraction = 1.0;
+  // Checkpoints (kat::io::CheckpointDirectory): none without a directory.
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 0; // steps; 0: at the end of every epoch
+  std::string resume;                // "", "latest" or a checkpoint file
+  std::size_t keep_checkpoints = 3;
 };
 
 double seconds_since(Clock::time_point t0) {
@@ -660,6 +665,68 @@ struct Ranks {
   std::string threads; // how the threads per rank were chosen (printed by rank 0), or empty
 };
 
+// Where a training run stands between two steps: the counters a checkpoint's "trainer.*"
+// entries hold besides the model's, the optimizer's and the loader's state. A checkpoint at
+// the end of an epoch is saved as batch 0 of the next one.
+struct Position {
+  std::int64_t step = 0;  // optimizer steps so far (the schedule's index)
+  std::int64_t epoch = 1; // the epoch in progress, 1-based
+  std::int64_t batch = 0; // batches of it done
+  double loss_sum = 0;    // this epoch's summed training loss so far (this rank's)
+  std::uint64_t seen = 0; // this epoch's samples so far (this rank's)
+};
+
+// What a checkpoint records of the run's configuration, checked on --resume: a checkpoint of
+// another model, optimizer, seed, batch or rank count cannot continue this run.
+std::vector<std::pair<std::string, std::string>> run_identity(const Options &o,
+                                                              const Ranks &ranks) {
+  return {{"model", o.model},
+          {"optimizer", o.optimizer},
+          {"seed", std::to_string(o.seed)},
+          {"batch_size", std::to_string(o.batch_size)},
+          {"ranks", std::to_string(ranks.size)}};
+}
+
+kat::StateDict trainer_state(const Options &o, const Ranks &ranks, const Position &p) {
+  kat::StateDict s;
+  s.set("step", p.step);
+  s.set("epoch", p.epoch);
+  s.set("batch", p.batch);
+  s.set("loss_sum", p.loss_sum);
+  s.set("seen", p.seen);
+  for (const auto &[key, value] : run_identity(o, ranks)) {
+    s.set_text(key, value);
+  }
+  return s;
+}
+
+// Checks "trainer.*" of a checkpoint against this run and returns its position.
+Position load_trainer_state(const kat::StateDict &s, const Options &o, const Ranks &ranks,
+                            const std::string &path) {
+  std::vector<std::string> names{"step", "epoch", "batch", "loss_sum", "seen"};
+  for (const auto &[key, value] : run_identity(o, ranks)) {
+    names.push_back(key);
+    const std::string saved = s.text(key);
+    if (saved != value) {
+      throw kat::ValueError(kat::detail::concat("--resume ", path,
+                                                ": the checkpoint was written with ", key, " ",
+                                                saved, ", this run has ", key, " ", value));
+    }
+  }
+  s.require_names("--resume " + path, names);
+  Position p;
+  p.step = s.get<std::int64_t>("step");
+  p.epoch = s.get<std::int64_t>("epoch");
+  p.batch = s.get<std::int64_t>("batch");
+  p.loss_sum = s.get<double>("loss_sum");
+  p.seen = s.get<std::uint64_t>("seen");
+  if (p.step < 0 || p.epoch < 1 || p.batch < 0) {
+    throw kat::ValueError(kat::detail::concat("--resume ", path, ": step ", p.step, ", epoch ",
+                                              p.epoch, ", batch ", p.batch, " are not a position"));
+  }
+  return p;
+}
+
 int run(const Options &o, const Ranks &ranks) {
   const Space space;
   const bool root = ranks.rank == 0;    // only rank 0 prints and writes --metrics
@@ -737,33 +804,105 @@ int run(const Options &o, const Ranks &ranks) {
 #endif
   }
 
+  // --checkpoint-dir / --resume: one file per rank and checkpoint (kat/io/checkpoint.hpp).
+  std::optional<kat::io::CheckpointDirectory> checkpoints;
+  if (!o.checkpoint_dir.empty()) {
+    checkpoints.emplace(o.checkpoint_dir, o.keep_checkpoints, ranks.rank, ranks.size);
+  }
+  // The minimum of `value` over the ranks (collective with MPI).
+  const auto min_over_ranks = [&](std::int64_t value) {
+#ifdef KAT_ENABLE_MPI
+    if (parallel) {
+      Kokkos::View<std::int64_t *, Kokkos::HostSpace> v("kat_train::min", 1);
+      v(0) = value;
+      comm.allreduce(Kokkos::DefaultHostExecutionSpace(), v, kat::dist::ReduceOp::min);
+      return v(0);
+    }
+#endif
+    return value;
+  };
+  Position position;
+  if (!o.resume.empty()) {
+    std::string path = o.resume;
+    if (o.resume == "latest") {
+      // The newest step every rank has (a rank killed while saving may lack the newest).
+      const std::int64_t latest = min_over_ranks(checkpoints->latest().value_or(-1));
+      if (latest < 0) {
+        std::string held;
+        for (const int r : checkpoints->rank_counts()) {
+          held += (held.empty() ? "" : ", ") + std::to_string(r);
+        }
+        throw kat::ValueError(kat::detail::concat(
+            "--resume latest: no checkpoint for ", ranks.size, " rank(s) in every rank's view of ",
+            o.checkpoint_dir,
+            held.empty() ? std::string() : " (it holds checkpoints of " + held + " rank(s))"));
+      }
+      path = checkpoints->path(latest);
+    }
+    const kat::StateDict state = kat::io::load_checkpoint(path);
+    state.require_names("--resume " + path, {"model.", "optimizer.", "loader.", "trainer."});
+    position = load_trainer_state(state.sub("trainer"), o, ranks, path);
+    model.load_state_dict(state.sub("model"));
+    optimizer->load_state_dict(state.sub("optimizer"));
+    train_loader.load_state_dict(state.sub("loader"));
+    if (root) {
+      std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", path.c_str(),
+                  static_cast<long long>(position.step), static_cast<long long>(position.epoch),
+                  static_cast<long long>(position.batch));
+    }
+  }
+  const auto save_checkpoint = [&](const Position &p) {
+    kat::StateDict state;
+    state.merge("model", model.state_dict());
+    state.merge("optimizer", optimizer->state_dict());
+    state.merge("loader", train_loader.state_dict());
+    state.merge("trainer", trainer_state(o, ranks, p));
+    checkpoints->save(p.step, state, !parallel);
+#ifdef KAT_ENABLE_MPI
+    if (parallel) { // delete old files once every rank holds the new step
+      comm.barrier();
+      checkpoints->prune();
+    }
+#endif
+  };
+
   kat::nn::SoftmaxCrossEntropy<Scalar, Mem> ce;
   kat::Workspace<Scalar, Mem> dlogits_ws("kat_train::dlogits");
   kat::Matrix<Scalar, Mem> x;
   kat::Vector<std::int32_t, Mem> y;
-  std::int64_t step = 0;
+  std::int64_t step = position.step;
   // --profile only: region times (reset each epoch) and K-FAC's bytes counted around each step.
   std::optional<kat::RegionTimer> timer;
   if (o.profile) {
     timer.emplace();
   }
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+  for (int epoch = static_cast<int>(position.epoch); epoch <= o.epochs; ++epoch) {
     Progress progress(live, epoch, o.epochs, static_cast<std::size_t>(steps_per_epoch));
+    // A run resumed inside this epoch continues the restored loader's order and position.
+    const bool resumed = epoch == position.epoch && position.batch > 0;
+    if (!resumed) {
+#ifdef KAT_ENABLE_MPI
+      if (parallel) {
+        train_loader.start_epoch(static_cast<std::size_t>(epoch - 1),
+                                 sampler.indices(static_cast<std::size_t>(epoch - 1)));
+      } else
+#endif
+        train_loader.start_epoch(static_cast<std::size_t>(epoch - 1));
+    }
 #ifdef KAT_ENABLE_MPI
     if (parallel) {
-      train_loader.start_epoch(static_cast<std::size_t>(epoch - 1),
-                               sampler.indices(static_cast<std::size_t>(epoch - 1)));
       dp->reset_stats();
       comm.barrier(); // the epoch's wall time starts together on all ranks
-    } else
+    }
 #endif
-      train_loader.start_epoch(static_cast<std::size_t>(epoch - 1));
     StepCounters counters;
     if (timer) {
       timer->reset();
     }
-    double loss_sum = 0;
-    std::size_t seen = 0, batch = 0;
+    double loss_sum = resumed ? position.loss_sum : 0.0;
+    std::size_t seen = resumed ? static_cast<std::size_t>(position.seen) : 0;
+    std::size_t batch = resumed ? static_cast<std::size_t>(position.batch) : 0;
+    const std::size_t seen_at_start = seen; // for the rates of a resumed epoch
     const auto t0 = Clock::now();
     while (train_loader.next(space, x, y)) {
       const std::size_t n = x.extent(0);
@@ -793,7 +932,12 @@ int run(const Options &o, const Ranks &ranks) {
       optimizer->set_lr(schedule(step++));
       optimizer->step(space, model.parameters(), model.gradients());
       seen += n;
-      progress.update(++batch, loss_sum / seen, seen * ranks.size / seconds_since(t0));
+      progress.update(++batch, loss_sum / seen,
+                      (seen - seen_at_start) * ranks.size / seconds_since(t0));
+      if (checkpoints && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 &&
+          batch < static_cast<std::size_t>(steps_per_epoch)) {
+        save_checkpoint({step, epoch, static_cast<std::int64_t>(batch), loss_sum, seen});
+      }
     }
     space.fence();
     const double wall = seconds_since(t0);
@@ -841,7 +985,7 @@ int run(const Options &o, const Ranks &ranks) {
 #endif
     }
     const double train_loss = loss_sum / static_cast<double>(seen);
-    const double rate = static_cast<double>(seen) / wall;
+    const double rate = static_cast<double>(seen - seen_at_start) / wall;
     if (root) {
       std::printf("epoch %2d  %.3f s  %8.0f samples/s  train loss %.4f  test loss %.4f  "
                   "test accuracy %.2f%%",
@@ -857,6 +1001,12 @@ int run(const Options &o, const Ranks &ranks) {
     }
     metrics.write(epoch, wall, rate, train_loss, test.loss(), test.accuracy(), optimizer->lr(),
                   profile ? &*profile : nullptr);
+    // At the end of every epoch by default; with --checkpoint-every when a step that was due
+    // ended the epoch; always after the last one.
+    if (checkpoints &&
+        (o.checkpoint_every == 0 || step % o.checkpoint_every == 0 || epoch == o.epochs)) {
+      save_checkpoint({step, epoch + 1, 0, 0.0, 0});
+    }
   }
   if (kfac_report) {
     kfac_report(); // collective with a distributed strategy
@@ -1009,6 +1159,21 @@ int main(int argc, char **argv) {
                  "never")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
+  auto *ckpt = app.add_option_group("Checkpoints", "Saving and resuming (docs/checkpoints.md)");
+  ckpt->add_option("--checkpoint-dir", o.checkpoint_dir,
+                   "Save checkpoints in DIR (created if missing): the model, the optimizer, the "
+                   "data order and position, and the step counters, one file per rank");
+  ckpt->add_option("--checkpoint-every", o.checkpoint_every,
+                   "Save every N optimizer steps and after the last epoch (0: after every epoch)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  ckpt->add_option("--resume", o.resume,
+                   "Continue from a checkpoint: latest (the newest in --checkpoint-dir) or FILE; "
+                   "the result is bit-identical to a run that was never stopped");
+  ckpt->add_option("--keep-checkpoints", o.keep_checkpoints,
+                   "How many of the newest checkpoints to keep")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   auto *kfac = app.add_option_group("K-FAC", "Options of --optimizer kfac (kat::KFAC)");
   kfac->add_option("--factor-update-steps", o.factor_update_steps,
                    "Steps between Kronecker factor updates")
@@ -1075,6 +1240,19 @@ int main(int argc, char **argv) {
       if (extra.rfind("--kokkos-", 0) != 0) {
         throw CLI::ExtrasError({extra});
       }
+    }
+    if (o.resume == "latest" && o.checkpoint_dir.empty()) {
+      throw CLI::ValidationError("--resume latest", "needs --checkpoint-dir");
+    }
+    if (!o.resume.empty() && o.resume != "latest" && ranks.size > 1) {
+      throw CLI::ValidationError("--resume", "takes latest with more than one rank (each rank "
+                                             "reads its own file), got " +
+                                                 o.resume);
+    }
+    if (o.optimizer == "kfac" && (!o.checkpoint_dir.empty() || !o.resume.empty())) {
+      throw CLI::ValidationError("--checkpoint-dir and --resume",
+                                 "do not support --optimizer kfac yet (K-FAC's decompositions "
+                                 "are not part of its saved state)");
     }
     if (o.schedule == "step" && o.step_size == 0) {
       throw CLI::ValidationError("--step-size", "is required with --schedule step");

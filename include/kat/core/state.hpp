@@ -186,17 +186,9 @@ public:
 
   /// Adds a host copy of a rank-1 or column-major rank-2 view in any memory space (fences).
   template <class View> void set_view(const std::string &name, const View &view) {
-    using T = typename View::non_const_value_type;
-    static_assert(View::rank == 1 ||
-                      std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value,
-                  "kat::StateDict::set_view: a matrix must be column-major (LayoutLeft)");
-    std::vector<std::uint64_t> shape;
-    for (unsigned r = 0; r < View::rank; ++r) {
-      shape.push_back(view.extent(r));
-    }
-    std::vector<T> host(view.size());
+    std::vector<typename View::non_const_value_type> host(view.size());
     copy_view(view, host.data(), "set_view", name);
-    set(name, host, std::move(shape));
+    set(name, host, view_shape(view));
   }
 
   /// Adds every entry of `child` as "<prefix>.<name>".
@@ -317,14 +309,7 @@ public:
   /// @throws StateError as checked().
   template <class View> void copy_to(const std::string &name, const View &view) const {
     using T = typename View::non_const_value_type;
-    static_assert(View::rank == 1 ||
-                      std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value,
-                  "kat::StateDict::copy_to: a matrix must be column-major (LayoutLeft)");
-    std::vector<std::uint64_t> shape;
-    for (unsigned r = 0; r < View::rank; ++r) {
-      shape.push_back(view.extent(r));
-    }
-    const StateEntry &e = checked<T>(name, shape);
+    const StateEntry &e = checked<T>(name, view_shape(view));
     using Host = Kokkos::View<const T *, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
     const Host host(reinterpret_cast<const T *>(e.bytes.data()), view.size());
     copy_into(host, view, name);
@@ -334,6 +319,18 @@ public:
   static constexpr std::size_t max_name_length = 4096;
 
 private:
+  /// A view's extents as an entry's shape.
+  template <class View> static std::vector<std::uint64_t> view_shape(const View &view) {
+    static_assert(View::rank == 1 ||
+                      std::is_same<typename View::array_layout, Kokkos::LayoutLeft>::value,
+                  "kat::StateDict: a matrix must be column-major (LayoutLeft)");
+    std::vector<std::uint64_t> shape;
+    for (unsigned r = 0; r < View::rank; ++r) {
+      shape.push_back(view.extent(r));
+    }
+    return shape;
+  }
+
   template <class T> static StateEntry make_entry(const T *data, std::vector<std::uint64_t> shape) {
     StateEntry e{dtype_of_v<T>, std::move(shape), {}};
     e.bytes.resize(e.count() * sizeof(T));

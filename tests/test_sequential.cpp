@@ -2,9 +2,12 @@
 
 #include <kat/core/allocation_tracker.hpp>
 #include <kat/nn/activation.hpp>
+#include <kat/nn/batch_norm.hpp>
+#include <kat/nn/conv2d.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/dropout.hpp>
 #include <kat/nn/flatten.hpp>
+#include <kat/nn/residual.hpp>
 #include <kat/nn/sequential.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
 
@@ -201,4 +204,48 @@ TEST_CASE("sequential: the backward hook sees every layer in reverse order", "[s
   model.forward(space, x);
   model.backward(space, dy);
   CHECK(calls.empty());
+}
+
+TEST_CASE("sequential: parameter specs name every tensor where the layers' views are",
+          "[sequential][specs]") {
+  using namespace kat::nn;
+  Sequential<float, Mem> m(FeatureShape{2, 4, 4});
+  auto &conv = m.add<Conv2d>(2, 3, 3, 1, 1);
+  m.add<BatchNorm>(3);
+  auto block = std::make_unique<Residual<float, Mem>>(FeatureShape{3, 4, 4});
+  auto &inner = block->add<Conv2d>(3, 3, 1, 1, 0, 1, /*bias=*/false);
+  block->add<ReLU>();
+  m.add(std::move(block));
+  m.add<Flatten>();
+  auto &head = m.add<Dense>(48, 5);
+  m.compile(Space(), 1);
+
+  const auto specs = m.parameter_specs();
+  std::vector<std::string> names;
+  for (const auto &s : specs)
+    names.push_back(s.name);
+  CHECK(names == std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias",
+                                          "2.body.0.weight", "4.weight", "4.bias"});
+  // Contiguous, in order, covering the flat buffer exactly.
+  std::size_t next = 0;
+  for (const auto &s : specs) {
+    INFO(s.name);
+    CHECK(s.offset == next);
+    next += s.size();
+  }
+  CHECK(next == m.parameter_count());
+  // Each spec's offset and shape are those of the view the layer computes with.
+  const float *base = m.parameters().data();
+  const auto at = [&](std::size_t k) { return base + specs[k].offset; };
+  CHECK(at(0) == conv.weight().data());
+  CHECK(specs[0].shape == std::vector<std::size_t>{3, 18});
+  CHECK(at(1) == conv.bias().data());
+  CHECK(specs[2].role == ParameterRole::weight);
+  CHECK(specs[3].role == ParameterRole::bias);
+  CHECK(at(4) == inner.weight().data());
+  CHECK(specs[4].shape == std::vector<std::size_t>{3, 3});
+  CHECK(at(5) == head.weight().data());
+  CHECK(specs[5].shape == std::vector<std::size_t>{5, 48});
+  CHECK(at(6) == head.bias().data());
+  CHECK(specs[6].role == ParameterRole::bias);
 }

@@ -173,6 +173,14 @@ public:
 
   /// 2C with affine (γ then β), else 0.
   std::size_t parameter_count() const override { return affine_ ? 2 * channels_ : 0; }
+  /// With affine: "weight" γ (C, role weight) then "bias" β (C, role bias), PyTorch's names.
+  std::vector<ParameterSpec> parameter_specs() const override {
+    if (!affine_) {
+      return {};
+    }
+    return {{"weight", ParameterRole::weight, {channels_}, 0},
+            {"bias", ParameterRole::bias, {channels_}, channels_}};
+  }
 
   void bind(Scalar *params, Scalar *grads) override {
     if (!affine_) {

@@ -375,6 +375,17 @@ public:
 
   std::size_t parameter_count() const override { return out_channels() * weight_columns(); }
 
+  /// "weight" (out_channels x in_channels·kh·kw, column-major) then, with a bias, "bias"
+  /// (out_channels).
+  std::vector<ParameterSpec> parameter_specs() const override {
+    const std::size_t out = out_channels(), k = patch_size();
+    std::vector<ParameterSpec> specs{{"weight", ParameterRole::weight, {out, k}, 0}};
+    if (bias_) {
+      specs.push_back({"bias", ParameterRole::bias, {out}, out * k});
+    }
+    return specs;
+  }
+
   void bind(Scalar *params, Scalar *grads) override {
     const std::size_t out = out_channels(), k = patch_size();
     weight_bias_ = matrix_type(params, out, weight_columns());

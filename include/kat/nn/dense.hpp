@@ -77,6 +77,15 @@ public:
 
   std::size_t parameter_count() const override { return out_ * (in_ + (bias_ ? 1 : 0)); }
 
+  /// "weight" (out x in) then, with a bias, "bias" (out), as [W b] column-major.
+  std::vector<ParameterSpec> parameter_specs() const override {
+    std::vector<ParameterSpec> specs{{"weight", ParameterRole::weight, {out_, in_}, 0}};
+    if (bias_) {
+      specs.push_back({"bias", ParameterRole::bias, {out_}, out_ * in_});
+    }
+    return specs;
+  }
+
   void bind(Scalar *params, Scalar *grads) override {
     const std::size_t cols = in_ + (bias_ ? 1 : 0);
     weight_bias_ = matrix_type(params, out_, cols);

@@ -18,6 +18,32 @@ namespace kat::nn {
 /// See kat/core/curvature.hpp.
 using kat::CurvatureRecord;
 
+/// What a parameter tensor is for, as optimizers and masks treat it: weight decay and sparse
+/// masks usually act on weights (the weight matrices, batch norm's scale γ) and leave biases
+/// (and batch norm's shift β) alone.
+enum class ParameterRole { weight, bias };
+
+/// One parameter tensor of a layer or model: its name ("weight", "bias"; a model prefixes the
+/// layer's index path: "3.weight", "2.body.0.bias"), its role, its shape (the extents of the
+/// view the layer uses; a matrix is column-major) and its offset, in scalars, from the start
+/// of the layer's parameter block (a model's: of the flat buffer). The tensor occupies
+/// [offset, offset + size()).
+struct ParameterSpec {
+  std::string name;
+  ParameterRole role = ParameterRole::weight;
+  std::vector<std::size_t> shape;
+  std::size_t offset = 0;
+
+  /// Number of scalars: the product of the shape.
+  std::size_t size() const {
+    std::size_t n = 1;
+    for (const std::size_t e : shape) {
+      n *= e;
+    }
+    return n;
+  }
+};
+
 /// Base class of all layers. A layer maps a batch x in_shape.size() matrix to a batch x
 /// out_shape.size() matrix (see FeatureShape for image layouts).
 ///
@@ -80,6 +106,10 @@ public:
   /// The layers a container (Residual) holds, so preconditioners and masks can reach every
   /// weight matrix; empty for an ordinary layer.
   virtual std::vector<Layer *> sublayers() { return {}; }
+
+  /// The layer's parameter tensors, in its block's order, covering exactly
+  /// [0, parameter_count()); empty for a layer without parameters.
+  virtual std::vector<ParameterSpec> parameter_specs() const { return {}; }
 
   /// The layer's state beyond its parameters (those live in the model's flat buffer):
   /// running statistics, random-stream counters (kat/core/state.hpp). Empty by default.

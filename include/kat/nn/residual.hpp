@@ -105,6 +105,14 @@ public:
   std::size_t parameter_count() const override {
     return body_.parameter_count() + shortcut_.parameter_count();
   }
+  /// The body's then the shortcut's tensors, as "body.<i>.<name>" and "shortcut.<i>.<name>".
+  std::vector<ParameterSpec> parameter_specs() const override {
+    std::vector<ParameterSpec> specs = body_.parameter_specs("body", 0);
+    const auto s = shortcut_.parameter_specs("shortcut", body_.parameter_count());
+    specs.insert(specs.end(), s.begin(), s.end());
+    return specs;
+  }
+
   void bind(Scalar *params, Scalar *grads) override {
     body_.bind(params, grads);
     const std::size_t nb = body_.parameter_count();

@@ -153,6 +153,11 @@ public:
   const ParameterBuffer<Scalar, MemorySpace> &buffer() const { return buffer_; }
   std::size_t parameter_count() const { return chain_.parameter_count(); }
 
+  /// Every parameter tensor of the model, in flat-buffer order: "<i>.<name>" for layer i
+  /// ("<i>.body.<j>.<name>" inside a Residual), offsets into parameters() and gradients().
+  /// Masks, weight-decay exclusions and checkpoints address weights by these names.
+  std::vector<ParameterSpec> parameter_specs() const { return chain_.parameter_specs("", 0); }
+
   /// The model's state (kat/core/state.hpp): "parameters" (Scalar, [parameter_count()]) and
   /// each layer's own state (running statistics, mask counters) as "layers.<i>.<entry>"
   /// (nested containers add their own parts: "layers.<i>.body.<j>.<entry>"). Fences.

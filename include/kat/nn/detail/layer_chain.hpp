@@ -109,6 +109,23 @@ public:
   }
 
   /// Binds the layers to consecutive blocks starting at params / grads.
+  /// Every layer's tensors as "<prefix>.<i>.<name>" ("<i>.<name>" for an empty prefix), with
+  /// offsets counted from `offset` (the chain's first scalar).
+  std::vector<ParameterSpec> parameter_specs(const std::string &prefix, std::size_t offset) const {
+    std::vector<ParameterSpec> specs;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const std::string head =
+          prefix.empty() ? std::to_string(i) + "." : kat::detail::concat(prefix, '.', i, '.');
+      for (ParameterSpec s : layers_[i]->parameter_specs()) {
+        s.name = head + s.name;
+        s.offset += offset;
+        specs.push_back(std::move(s));
+      }
+      offset += layers_[i]->parameter_count();
+    }
+    return specs;
+  }
+
   void bind(Scalar *params, Scalar *grads) {
     for (auto &l : layers_) {
       l->bind(params, grads);

@@ -122,6 +122,9 @@ struct Preconditioner {
   // Payload bytes K-FAC's own communicator has handed to MPI so far (CommunicatorStats::
   // total()); 0 without a distributed strategy.
   std::function<std::uint64_t()> comm_bytes;
+  // This rank's K-FAC state (KFAC::state_dict), and restoring it.
+  std::function<kat::StateDict()> state_dict;
+  std::function<void(const kat::StateDict &)> load_state_dict;
 
   explicit operator bool() const { return static_cast<bool>(step); }
 };
@@ -201,6 +204,8 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
   };
   p.state_bytes = [kfac]() { return kfac->state_bytes(); };
   p.comm_bytes = []() { return std::uint64_t(0); };
+  p.state_dict = [kfac]() { return kfac->state_dict(); };
+  p.load_state_dict = [kfac](const kat::StateDict &state) { kfac->load_state_dict(state); };
   bool root = true; // only rank 0 prints
 #ifdef KAT_ENABLE_MPI
   root = comm == nullptr || comm->rank() == 0;
@@ -840,11 +845,18 @@ int run(const Options &o, const Ranks &ranks) {
       path = checkpoints->path(latest);
     }
     const kat::StateDict state = kat::io::load_checkpoint(path);
-    state.require_names("--resume " + path, {"model.", "optimizer.", "loader.", "trainer."});
+    std::vector<std::string> parts{"model.", "optimizer.", "loader.", "trainer."};
+    if (precondition) {
+      parts.push_back("kfac.");
+    }
+    state.require_names("--resume " + path, parts);
     position = load_trainer_state(state.sub("trainer"), o, ranks, path);
     model.load_state_dict(state.sub("model"));
     optimizer->load_state_dict(state.sub("optimizer"));
     train_loader.load_state_dict(state.sub("loader"));
+    if (precondition) {
+      precondition.load_state_dict(state.sub("kfac"));
+    }
     if (root) {
       std::printf("resumed from %s: step %lld, epoch %lld, batch %lld\n", path.c_str(),
                   static_cast<long long>(position.step), static_cast<long long>(position.epoch),
@@ -856,6 +868,9 @@ int run(const Options &o, const Ranks &ranks) {
     state.merge("model", model.state_dict());
     state.merge("optimizer", optimizer->state_dict());
     state.merge("loader", train_loader.state_dict());
+    if (precondition) {
+      state.merge("kfac", precondition.state_dict());
+    }
     state.merge("trainer", trainer_state(o, ranks, p));
     checkpoints->save(p.step, state, !parallel);
 #ifdef KAT_ENABLE_MPI
@@ -1248,11 +1263,6 @@ int main(int argc, char **argv) {
       throw CLI::ValidationError("--resume", "takes latest with more than one rank (each rank "
                                              "reads its own file), got " +
                                                  o.resume);
-    }
-    if (o.optimizer == "kfac" && (!o.checkpoint_dir.empty() || !o.resume.empty())) {
-      throw CLI::ValidationError("--checkpoint-dir and --resume",
-                                 "do not support --optimizer kfac yet (K-FAC's decompositions "
-                                 "are not part of its saved state)");
     }
     if (o.schedule == "step" && o.step_size == 0) {
       throw CLI::ValidationError("--step-size", "is required with --schedule step");

@@ -592,6 +592,98 @@ public:
     return s;
   }
 
+  /// The preconditioner's state (kat/core/state.hpp), everything a run needs to continue
+  /// exactly: "steps" (int64), the hyperparameter values at that step ("values.damping", ...,
+  /// float64; "values.factor_update_steps" and "values.inv_update_steps" int64) and per
+  /// registered layer i "layers.<i>.name" (text), "layers.<i>.ready" (uint8: it has a
+  /// decomposition to precondition with) and its factors' states "layers.<i>.A.*" and
+  /// "layers.<i>.G.*" (KroneckerFactor::state_dict(): the factor and its current
+  /// decomposition). A distributed strategy's ranks each save their own: what a rank holds
+  /// (its factors, the decompositions it computed or received) is its state. Fences.
+  StateDict state_dict() const {
+    StateDict s;
+    s.set("steps", steps_);
+    const Values v = values(steps_);
+    s.set("values.factor_update_steps", v.factor_update_steps);
+    s.set("values.inv_update_steps", v.inv_update_steps);
+    s.set("values.damping", v.damping);
+    s.set("values.factor_decay", v.factor_decay);
+    s.set("values.kl_clip", v.kl_clip);
+    s.set("values.lr", v.lr);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const Entry &l = *layers_[i];
+      const std::string head = kat::detail::concat("layers.", i);
+      s.set_text(head + ".name", l.name);
+      s.set(head + ".ready", static_cast<std::uint8_t>(l.ready ? 1 : 0));
+      s.merge(head + ".A", l.A.state_dict());
+      s.merge(head + ".G", l.G.state_dict());
+    }
+    return s;
+  }
+
+  /// Restores what state_dict() saved into a KFAC with the same layers registered in the same
+  /// order: the step counter, the constant hyperparameters (callables are kept as they are),
+  /// the factors and their decompositions; nothing is recomputed, so the next step is the one
+  /// the saving run would have taken. Everything is checked first: a failed load changes
+  /// nothing.
+  /// @throws StateError naming the first entry that is missing, unexpected, of another dtype
+  ///   or shape, or a layer name that differs; ValueError if a stored value is out of range.
+  void load_state_dict(const StateDict &state) {
+    const std::string where = "kat::KFAC::load_state_dict";
+    std::vector<std::string> names{
+        "steps",          "values.factor_update_steps", "values.inv_update_steps",
+        "values.damping", "values.factor_decay",        "values.kl_clip",
+        "values.lr"};
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const Entry &l = *layers_[i];
+      const std::string head = kat::detail::concat("layers.", i);
+      names.insert(names.end(), {head + ".name", head + ".ready", head + ".A.", head + ".G."});
+      const std::string name = state.text(head + ".name");
+      if (name != l.name) {
+        throw StateError(kat::detail::concat(where, ": layer ", i, " must be '", l.name,
+                                             "', the state has '", name, "'"));
+      }
+      state.checked<std::uint8_t>(head + ".ready", {});
+      try {
+        l.A.check_state_dict(state.sub(head + ".A"));
+        l.G.check_state_dict(state.sub(head + ".G"));
+      } catch (const StateError &e) {
+        throw StateError(kat::detail::concat(where, ": layer '", l.name, "': ", e.what()));
+      }
+    }
+    state.require_names(where, names);
+    Values v;
+    const auto steps = state.get<std::int64_t>("steps");
+    v.factor_update_steps = state.get<std::int64_t>("values.factor_update_steps");
+    v.inv_update_steps = state.get<std::int64_t>("values.inv_update_steps");
+    v.damping = state.get<double>("values.damping");
+    v.factor_decay = state.get<double>("values.factor_decay");
+    v.kl_clip = state.get<double>("values.kl_clip");
+    v.lr = state.get<double>("values.lr");
+    if (steps < 0) {
+      throw ValueError(kat::detail::concat(where, ": steps must be >= 0, got ", steps));
+    }
+    check_steps("factor_update_steps", v.factor_update_steps, steps);
+    check_steps("inv_update_steps", v.inv_update_steps, steps);
+    check_damping(v.damping, steps);
+    check_decay(v.factor_decay, steps);
+    check_nonnegative("kl_clip", v.kl_clip, steps);
+    check_nonnegative("lr", v.lr, steps);
+    restore_constants(v);
+    steps_ = steps;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      Entry &l = *layers_[i];
+      const std::string head = kat::detail::concat("layers.", i);
+      l.A.load_state_dict(state.sub(head + ".A"));
+      l.G.load_state_dict(state.sub(head + ".G"));
+      l.ready = state.get<std::uint8_t>(head + ".ready") != 0;
+    }
+    const bool next = needs_curvature();
+    for (auto &l : layers_) {
+      tell_record(*l, next);
+    }
+  }
+
   /// Restores state() output: the step counter, the constant hyperparameters (callables are
   /// kept as they are) and the factors; recomputes the decompositions of restored factors.
   /// @throws ShapeError if the layers (names, order or dimensions) differ from the
@@ -620,17 +712,7 @@ public:
     if (s.steps < 0) {
       throw ValueError(kat::detail::concat(where, ": steps must be >= 0, got ", s.steps));
     }
-    const auto restore = [](auto &option, auto value) {
-      if (option.is_constant()) {
-        option = value;
-      }
-    };
-    restore(opt_.factor_update_steps, s.values.factor_update_steps);
-    restore(opt_.inv_update_steps, s.values.inv_update_steps);
-    restore(opt_.damping, s.values.damping);
-    restore(opt_.factor_decay, s.values.factor_decay);
-    restore(opt_.kl_clip, s.values.kl_clip);
-    restore(opt_.lr, s.values.lr);
+    restore_constants(s.values);
     steps_ = s.steps;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       auto &l = *layers_[i];
@@ -652,6 +734,21 @@ public:
   }
 
 private:
+  /// The constant hyperparameters take `v`'s values (callables stay as they are).
+  void restore_constants(const Values &v) {
+    const auto restore = [](auto &option, auto value) {
+      if (option.is_constant()) {
+        option = value;
+      }
+    };
+    restore(opt_.factor_update_steps, v.factor_update_steps);
+    restore(opt_.inv_update_steps, v.inv_update_steps);
+    restore(opt_.damping, v.damping);
+    restore(opt_.factor_decay, v.factor_decay);
+    restore(opt_.kl_clip, v.kl_clip);
+    restore(opt_.lr, v.lr);
+  }
+
   struct Entry {
     Entry(std::string n, std::string t, std::function<record_type()> v, std::function<void(bool)> r,
           std::size_t out_, std::size_t cols_, const std::string &label)

@@ -10,6 +10,7 @@
 #include "kat/core/math.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
+#include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 
@@ -303,6 +304,75 @@ public:
     take_received("commit_received_inverse");
     std::swap(inverse_, next_inverse_);
     has_inverse_ = true;
+  }
+
+  /// The factor's state (kat/core/state.hpp): "updates" (uint64), and as far as they exist
+  /// "factor" (Scalar, [dim, dim]), "eigenvectors" (InverseScalar, [dim, dim]) with
+  /// "eigenvalues" ([dim]), and "inverse" ([dim, dim]). Decompositions are part of the state:
+  /// recomputing them from a newer factor would not continue a run exactly. Fences.
+  StateDict state_dict() const {
+    StateDict s;
+    s.set("updates", static_cast<std::uint64_t>(updates_));
+    if (updates_ > 0) {
+      s.set_view("factor", factor_);
+    }
+    if (has_eigen_) {
+      s.set_view("eigenvectors", q_);
+      s.set_view("eigenvalues", d_);
+    }
+    if (has_inverse_) {
+      s.set_view("inverse", inverse_);
+    }
+    return s;
+  }
+
+  /// Throws StateError unless `state` is a state_dict() of a factor of this dimension and
+  /// precisions; changes nothing.
+  void check_state_dict(const StateDict &state) const {
+    std::vector<std::string> names{"updates"};
+    const std::vector<std::uint64_t> square{dim_, dim_}, vector{dim_};
+    const auto updates = state.get<std::uint64_t>("updates");
+    if (updates > 0) {
+      names.push_back("factor");
+      state.checked<Scalar>("factor", square);
+    }
+    if (state.contains("eigenvectors") || state.contains("eigenvalues")) {
+      names.insert(names.end(), {"eigenvectors", "eigenvalues"});
+      state.checked<InverseScalar>("eigenvectors", square);
+      state.checked<InverseScalar>("eigenvalues", vector);
+    }
+    if (state.contains("inverse")) {
+      names.push_back("inverse");
+      state.checked<InverseScalar>("inverse", square);
+    }
+    state.require_names(label_ + "::load_state_dict", names);
+  }
+
+  /// Restores what state_dict() saved (check_state_dict() first: a failed load changes
+  /// nothing). A decomposition absent from `state` is dropped. Fences.
+  /// @throws StateError as check_state_dict().
+  void load_state_dict(const StateDict &state) {
+    check_state_dict(state);
+    updates_ = static_cast<std::size_t>(state.get<std::uint64_t>("updates"));
+    staged_ = received_ = false;
+    if (updates_ > 0) {
+      allocate();
+      state.copy_to("factor", factor_);
+    }
+    has_eigen_ = state.contains("eigenvectors");
+    if (has_eigen_) {
+      ensure(q_, label_ + "::Q");
+      if (d_.extent(0) != dim_) {
+        d_ = inverse_vector_type(label_ + "::d", dim_);
+      }
+      state.copy_to("eigenvectors", q_);
+      state.copy_to("eigenvalues", d_);
+    }
+    has_inverse_ = state.contains("inverse");
+    if (has_inverse_) {
+      ensure(inverse_, label_ + "::inverse");
+      state.copy_to("inverse", inverse_);
+    }
   }
 
   /// Bytes of memory this factor holds now: F and the batch buffer, the conversion

@@ -3,14 +3,15 @@
 # with SIGKILL at a random moment (during a checkpoint write included), ends with the same
 # bytes (parameters, optimizer state, data position, counters) as a run never stopped.
 #
-#   resume_test.sh KAT_TRAIN DATA_DIR OPTIMIZER
+#   resume_test.sh KAT_TRAIN DATA_DIR OPTIMIZER [kat_train flags...]
 set -euo pipefail
 train=$1 data=$2 optimizer=$3
+shift 3
 work=$(mktemp -d /tmp/kat-resume-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # 10 steps per epoch, 4 epochs; a cosine schedule with warm-up, so the step counter matters.
 args=(--data-dir "$data" --model mlp --optimizer "$optimizer" --train-subset 640
-      --batch-size 64 --epochs 4 --schedule cosine --warmup-steps 5 --seed 7 --progress never)
+      --batch-size 64 --epochs 4 --schedule cosine --warmup-steps 5 --seed 7 --progress never "$@")
 final=checkpoint-000000000040.kat
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -20,8 +21,7 @@ echo "== straight run, a checkpoint every 2 steps, all kept"
 t0=$(date +%s%N)
 "$train" "${args[@]}" --checkpoint-dir "$work/a" --checkpoint-every 2 --keep-checkpoints 100 \
   > "$work/a.log"
-run_ms=$((($(date +%s%N) - t0) / 1000000))
-echo "$(ls "$work/a" | grep -c kat) checkpoints in $run_ms ms"
+echo "$(ls "$work/a" | grep -c kat) checkpoints in $((($(date +%s%N) - t0) / 1000000)) ms"
 [ -f "$work/a/$final" ] || fail "no final checkpoint $final"
 
 echo "== resumed inside epoch 2 (step 12), after epoch 2 (step 20), inside epoch 4 (step 38)"
@@ -40,18 +40,18 @@ done
 echo "== killed with SIGKILL at random moments, resumed from the latest checkpoint each time"
 kills=0
 RANDOM=2026
+newest() { ls "$work/c"/checkpoint-*.kat 2> /dev/null | tail -n 1 || true; }
 for attempt in 1 2 3 4 5 6 7 8; do
-  # A moment in the first half of a straight run's time (data loading included), so that
-  # most attempts are killed before they finish.
-  delay=$(awk -v ms=$((RANDOM % (run_ms / 2))) 'BEGIN { printf "%.3f", ms / 1000 }')
+  before=$(newest)
   resume=()
-  if ls "$work/c"/checkpoint-*.kat > /dev/null 2>&1; then
-    resume=(--resume latest)
-  fi
+  if [ -n "$before" ]; then resume=(--resume latest); fi
   "$train" "${args[@]}" --checkpoint-dir "$work/c" --checkpoint-every 1 --keep-checkpoints 2 \
     "${resume[@]}" > "$work/c.log" 2>&1 &
   pid=$!
-  sleep "$delay"
+  # Once it has saved a checkpoint of its own, at a random moment of the next 0-250 ms
+  # (about one to five steps here, checkpoint writes included).
+  while [ "$(newest)" = "$before" ] && kill -0 "$pid" 2> /dev/null; do sleep 0.01; done
+  sleep "$(awk -v ms=$((RANDOM % 250)) 'BEGIN { printf "%.3f", ms / 1000 }')"
   if kill -KILL "$pid" 2> /dev/null; then
     kills=$((kills + 1))
   fi

@@ -46,20 +46,21 @@ struct Trainer {
 // Factored: KFACOptions::factored_preconditioning (P from the batch's a and g where cheaper).
 template <class InverseScalar, bool Factored = false> void BM_KFACStep(benchmark::State &state) {
   const std::string name = state.range(0) == 0 ? "mlp" : "cnn";
-  const auto method = state.range(1) == 0 ? kat::ComputeMethod::eigen : kat::ComputeMethod::inverse;
+  const auto method = state.range(1) == 0 ? kat::precond::ComputeMethod::eigen
+                                          : kat::precond::ComputeMethod::inverse;
   const std::size_t block = static_cast<std::size_t>(state.range(2));
   const Space space;
   const auto train = training_data();
   kat::data::DataLoader<float, Mem> loader(train, 128, true, 0);
   Trainer with(name, train), without(name, train);
-  typename kat::KFAC<float, Mem, InverseScalar>::Options o;
+  typename kat::precond::KFAC<float, Mem, InverseScalar>::Options o;
   o.factor_update_steps = std::int64_t(10);
   o.inv_update_steps = std::int64_t(100);
   o.damping = 0.003;
   o.lr = 0.05;
   o.compute_method = method;
   o.factored_preconditioning = Factored;
-  kat::KFAC<float, Mem, InverseScalar> kfac(o);
+  kat::precond::KFAC<float, Mem, InverseScalar> kfac(o);
   kfac.register_model(with.model);
   M x;
   kat::Vector<std::int32_t, Mem> y;
@@ -103,10 +104,12 @@ template <class InverseScalar, bool Factored = false> void BM_KFACStep(benchmark
   state.counters["kfac_step_ms"] = 1e3 * kfac_s / steps;
   state.counters["sgd_step_ms"] = 1e3 * sgd_s / steps;
   state.counters["ratio"] = kfac_s / sgd_s;
-  state.counters["factors_ms"] = 1e3 * regions.seconds("kat::KFAC::update_factors") / steps;
-  state.counters["decompose_ms"] = 1e3 * regions.seconds("kat::KFAC::decompose") / steps;
-  state.counters["precondition_ms"] = 1e3 * regions.seconds("kat::KFAC::precondition") / steps;
-  state.counters["check_ms"] = 1e3 * regions.seconds("kat::KFAC::factored_check") / steps;
+  state.counters["factors_ms"] =
+      1e3 * regions.seconds("kat::precond::KFAC::update_factors") / steps;
+  state.counters["decompose_ms"] = 1e3 * regions.seconds("kat::precond::KFAC::decompose") / steps;
+  state.counters["precondition_ms"] =
+      1e3 * regions.seconds("kat::precond::KFAC::precondition") / steps;
+  state.counters["check_ms"] = 1e3 * regions.seconds("kat::precond::KFAC::factored_check") / steps;
   double factored = 0;
   for (std::size_t i = 0; i < kfac.size(); ++i)
     factored += kfac.factored(i) ? 1 : 0;

@@ -1,4 +1,4 @@
-// Data-parallel training of the Fashion-MNIST MLP with kat::dist::DataParallel:
+// Data-parallel training of the Fashion-MNIST MLP with kat::distributed::DataParallel:
 //
 //   mpiexec -n 2 examples/kat_data_parallel --epochs 1 --batch 128
 //
@@ -44,7 +44,7 @@ int run(int argc, char **argv) {
     return app.exit(e);
   }
 
-  auto comm = kat::dist::Communicator::world();
+  auto comm = kat::distributed::Communicator::world();
   const int p = comm.size();
   const bool root = comm.rank() == 0;
   if (global_batch % std::size_t(p) != 0) {
@@ -59,15 +59,15 @@ int run(int argc, char **argv) {
   const auto test = kat::data::load_fashion_mnist(data_dir, kat::data::Split::test);
   kat::data::DataLoader<Scalar, Mem> train_loader(train, local_batch, false, seed);
   kat::data::DataLoader<Scalar, Mem> test_loader(test, 1000, false, seed);
-  const kat::dist::DistributedSampler train_sampler(train.size(), comm.rank(), p, seed);
-  const kat::dist::DistributedSampler test_sampler(test.size(), comm.rank(), p, seed, false);
+  const kat::distributed::DistributedSampler train_sampler(train.size(), comm.rank(), p, seed);
+  const kat::distributed::DistributedSampler test_sampler(test.size(), comm.rank(), p, seed, false);
 
   const Space space;
   auto model = kat::nn::models::mlp<Scalar, Mem>(train.shape, train.classes);
   model.compile(space, seed);
-  kat::dist::DataParallelOptions options;
+  kat::distributed::DataParallelOptions options;
   options.bucket_bytes = bucket_kib * 1024;
-  kat::dist::DataParallel<Scalar, Mem> dp(comm, model, options);
+  kat::distributed::DataParallel<Scalar, Mem> dp(comm, model, options);
   dp.broadcast_parameters(space);
   model.set_backward_hook(dp.backward_hook(space));
 
@@ -89,7 +89,7 @@ int run(int argc, char **argv) {
     const auto t0 = std::chrono::steady_clock::now();
     dp.reset_stats();
     model.train();
-    kat::dist::Metrics local;
+    kat::distributed::Metrics local;
     train_loader.start_epoch(epoch, train_sampler.indices(epoch));
     while (train_loader.next(space, x, y)) {
       const std::size_t b = x.extent(0);
@@ -110,7 +110,7 @@ int run(int argc, char **argv) {
     const auto train_totals = dp.reduce_metrics(local);
 
     model.eval();
-    kat::dist::Metrics eval;
+    kat::distributed::Metrics eval;
     test_loader.start_epoch(0, test_sampler.indices(0));
     while (test_loader.next(space, x, y)) {
       const auto &logits = model.forward(space, x);

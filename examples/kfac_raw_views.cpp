@@ -1,6 +1,6 @@
 /// @file
 /// @brief K-FAC on a network that is not built from kat::nn: a hand-written MLP on raw
-/// Kokkos views, preconditioned through kat::KFAC::register_layer.
+/// Kokkos views, preconditioned through kat::precond::KFAC::register_layer.
 ///
 /// This is what a scientific code with its own network (a machine-learned potential, a
 /// surrogate model) does to use KAT's K-FAC: it keeps its own kernels and memory and, per
@@ -192,13 +192,13 @@ int run(int epochs, std::size_t train_subset, const std::string &data_dir) {
   kat::data::DataLoader<Scalar, Mem> test_loader(test_set, 1000, /*shuffle=*/false, 0);
 
   Mlp net(42);
-  kat::KFAC<Scalar, Mem>::Options opt;
+  kat::precond::KFAC<Scalar, Mem>::Options opt;
   opt.factor_update_steps = 10;
   opt.inv_update_steps = 100;
   opt.damping = 0.003;
   opt.kl_clip = 0.001;
   opt.lr = 0.05; // the SGD rate below, as the KL clip must see it
-  kat::KFAC<Scalar, Mem> kfac(opt);
+  kat::precond::KFAC<Scalar, Mem> kfac(opt);
   // The callbacks return the CURRENT views: a1, g1, ... are re-pointed every batch. This
   // network always builds a and g (its forward needs [x 1] anyway), so no `record` callback
   // is given; a code that could skip them would pass one and check kfac.needs_curvature().

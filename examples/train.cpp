@@ -5,7 +5,7 @@
 // Kokkos options (--kokkos-num-threads=N, ...) are passed on to Kokkos; `--help` lists ours.
 //
 // Built with -DKAT_ENABLE_MPI=ON, `mpirun -n P kat_train ...` trains data-parallel
-// (kat::dist::DataParallel): --batch-size is the global batch, each rank takes
+// (kat::distributed::DataParallel): --batch-size is the global batch, each rank takes
 // --batch-size / P samples of it; see docs/distributed.md.
 #include <kat/kat.hpp>
 
@@ -57,7 +57,7 @@ struct Options {
   std::string metrics;
   std::string progress = "auto";
   bool profile = false; // --profile: a kat::RegionTimer and per-epoch communication counters
-  // --optimizer kfac: K-FAC preconditioning (kat::KFAC) in front of SGD with momentum.
+  // --optimizer kfac: K-FAC preconditioning (kat::precond::KFAC) in front of SGD with momentum.
   std::int64_t factor_update_steps = 10;
   std::int64_t inv_update_steps = 100;
   // Tuned on the MLP (docs/benchmarks.md): the inverse path's per-factor damping √λ and a
@@ -71,9 +71,10 @@ struct Options {
   std::vector<std::string> skip_layers;
   std::string factor_precision = "float";
   std::string inverse_precision = "double";
-  // MPI builds: how K-FAC is distributed over the ranks ("" = not; "dkfac": kat::dist::DKFAC;
-  // "dp-kfac": kat::dist::DPKFAC, layers assigned by dp_kfac_assignment; "kaisa":
-  // kat::dist::KAISA with grad_worker_fraction k/P, k dividing P).
+  // MPI builds: how K-FAC is distributed over the ranks ("" = not; "dkfac":
+  // kat::distributed::DKFAC; "dp-kfac": kat::distributed::DPKFAC, layers assigned by
+  // dp_kfac_assignment; "kaisa": kat::distributed::KAISA with grad_worker_fraction k/P, k dividing
+  // P).
   std::string dist_strategy;
   std::string dp_kfac_assignment = "round-robin";
   double grad_worker_fraction = 1.0;
@@ -131,7 +132,7 @@ struct Preconditioner {
 
 // The communicator distributed K-FAC runs on (MPI builds with --dist-strategy), or none.
 #ifdef KAT_ENABLE_MPI
-using KFACComm = kat::dist::Communicator;
+using KFACComm = kat::distributed::Communicator;
 #else
 struct KFACComm {};
 #endif
@@ -143,7 +144,7 @@ using KFACReport = std::function<void()>;
 #ifdef KAT_ENABLE_MPI
 // Every rank's `values` (the same count on every rank), gathered: element r is rank r's
 // (collective).
-std::vector<std::vector<double>> gather_values(kat::dist::Communicator &comm,
+std::vector<std::vector<double>> gather_values(kat::distributed::Communicator &comm,
                                                const std::vector<double> &values) {
   const std::size_t n = values.size();
   kat::Vector<double, Mem> in("kat_train::values", n),
@@ -162,7 +163,7 @@ std::vector<std::vector<double>> gather_values(kat::dist::Communicator &comm,
 }
 
 // Every rank's `bytes`, gathered (collective).
-std::vector<std::size_t> gather_bytes(kat::dist::Communicator &comm, std::size_t bytes) {
+std::vector<std::size_t> gather_bytes(kat::distributed::Communicator &comm, std::size_t bytes) {
   std::vector<std::size_t> all;
   for (const auto &rank : gather_values(comm, {static_cast<double>(bytes)}))
     all.push_back(static_cast<std::size_t>(rank[0]));
@@ -181,7 +182,7 @@ template <class InverseScalar, class FactorScalar>
 Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &model,
                          const kat::optim::LRSchedule &schedule, KFACComm *comm,
                          KFACReport *report) {
-  using KFAC = kat::KFAC<Scalar, Mem, InverseScalar, FactorScalar>;
+  using KFAC = kat::precond::KFAC<Scalar, Mem, InverseScalar, FactorScalar>;
   typename KFAC::Options k;
   k.factor_update_steps = o.factor_update_steps;
   k.inv_update_steps = o.inv_update_steps;
@@ -189,8 +190,8 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
   k.factor_decay = o.factor_decay;
   k.kl_clip = o.kl_clip;
   k.lr = [schedule](std::int64_t step) { return schedule(step); }; // the SGD step's rate
-  k.compute_method =
-      o.compute_method == "eigen" ? kat::ComputeMethod::eigen : kat::ComputeMethod::inverse;
+  k.compute_method = o.compute_method == "eigen" ? kat::precond::ComputeMethod::eigen
+                                                 : kat::precond::ComputeMethod::inverse;
   k.pi_correction = o.pi_correction;
   k.factored_preconditioning = o.factored_preconditioning;
   k.skip_layers = o.skip_layers;
@@ -220,7 +221,7 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
 #ifdef KAT_ENABLE_MPI
   if (comm != nullptr && o.dist_strategy == "dkfac") {
     // D-KFAC: the batch factor estimates are averaged over the ranks (upper triangles).
-    auto dkfac = std::make_shared<kat::dist::DKFAC<KFAC>>(*comm, *kfac);
+    auto dkfac = std::make_shared<kat::distributed::DKFAC<KFAC>>(*comm, *kfac);
     if (root) {
       std::printf("D-KFAC on %d ranks: every rank builds, averages (symmetric all-reduce, %zu "
                   "bytes per factor update) and decomposes every factor\n",
@@ -242,10 +243,11 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
   }
   if (comm != nullptr && o.dist_strategy == "dp-kfac") {
     // DP-KFAC: each layer's factors on one rank (its local batch only); P broadcast.
-    kat::dist::DPKFACOptions d;
-    d.assignment = o.dp_kfac_assignment == "balanced" ? kat::dist::LayerAssignment::balanced
-                                                      : kat::dist::LayerAssignment::round_robin;
-    auto dpkfac = std::make_shared<kat::dist::DPKFAC<KFAC>>(*comm, *kfac, d);
+    kat::distributed::DPKFACOptions d;
+    d.assignment = o.dp_kfac_assignment == "balanced"
+                       ? kat::distributed::LayerAssignment::balanced
+                       : kat::distributed::LayerAssignment::round_robin;
+    auto dpkfac = std::make_shared<kat::distributed::DPKFAC<KFAC>>(*comm, *kfac, d);
     if (root) {
       std::string owners;
       for (std::size_t i = 0; i < dpkfac->owners().size(); ++i)
@@ -275,10 +277,10 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
     // KAISA: factors averaged as in D-KFAC; each decomposition on one rank (greedy, d^3);
     // decompositions broadcast within a layer's gradient workers, P from them to the others
     // (COMM-OPT f = 1: all ranks are workers; MEM-OPT f = 1/P: one; HYBRID-OPT in between).
-    kat::dist::KAISAOptions k;
+    kat::distributed::KAISAOptions k;
     k.grad_worker_fraction = o.grad_worker_fraction;
-    auto kaisa = std::make_shared<kat::dist::KAISA<KFAC>>(*comm, *kfac, k);
-    using Mode = typename kat::dist::KAISA<KFAC>::Mode;
+    auto kaisa = std::make_shared<kat::distributed::KAISA<KFAC>>(*comm, *kfac, k);
+    using Mode = typename kat::distributed::KAISA<KFAC>::Mode;
     const Mode mode = kaisa->mode();
     const char *mode_name = mode == Mode::mem_opt      ? "MEM-OPT"
                             : mode == Mode::hybrid_opt ? "HYBRID-OPT"
@@ -347,9 +349,9 @@ kat::optim::LRSchedule build_schedule(const Options &o, std::int64_t total_steps
 }
 
 // --profile: where one rank's K-FAC steps spent their time, in seconds, from the exclusive
-// (self) times of the call paths under kat::KFAC::step. Every region's exclusive time lands in
-// exactly one component, so the components add up to `total`, the inclusive time of the
-// steps: communication is every region at or below a kat::dist:: region (the strategies'
+// (self) times of the call paths under kat::precond::KFAC::step. Every region's exclusive time
+// lands in exactly one component, so the components add up to `total`, the inclusive time of the
+// steps: communication is every region at or below a kat::distributed:: region (the strategies'
 // hooks and the Communicator's collectives, wherever K-FAC calls them); the rest goes to the
 // K-FAC phase it runs in (update_factors, decompose, precondition), or to `other` (the step's
 // own bookkeeping).
@@ -365,9 +367,11 @@ constexpr KFACTimesField kfac_times_fields[] = {&KFACTimes::factors,       &KFAC
 
 KFACTimes kfac_times(const kat::RegionTimer &timer) {
   KFACTimes t;
-  const auto is_comm = [](const std::string &name) { return name.rfind("kat::dist::", 0) == 0; };
+  const auto is_comm = [](const std::string &name) {
+    return name.rfind("kat::distributed::", 0) == 0;
+  };
   for (const auto &e : timer.paths()) {
-    const auto step = std::find(e.path.begin(), e.path.end(), "kat::KFAC::step");
+    const auto step = std::find(e.path.begin(), e.path.end(), "kat::precond::KFAC::step");
     if (step == e.path.end()) {
       continue;
     }
@@ -377,11 +381,11 @@ KFACTimes kfac_times(const kat::RegionTimer &timer) {
       continue;
     }
     const std::string &phase = *(step + 1);
-    double &component = std::any_of(step + 1, e.path.end(), is_comm) ? t.comm
-                        : phase == "kat::KFAC::update_factors"       ? t.factors
-                        : phase == "kat::KFAC::decompose"            ? t.decomposition
-                        : phase == "kat::KFAC::precondition"         ? t.precondition
-                                                                     : t.other;
+    double &component = std::any_of(step + 1, e.path.end(), is_comm)    ? t.comm
+                        : phase == "kat::precond::KFAC::update_factors" ? t.factors
+                        : phase == "kat::precond::KFAC::decompose"      ? t.decomposition
+                        : phase == "kat::precond::KFAC::precondition"   ? t.precondition
+                                                                        : t.other;
     component += e.self_seconds;
   }
   return t;
@@ -749,7 +753,8 @@ int run(const Options &o, const Ranks &ranks) {
   // With P > 1 ranks every rank holds the whole data set and trains on its shard of one
   // shared permutation per epoch (same seed everywhere), and evaluates the test samples
   // rank, rank + P, ... (all 10000 over the ranks, counts summed by reduce_metrics).
-  const kat::dist::DistributedSampler sampler(train_set.size(), ranks.rank, ranks.size, o.seed);
+  const kat::distributed::DistributedSampler sampler(train_set.size(), ranks.rank, ranks.size,
+                                                     o.seed);
   std::vector<std::size_t> test_shard;
   for (std::size_t i = static_cast<std::size_t>(ranks.rank); parallel && i < test_set.size();
        i += static_cast<std::size_t>(ranks.size)) {
@@ -760,10 +765,10 @@ int run(const Options &o, const Ranks &ranks) {
   model.compile(space, o.seed);
 #ifdef KAT_ENABLE_MPI
   // The Communicator outlives the DataParallel, which outlives the hook it installs.
-  auto comm = kat::dist::Communicator::world();
-  std::unique_ptr<kat::dist::DataParallel<Scalar, Mem>> dp;
+  auto comm = kat::distributed::Communicator::world();
+  std::unique_ptr<kat::distributed::DataParallel<Scalar, Mem>> dp;
   if (parallel) {
-    dp = std::make_unique<kat::dist::DataParallel<Scalar, Mem>>(comm, model);
+    dp = std::make_unique<kat::distributed::DataParallel<Scalar, Mem>>(comm, model);
     dp->broadcast_parameters(space); // equal seeds give equal models; make sure of it
     model.set_backward_hook(dp->backward_hook(space));
   }
@@ -774,9 +779,9 @@ int run(const Options &o, const Ranks &ranks) {
   const auto schedule = build_schedule(o, steps_per_epoch * o.epochs);
 #ifdef KAT_ENABLE_MPI
   // The hook is collective: D-KFAC all-reduces on its own communicator (own counters).
-  std::unique_ptr<kat::dist::Communicator> kfac_comm;
+  std::unique_ptr<kat::distributed::Communicator> kfac_comm;
   if (!o.dist_strategy.empty()) {
-    kfac_comm = std::make_unique<kat::dist::Communicator>(comm.dup());
+    kfac_comm = std::make_unique<kat::distributed::Communicator>(comm.dup());
   }
   KFACComm *kfac_comm_ptr = kfac_comm.get();
 #else
@@ -820,7 +825,7 @@ int run(const Options &o, const Ranks &ranks) {
     if (parallel) {
       Kokkos::View<std::int64_t *, Kokkos::HostSpace> v("kat_train::min", 1);
       v(0) = value;
-      comm.allreduce(Kokkos::DefaultHostExecutionSpace(), v, kat::dist::ReduceOp::min);
+      comm.allreduce(Kokkos::DefaultHostExecutionSpace(), v, kat::distributed::ReduceOp::min);
       return v(0);
     }
 #endif
@@ -962,7 +967,7 @@ int run(const Options &o, const Ranks &ranks) {
 #ifdef KAT_ENABLE_MPI
     if (parallel) {
       exposed = dp->stats().exposed_seconds;
-      kat::dist::Metrics train_local, test_local;
+      kat::distributed::Metrics train_local, test_local;
       train_local.loss_sum = loss_sum;
       train_local.samples = static_cast<std::int64_t>(seen);
       test_local.loss_sum = test.loss_sum;
@@ -1041,14 +1046,14 @@ namespace {
 // Threads per rank on several ranks: unless the user chose (OMP_NUM_THREADS,
 // OPENBLAS_NUM_THREADS, KOKKOS_NUM_THREADS or a --kokkos-threads / --kokkos-num-threads flag),
 // give Kokkos's host pool and OpenBLAS each rank's share of its node, so that the ranks do not
-// oversubscribe the cores (kat::dist::thread_budget: one thread per rank once ranks >= cores).
-// Before Kokkos is initialized; collective. Returns the line rank 0 prints.
+// oversubscribe the cores (kat::distributed::thread_budget: one thread per rank once ranks >=
+// cores). Before Kokkos is initialized; collective. Returns the line rank 0 prints.
 std::string choose_threads(int argc, char **argv, int ranks) {
   if (ranks < 2) {
     return {};
   }
-  const kat::dist::ThreadBudget b =
-      kat::dist::thread_budget(kat::dist::Communicator::world()); // collective: every rank
+  const kat::distributed::ThreadBudget b = kat::distributed::thread_budget(
+      kat::distributed::Communicator::world()); // collective: every rank
   const char *chosen = nullptr;
   for (const char *var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KOKKOS_NUM_THREADS"}) {
     if (chosen == nullptr && std::getenv(var) != nullptr) {
@@ -1189,7 +1194,7 @@ int main(int argc, char **argv) {
                    "How many of the newest checkpoints to keep")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  auto *kfac = app.add_option_group("K-FAC", "Options of --optimizer kfac (kat::KFAC)");
+  auto *kfac = app.add_option_group("K-FAC", "Options of --optimizer kfac (kat::precond::KFAC)");
   kfac->add_option("--factor-update-steps", o.factor_update_steps,
                    "Steps between Kronecker factor updates")
       ->check(CLI::PositiveNumber)
@@ -1280,7 +1285,8 @@ int main(int argc, char **argv) {
     }
     if (o.dist_strategy == "kaisa") {
       try {
-        kat::dist::KAISA<kat::KFAC<float>>::select_mode(o.grad_worker_fraction, ranks.size);
+        kat::distributed::KAISA<kat::precond::KFAC<float>>::select_mode(o.grad_worker_fraction,
+                                                                        ranks.size);
       } catch (const kat::ValueError &e) {
         throw CLI::ValidationError("--grad-worker-fraction", e.what());
       }

@@ -4,8 +4,8 @@
 // generates alike, and one data-parallel K-FAC + SGD replica to train with.
 #include "mpi_test_helpers.hpp"
 
-#include <kat/dist/communicator.hpp>
-#include <kat/dist/data_parallel.hpp>
+#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/data_parallel.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>
@@ -26,6 +26,8 @@
 #include <vector>
 
 namespace kat::test::dist_kfac {
+
+using namespace kat::precond;
 
 using Model = nn::Sequential<double, Mem>;
 using KFACd = KFAC<double, Mem>;

@@ -1,12 +1,12 @@
-// kat::dist::Communicator against closed forms. ctest runs these ("[mpi]") under mpiexec at 1,
-// 2 and 4 ranks (tests mpi_ranks_*); each test holds for any rank count, and every rank takes
+// kat::distributed::Communicator against closed forms. ctest runs these ("[mpi]") under mpiexec at
+// 1, 2 and 4 ranks (tests mpi_ranks_*); each test holds for any rank count, and every rank takes
 // the same path through the collectives (CHECK, not REQUIRE, where ranks could differ), so a
 // failure is reported instead of hanging. Compiles to nothing without KAT_ENABLE_MPI.
 #ifdef KAT_ENABLE_MPI
 
 #include "mpi_test_helpers.hpp"
 
-#include <kat/dist/communicator.hpp>
+#include <kat/distributed/communicator.hpp>
 
 #include <catch2/catch.hpp>
 #include <mpi.h>
@@ -17,12 +17,12 @@
 
 using namespace kat;
 using namespace kat::test;
-using kat::dist::Communicator;
-using kat::dist::CommunicatorOptions;
-using kat::dist::MPIError;
-using kat::dist::ReduceOp;
-using kat::dist::Request;
-using kat::dist::Staging;
+using kat::distributed::Communicator;
+using kat::distributed::CommunicatorOptions;
+using kat::distributed::MPIError;
+using kat::distributed::ReduceOp;
+using kat::distributed::Request;
+using kat::distributed::Staging;
 
 namespace {
 
@@ -460,7 +460,7 @@ TEST_CASE("communicator: an MPI error becomes MPIError naming the collective and
     comm.broadcast(Space(), v, P); // every rank passes the same, invalid, root
     FAIL("broadcast with root = size() did not throw");
   } catch (const MPIError &e) {
-    CHECK_THAT(e.what(), Catch::Contains("kat::dist::Communicator::broadcast") &&
+    CHECK_THAT(e.what(), Catch::Contains("kat::distributed::Communicator::broadcast") &&
                              Catch::Contains("MPI error on " + me));
     MPI_Error_class(e.code(), &error_class);
   }

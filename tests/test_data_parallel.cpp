@@ -1,12 +1,12 @@
-// kat::dist::DistributedSampler and kat::dist::DataParallel. The "[mpi]" cases run under
-// mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*); each holds for any rank count, and every
+// kat::distributed::DistributedSampler and kat::distributed::DataParallel. The "[mpi]" cases run
+// under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*); each holds for any rank count, and every
 // rank takes the same path through the collectives (CHECK, not REQUIRE, where ranks could
 // differ), so a failure is reported instead of hanging. The sampler needs no MPI, so its
 // single-process cases run in every build.
 #include "test_helpers.hpp"
 
 #include <kat/data/data_loader.hpp>
-#include <kat/dist/distributed_sampler.hpp>
+#include <kat/distributed/distributed_sampler.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-using kat::dist::DistributedSampler;
+using kat::distributed::DistributedSampler;
 
 TEST_CASE("sampler: shards of one process are strided slices of the shared permutation",
           "[dist][sampler]") {
@@ -73,8 +73,8 @@ TEST_CASE("sampler: one rank reproduces the DataLoader shuffle", "[dist][sampler
 
 #include "mpi_test_helpers.hpp"
 
-#include <kat/dist/communicator.hpp>
-#include <kat/dist/data_parallel.hpp>
+#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/data_parallel.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>
@@ -87,10 +87,10 @@ TEST_CASE("sampler: one rank reproduces the DataLoader shuffle", "[dist][sampler
 
 using namespace kat;
 using namespace kat::test;
-using kat::dist::Communicator;
-using kat::dist::DataParallel;
-using kat::dist::DataParallelOptions;
-using kat::dist::GradientBucket;
+using kat::distributed::Communicator;
+using kat::distributed::DataParallel;
+using kat::distributed::DataParallelOptions;
+using kat::distributed::GradientBucket;
 
 namespace {
 

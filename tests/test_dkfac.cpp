@@ -1,17 +1,17 @@
-// kat::dist::DKFAC (docs/algorithms.md section 2, D-KFAC): P ranks with B/P samples each equal one
-// process on the concatenated batch of B; symmetric (upper-triangle) and full communication
-// agree and send the analytic volume; one rank equals plain K-FAC exactly. The "[mpi]" cases
-// run under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*) and hold for any rank count that
-// divides the batch of 8.
+// kat::distributed::DKFAC (docs/algorithms.md section 2, D-KFAC): P ranks with B/P samples each
+// equal one process on the concatenated batch of B; symmetric (upper-triangle) and full
+// communication agree and send the analytic volume; one rank equals plain K-FAC exactly. The
+// "[mpi]" cases run under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*) and hold for any rank
+// count that divides the batch of 8.
 #ifdef KAT_ENABLE_MPI
 
 #include "dist_kfac_helpers.hpp"
 
-#include <kat/dist/communicator.hpp>
-#include <kat/dist/data_parallel.hpp>
-#include <kat/dist/dkfac.hpp>
-#include <kat/dist/dpkfac.hpp>
-#include <kat/dist/kaisa.hpp>
+#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/dkfac.hpp>
+#include <kat/distributed/dpkfac.hpp>
+#include <kat/distributed/kaisa.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>
@@ -30,9 +30,10 @@
 #include <vector>
 
 using namespace kat;
+using namespace kat::precond;
 using namespace kat::test;
 using namespace kat::test::dist_kfac;
-using kat::dist::Communicator;
+using kat::distributed::Communicator;
 
 namespace {
 
@@ -255,9 +256,9 @@ TEST_CASE("dkfac: the strategies refuse factored preconditioning and leave no ho
     r.weight_gradient = grad;
     return r;
   });
-  CHECK_THROWS_WITH(DKFACd(comm, kfac), Catch::Contains("kat::dist::DKFAC") &&
+  CHECK_THROWS_WITH(DKFACd(comm, kfac), Catch::Contains("kat::distributed::DKFAC") &&
                                             Catch::Contains("factored_preconditioning"));
-  CHECK_THROWS_WITH(dist::DPKFAC<KFACd>(comm, kfac), Catch::Contains("kat::dist::DPKFAC"));
+  CHECK_THROWS_WITH(dist::DPKFAC<KFACd>(comm, kfac), Catch::Contains("kat::distributed::DPKFAC"));
   CHECK_THROWS_AS(dist::KAISA<KFACd>(comm, kfac), ValueError);
   CHECK(!kfac.factor_hook());
   CHECK(!kfac.precondition_hook());

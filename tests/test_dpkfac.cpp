@@ -1,5 +1,5 @@
-// kat::dist::DPKFAC (docs/algorithms.md section 2, DP-KFAC): P ranks equal one process in which
-// layer l's factors come from its owner's shard and the gradient is the whole batch's; the
+// kat::distributed::DPKFAC (docs/algorithms.md section 2, DP-KFAC): P ranks equal one process in
+// which layer l's factors come from its owner's shard and the gradient is the whole batch's; the
 // round-robin and balanced assignments give each layer exactly one owner; the P broadcasts
 // send the analytic volume; a rank that owns k < L layers holds less K-FAC state; one rank
 // equals plain K-FAC exactly. The "[mpi]" cases run under mpiexec at 1, 2 and 4 ranks (ctest
@@ -8,10 +8,10 @@
 
 #include "dist_kfac_helpers.hpp"
 
-#include <kat/dist/communicator.hpp>
-#include <kat/dist/data_parallel.hpp>
-#include <kat/dist/dkfac.hpp>
-#include <kat/dist/dpkfac.hpp>
+#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/dkfac.hpp>
+#include <kat/distributed/dpkfac.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>
@@ -30,9 +30,10 @@
 #include <vector>
 
 using namespace kat;
+using namespace kat::precond;
 using namespace kat::test;
 using namespace kat::test::dist_kfac;
-using kat::dist::Communicator;
+using kat::distributed::Communicator;
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 using namespace kat;
+using namespace kat::precond;
 using namespace kat::test;
 
 namespace {

@@ -1,5 +1,5 @@
-// kat::dist::KAISA (docs/algorithms.md section 2, KAISA): every valid grad_worker_fraction k/P
-// (COMM-OPT 1, MEM-OPT 1/P, HYBRID-OPT between) gives the same preconditioned gradients and
+// kat::distributed::KAISA (docs/algorithms.md section 2, KAISA): every valid grad_worker_fraction
+// k/P (COMM-OPT 1, MEM-OPT 1/P, HYBRID-OPT between) gives the same preconditioned gradients and
 // parameters as D-KFAC, and only a layer's gradient workers keep its decompositions; the
 // greedy assignment gives every work item one rank, and its two-level hybrid form reduces to
 // the COMM-OPT and MEM-OPT rules; one rank equals plain K-FAC exactly; the broadcasts send
@@ -9,10 +9,10 @@
 
 #include "dist_kfac_helpers.hpp"
 
-#include <kat/dist/communicator.hpp>
-#include <kat/dist/data_parallel.hpp>
-#include <kat/dist/dkfac.hpp>
-#include <kat/dist/kaisa.hpp>
+#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/dkfac.hpp>
+#include <kat/distributed/kaisa.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
 #include <kat/optim/sgd.hpp>
 #include <kat/precond/kfac.hpp>
@@ -29,9 +29,10 @@
 #include <vector>
 
 using namespace kat;
+using namespace kat::precond;
 using namespace kat::test;
 using namespace kat::test::dist_kfac;
-using kat::dist::Communicator;
+using kat::distributed::Communicator;
 
 namespace {
 

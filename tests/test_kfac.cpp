@@ -19,6 +19,7 @@
 #include <vector>
 
 using namespace kat;
+using namespace kat::precond;
 using namespace kat::test;
 
 namespace {

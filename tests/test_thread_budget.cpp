@@ -1,8 +1,8 @@
-// kat::dist::thread_budget: the rule on exact cases, and the collective on the ranks ctest
+// kat::distributed::thread_budget: the rule on exact cases, and the collective on the ranks ctest
 // starts (all on one node). Compiles to nothing without KAT_ENABLE_MPI.
 #ifdef KAT_ENABLE_MPI
 
-#include <kat/dist/thread_budget.hpp>
+#include <kat/distributed/thread_budget.hpp>
 
 #include <catch2/catch.hpp>
 #include <mpi.h>
@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <thread>
 
-using kat::dist::Communicator;
-using kat::dist::threads_per_rank;
+using kat::distributed::Communicator;
+using kat::distributed::threads_per_rank;
 
 TEST_CASE("thread_budget: unbound ranks share the node and bound ranks use their CPUs",
           "[dist][threads]") {
@@ -33,7 +33,7 @@ TEST_CASE("thread_budget: unbound ranks share the node and bound ranks use their
 TEST_CASE("thread_budget: the ranks of one node never ask for more threads than CPUs",
           "[mpi][dist][threads]") {
   Communicator world = Communicator::world();
-  const auto b = kat::dist::thread_budget(world);
+  const auto b = kat::distributed::thread_budget(world);
   // ctest starts every rank on this machine: one node.
   CHECK(b.local_ranks == world.size());
   CHECK(b.node_cpus == std::max(1, static_cast<int>(std::thread::hardware_concurrency())));

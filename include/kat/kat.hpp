@@ -49,14 +49,14 @@
 
 #include "kat/io/checkpoint.hpp"
 
-// DistributedSampler needs no MPI; the rest of kat::dist does (KAT configured with
+// DistributedSampler needs no MPI; the rest of kat::distributed does (KAT configured with
 // -DKAT_ENABLE_MPI=ON).
-#include "kat/dist/distributed_sampler.hpp"
+#include "kat/distributed/distributed_sampler.hpp"
 #ifdef KAT_ENABLE_MPI
-#include "kat/dist/communicator.hpp"
-#include "kat/dist/data_parallel.hpp"
-#include "kat/dist/dkfac.hpp"
-#include "kat/dist/dpkfac.hpp"
-#include "kat/dist/kaisa.hpp"
-#include "kat/dist/thread_budget.hpp"
+#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/data_parallel.hpp"
+#include "kat/distributed/dkfac.hpp"
+#include "kat/distributed/dpkfac.hpp"
+#include "kat/distributed/kaisa.hpp"
+#include "kat/distributed/thread_budget.hpp"
 #endif

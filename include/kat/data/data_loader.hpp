@@ -175,8 +175,9 @@ public:
   /// the loader's own (shuffled or sequential) order: batch k holds samples
   /// order[k*batch_size, ...), and the epoch has order.size() samples (see epoch_size(),
   /// batches()). Indices may repeat and need not cover the data set. This is how a sampler
-  /// the loader knows nothing about (kat::dist::DistributedSampler gives each rank its shard)
-  /// drives it; the `shuffle` and `seed` given to the constructor are not used for this epoch.
+  /// the loader knows nothing about (kat::distributed::DistributedSampler gives each rank its
+  /// shard) drives it; the `shuffle` and `seed` given to the constructor are not used for this
+  /// epoch.
   ///
   /// Waits (Kokkos::fence) for gathers still reading the previous order. Allocates only if
   /// `order` is longer than any order before (the batch buffers grow if the batch does: the

@@ -128,7 +128,7 @@ public:
   /// this backward (possibly still being written by kernels on the space: fence, or use a
   /// call that fences, before reading it on the host), and so are the blocks of every later
   /// layer. Data-parallel training uses it to start all-reducing gradient buckets while
-  /// backward goes on (kat::dist::DataParallel::backward_hook). The hook may throw; the
+  /// backward goes on (kat::distributed::DataParallel::backward_hook). The hook may throw; the
   /// exception leaves backward() with the remaining layers not processed.
   /// An empty function removes the hook; without one backward() pays one branch per layer.
   void set_backward_hook(BackwardHook hook) { chain_.set_backward_hook(std::move(hook)); }

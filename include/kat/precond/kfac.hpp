@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-namespace kat {
+namespace kat::precond {
 
 /// How K-FAC turns the factors into a preconditioner (docs/algorithms.md section 1).
 enum class ComputeMethod {
@@ -89,7 +89,7 @@ struct KFACOptions {
   /// steps: K-FAC asks the layers to record them (wants_curvature()).
   ///
   /// It is exact only when ∇ is the recorded batch's gᵀa: not with gradients accumulated over
-  /// several batches, averaged over data-parallel ranks (kat::dist strategies must not use
+  /// several batches, averaged over data-parallel ranks (kat::distributed strategies must not use
   /// it), clipped, weight-decayed or otherwise modified before KFAC::step. Each step checks
   /// this for every factored layer (Freivalds' test with a fixed random vector v:
   /// ‖∇v − gᵀ(av)‖₂ <= (rows·ε + 2(rows + cols)·ε_double)·‖|g|ᵀ(|a||v|)‖₂, ε the machine
@@ -194,8 +194,8 @@ public:
     /// failed[2i] and failed[2i + 1]: 1 if this process's decomposition of factor A or G of
     /// registered layer i failed at this step, 0 otherwise (2 entries per registered layer).
     std::vector<std::int32_t> failed;
-    /// The error of the first failed factor (in that order), without the "kat::KFAC: " prefix;
-    /// empty if none failed.
+    /// The error of the first failed factor (in that order), without the "kat::precond::KFAC: "
+    /// prefix; empty if none failed.
     std::string message;
   };
   /// See set_decomposition_agreement(): `agree(space, failures)`.
@@ -210,10 +210,10 @@ public:
   ///   hyperparameter out of range, a null log, or pi_correction with the eigen method.
   explicit KFAC(Options options = Options()) : opt_(std::move(options)) {
     if (opt_.log == nullptr) {
-      throw ValueError("kat::KFAC: log must not be null");
+      throw ValueError("kat::precond::KFAC: log must not be null");
     }
     if (opt_.pi_correction && opt_.compute_method == ComputeMethod::eigen) {
-      throw ValueError("kat::KFAC: pi_correction needs compute_method inverse, got eigen "
+      throw ValueError("kat::precond::KFAC: pi_correction needs compute_method inverse, got eigen "
                        "(the eigen path damps the Kronecker product exactly)");
     }
     Values v{};
@@ -262,12 +262,12 @@ public:
   bool register_layer(const std::string &name, std::function<record_type()> views,
                       std::function<void(bool)> record = {}, const std::string &type = "") {
     if (!views) {
-      throw ValueError(kat::detail::concat("kat::KFAC::register_layer: views of layer '", name,
-                                           "' must be a callable, got an empty function"));
+      throw ValueError(kat::detail::concat("kat::precond::KFAC::register_layer: views of layer '",
+                                           name, "' must be a callable, got an empty function"));
     }
     for (const auto &l : layers_) {
       if (l->name == name) {
-        throw ValueError(kat::detail::concat("kat::KFAC::register_layer: name '", name,
+        throw ValueError(kat::detail::concat("kat::precond::KFAC::register_layer: name '", name,
                                              "' is already registered"));
       }
     }
@@ -276,13 +276,13 @@ public:
     }
     const record_type r = views();
     if (r.weight_gradient.extent(0) == 0 || r.weight_gradient.extent(1) == 0) {
-      throw ShapeError(kat::detail::concat("kat::KFAC::register_layer: weight_gradient of layer '",
-                                           name, "' must be a non-empty out x (in+1) matrix, got ",
-                                           r.weight_gradient.extent(0), "x",
-                                           r.weight_gradient.extent(1)));
+      throw ShapeError(
+          kat::detail::concat("kat::precond::KFAC::register_layer: weight_gradient of layer '",
+                              name, "' must be a non-empty out x (in+1) matrix, got ",
+                              r.weight_gradient.extent(0), "x", r.weight_gradient.extent(1)));
     }
     const std::size_t out = r.weight_gradient.extent(0), cols = r.weight_gradient.extent(1);
-    const std::string label = "kat::KFAC::" + name;
+    const std::string label = "kat::precond::KFAC::" + name;
     layers_.push_back(
         std::make_unique<Entry>(name, type, std::move(views), std::move(record), out, cols, label));
     if (owned_) {
@@ -330,7 +330,7 @@ public:
   /// KroneckerFactor::update). The hook may modify the entries in place (same shape, same
   /// memory; keep no reference after it returns), and should enqueue its work on the given
   /// execution space or fence it. Distributed K-FAC uses it to average F_new over ranks
-  /// (kat::dist::DKFAC); it must then be called, in the same order, on every rank, which
+  /// (kat::distributed::DKFAC); it must then be called, in the same order, on every rank, which
   /// step() guarantees when every rank registers the same layers and steps together.
   /// An exception from the hook propagates out of step() (the factor is left unchanged).
   /// Without a hook (the default) factor updates cost nothing extra.
@@ -345,7 +345,7 @@ public:
   /// before the first step: factors already built are kept but no longer updated), and is
   /// not preconditioned here: without a precondition hook it is left to the base optimizer;
   /// with one, the hook fills its P buffer (distributed K-FAC in the DP-KFAC strategy,
-  /// kat::dist::DPKFAC, broadcasts each layer's P from its owner).
+  /// kat::distributed::DPKFAC, broadcasts each layer's P from its owner).
   void set_owned(Ownership owned) {
     owned_ = std::move(owned);
     const bool next = needs_curvature();
@@ -364,7 +364,7 @@ public:
   /// Sets which factors of the owned layers this process decomposes (empty function: all, the
   /// default). `owned(i, 'A')` / `owned(i, 'G')` is asked on every decomposition. A factor
   /// this process does not decompose gets no decomposition here (and allocates none): a
-  /// decomposition hook must supply it (kat::dist::KAISA broadcasts it from the rank that
+  /// decomposition hook must supply it (kat::distributed::KAISA broadcasts it from the rank that
   /// decomposes it), or, with a precondition hook, the layer counts as having none (P = ∇ is
   /// handed to the hook, which must supply the layer's P). Layers not owned (set_owned())
   /// are never decomposed whatever this says.
@@ -383,9 +383,9 @@ public:
   /// the factor's decomposition through KroneckerFactor::receive_eigen() and
   /// commit_received_eigen() (eigen method) or receive_inverse() and
   /// commit_received_inverse() (inverse method). It should enqueue its work on the given
-  /// execution space or fence it; it is collective for kat::dist::KAISA, and step() calls it in
-  /// the same order on every process that registers the same layers and holds the same
-  /// factors. Without a hook (the default) nothing changes.
+  /// execution space or fence it; it is collective for kat::distributed::KAISA, and step() calls it
+  /// in the same order on every process that registers the same layers and holds the same factors.
+  /// Without a hook (the default) nothing changes.
   void set_decomposition_hook(DecompositionHook hook) { decomposition_hook_ = std::move(hook); }
   /// The installed hook (empty if none).
   const DecompositionHook &decomposition_hook() const { return decomposition_hook_; }
@@ -397,9 +397,9 @@ public:
   /// decompositions it owns and before any decomposition hook, `agree(space, failures)` is
   /// called with what this process found; it must replace `failures.failed` by the
   /// element-wise maximum over the processes and `failures.message` by the message of the
-  /// first failed factor as the process that computed it wrote it (kat::dist::KAISA and
-  /// kat::dist::DPKFAC all-reduce and broadcast). Then, without keep_previous_on_failure, every
-  /// process throws the same NumericalError; with it, every process keeps the previous
+  /// first failed factor as the process that computed it wrote it (kat::distributed::KAISA and
+  /// kat::distributed::DPKFAC all-reduce and broadcast). Then, without keep_previous_on_failure,
+  /// every process throws the same NumericalError; with it, every process keeps the previous
   /// decomposition of each failed factor. The agreement is collective: it runs on every
   /// process on every inv_update_steps step and in load_state(), whether or not the process
   /// decomposes anything itself. (The decompositions that a layer whose first factors came
@@ -419,7 +419,7 @@ public:
   /// layer, in registration order, with that layer's P buffer (out x (in+1), InverseScalar,
   /// LayoutLeft, contiguous): the buffer holds this process's P for an owned layer and
   /// unspecified values for a layer not owned, and the hook must leave the layer's P in it
-  /// (kat::dist::DPKFAC broadcasts it from the owner). Then every layer counts as
+  /// (kat::distributed::DPKFAC broadcasts it from the owner). Then every layer counts as
   /// preconditioned: ν of the KL clip is computed from Σ over all layers of P ⊙ ∇, and every
   /// layer's ν·P is written over its gradient. The hook should enqueue its work on the given
   /// execution space or fence it; it is collective for DPKFAC, and step() calls it in the
@@ -514,7 +514,7 @@ public:
   ///   factor or decomposition is not finite or a decomposition fails (unless
   ///   keep_previous_on_failure) or a preconditioned gradient is not finite.
   void step(const execution_space &space) {
-    ScopedRegion region("kat::KFAC::step");
+    ScopedRegion region("kat::precond::KFAC::step");
     const Values v = values(steps_);
     warn_if_not_multiple(v.factor_update_steps, v.inv_update_steps);
     for (auto &l : layers_) {
@@ -629,7 +629,7 @@ public:
   /// @throws StateError naming the first entry that is missing, unexpected, of another dtype
   ///   or shape, or a layer name that differs; ValueError if a stored value is out of range.
   void load_state_dict(const StateDict &state) {
-    const std::string where = "kat::KFAC::load_state_dict";
+    const std::string where = "kat::precond::KFAC::load_state_dict";
     std::vector<std::string> names{
         "steps",          "values.factor_update_steps", "values.inv_update_steps",
         "values.damping", "values.factor_decay",        "values.kl_clip",
@@ -689,7 +689,7 @@ public:
   /// @throws ShapeError if the layers (names, order or dimensions) differ from the
   ///   registered ones; ValueError if a stored hyperparameter is out of range.
   void load_state(const execution_space &space, const State &s) {
-    const char *where = "kat::KFAC::load_state";
+    const char *where = "kat::precond::KFAC::load_state";
     kat::detail::require_extent(where, "number of layers", layers_.size(), s.layers.size());
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const auto &l = *layers_[i];
@@ -845,43 +845,45 @@ private:
   }
   static void check_steps(const char *what, std::int64_t v, std::int64_t step) {
     if (v < 1) {
-      throw ValueError(
-          kat::detail::concat("kat::KFAC: ", what, " must be >= 1, got ", v, at_step(step)));
+      throw ValueError(kat::detail::concat("kat::precond::KFAC: ", what, " must be >= 1, got ", v,
+                                           at_step(step)));
     }
   }
   static void check_damping(double v, std::int64_t step) {
     if (!(std::isfinite(v) && v > 0.0)) {
-      throw ValueError(
-          kat::detail::concat("kat::KFAC: damping must be finite and > 0, got ", v, at_step(step)));
+      throw ValueError(kat::detail::concat(
+          "kat::precond::KFAC: damping must be finite and > 0, got ", v, at_step(step)));
     }
   }
   static void check_decay(double v, std::int64_t step) {
     if (!(std::isfinite(v) && v >= 0.0 && v < 1.0)) {
-      throw ValueError(
-          kat::detail::concat("kat::KFAC: factor_decay must be in [0, 1), got ", v, at_step(step)));
+      throw ValueError(kat::detail::concat(
+          "kat::precond::KFAC: factor_decay must be in [0, 1), got ", v, at_step(step)));
     }
   }
   static void check_nonnegative(const char *what, double v, std::int64_t step) {
     if (!(std::isfinite(v) && v >= 0.0)) {
-      throw ValueError(kat::detail::concat("kat::KFAC: ", what, " must be finite and >= 0, got ", v,
-                                           at_step(step)));
+      throw ValueError(kat::detail::concat("kat::precond::KFAC: ", what,
+                                           " must be finite and >= 0, got ", v, at_step(step)));
     }
   }
   void warn_if_not_multiple(std::int64_t factor_every, std::int64_t inv_every) {
     if (!warned_multiple_ && inv_every % factor_every != 0) {
       warned_multiple_ = true;
-      *opt_.log << "kat::KFAC: warning: inv_update_steps (" << inv_every
+      *opt_.log << "kat::precond::KFAC: warning: inv_update_steps (" << inv_every
                 << ") is not a multiple of factor_update_steps (" << factor_every
                 << "); some decompositions will reuse unchanged factors\n";
     }
   }
 
   void warn(const std::string &message) const {
-    *opt_.log << "kat::KFAC: warning: " << message << '\n';
+    *opt_.log << "kat::precond::KFAC: warning: " << message << '\n';
   }
 
-  /// "kat::KFAC::step: layer '<name>'", for messages (built only when one is thrown).
-  static std::string context(const Entry &l) { return "kat::KFAC::step: layer '" + l.name + "'"; }
+  /// "kat::precond::KFAC::step: layer '<name>'", for messages (built only when one is thrown).
+  static std::string context(const Entry &l) {
+    return "kat::precond::KFAC::step: layer '" + l.name + "'";
+  }
 
   /// Checks the record of `l` for a factor update and returns it.
   record_type checked_record(const Entry &l) const {
@@ -910,7 +912,7 @@ private:
   /// Stages every owned layer's factor updates (KroneckerFactor::stage_update) with the
   /// counts of non-finite entries going to the status buffer; nothing is committed yet.
   void stage_factors(const execution_space &space, double decay) {
-    ScopedRegion region("kat::KFAC::update_factors");
+    ScopedRegion region("kat::precond::KFAC::update_factors");
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       Entry &l = *layers_[index];
       if (!l.owned) {
@@ -985,7 +987,7 @@ private:
           l->A.discard_update();
           l->G.discard_update();
         }
-        throw NumericalError("kat::KFAC: " + error);
+        throw NumericalError("kat::precond::KFAC: " + error);
       }
     }
     for (std::size_t index = 0; index < layers_.size(); ++index) {
@@ -1011,7 +1013,7 @@ private:
   /// @throws NumericalError (the same on every process with an agreement) if a decomposition
   ///   failed, unless keep_previous_on_failure.
   void decompose(const execution_space &space, double damping, bool only_missing = false) {
-    ScopedRegion region("kat::KFAC::decompose");
+    ScopedRegion region("kat::precond::KFAC::decompose");
     std::vector<std::size_t> due;
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       const Entry &l = *layers_[index];
@@ -1063,7 +1065,7 @@ private:
             failures.message = local[k];
           }
           if (!decomposition_agreement_ && !opt_.keep_previous_on_failure) {
-            throw NumericalError("kat::KFAC: " + failures.message);
+            throw NumericalError("kat::precond::KFAC: " + failures.message);
           }
         }
       }
@@ -1073,7 +1075,7 @@ private:
     }
     if (!failures.message.empty()) {
       if (!opt_.keep_previous_on_failure) {
-        throw NumericalError("kat::KFAC: " + failures.message);
+        throw NumericalError("kat::precond::KFAC: " + failures.message);
       }
       bool first = true;
       for (std::size_t k = 0; k < failures.failed.size(); ++k) {
@@ -1107,7 +1109,7 @@ private:
   /// the status buffer, the KL clip's ν from it (NaN when something failed this step) and
   /// ∇ = ν·P, all enqueued on `space` (finish_step() reads the outcome back).
   void precondition(const execution_space &space, const Values &v) {
-    ScopedRegion region("kat::KFAC::precondition");
+    ScopedRegion region("kat::precond::KFAC::precondition");
     const bool hooked = static_cast<bool>(precondition_hook_);
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       Entry &l = *layers_[index];
@@ -1184,7 +1186,8 @@ private:
                       std::equal(segments.begin(), segments.end(), segments_host_.data());
     if (!same) {
       segments_ = Kokkos::View<segment_type *, MemorySpace>(
-          Kokkos::view_alloc("kat::KFAC::segments", Kokkos::WithoutInitializing), segments.size());
+          Kokkos::view_alloc("kat::precond::KFAC::segments", Kokkos::WithoutInitializing),
+          segments.size());
       segments_host_ = Kokkos::create_mirror_view(segments_);
       std::copy(segments.begin(), segments.end(), segments_host_.data());
       Kokkos::deep_copy(space, segments_, segments_host_);
@@ -1196,7 +1199,7 @@ private:
   void clear_status(const execution_space &space) {
     const std::size_t n = verdict_slot(layers_.size()) + 2 * layers_.size();
     if (status_.extent(0) != n) {
-      status_ = Vector<double, MemorySpace>("kat::KFAC::status", n);
+      status_ = Vector<double, MemorySpace>("kat::precond::KFAC::status", n);
       status_host_ = Kokkos::create_mirror_view(status_);
     }
     kat::detail::clear(space, status_);
@@ -1244,7 +1247,7 @@ private:
       }
     }
     throw NumericalError(kat::detail::concat(
-        "kat::KFAC::step: the sum of P ⊙ ∇ over the layers is not finite at step ", steps_,
+        "kat::precond::KFAC::step: the sum of P ⊙ ∇ over the layers is not finite at step ", steps_,
         " (is the gradient finite?)"));
   }
 
@@ -1312,12 +1315,13 @@ private:
   /// reports it once the step's status is read back (the apply kernel writes no gradient of a
   /// step whose check failed).
   void check_factored(const execution_space &space, Entry &l, std::size_t index) {
-    ScopedRegion region("kat::KFAC::factored_check");
+    ScopedRegion region("kat::precond::KFAC::factored_check");
     const record_type &r = l.current;
     const std::size_t rows = r.a.extent(0), out = l.out, cols = l.cols;
     if (l.probe.extent(0) != cols) {
       l.probe = Vector<double, MemorySpace>(
-          Kokkos::view_alloc("kat::KFAC::" + l.name + "::probe", Kokkos::WithoutInitializing),
+          Kokkos::view_alloc("kat::precond::KFAC::" + l.name + "::probe",
+                             Kokkos::WithoutInitializing),
           cols);
       kat::detail::fill_probe(space, l.probe, probe_seed, index);
     }
@@ -1405,7 +1409,8 @@ private:
   template <class T>
   static Kokkos::View<T **, Kokkos::LayoutLeft, Kokkos::HostSpace>
   host_matrix(const std::vector<double> &values, std::size_t dim) {
-    Kokkos::View<T **, Kokkos::LayoutLeft, Kokkos::HostSpace> h("kat::KFAC::load_state", dim, dim);
+    Kokkos::View<T **, Kokkos::LayoutLeft, Kokkos::HostSpace> h("kat::precond::KFAC::load_state",
+                                                                dim, dim);
     for (std::size_t j = 0; j < dim; ++j)
       for (std::size_t i = 0; i < dim; ++i)
         h(i, j) = static_cast<T>(values[i + dim * j]);
@@ -1420,16 +1425,16 @@ private:
   DecompositionOwnership decomposition_owned_;
   DecompositionAgreement decomposition_agreement_;
   std::vector<std::unique_ptr<Entry>> layers_;
-  Workspace<InverseScalar, MemorySpace> work_{"kat::KFAC::work"};
-  Workspace<InverseScalar, MemorySpace> cast_{"kat::KFAC::cast"};
+  Workspace<InverseScalar, MemorySpace> work_{"kat::precond::KFAC::work"};
+  Workspace<InverseScalar, MemorySpace> cast_{"kat::precond::KFAC::cast"};
   // factored_preconditioning: a and g converted, G⁻¹gᵀ (or Q_Gᵀgᵀ), aA⁻¹ (or aQ_A), and the
   // check's (av, |a||v|) and (∇v − gᵀav, |g|ᵀ|a||v|).
-  Workspace<InverseScalar, MemorySpace> factored_a_{"kat::KFAC::factored_a"};
-  Workspace<InverseScalar, MemorySpace> factored_g_{"kat::KFAC::factored_g"};
-  Workspace<InverseScalar, MemorySpace> factored_u_{"kat::KFAC::factored_u"};
-  Workspace<InverseScalar, MemorySpace> factored_v_{"kat::KFAC::factored_v"};
-  Workspace<double, MemorySpace> check_rows_{"kat::KFAC::check_rows"};
-  Workspace<double, MemorySpace> check_out_{"kat::KFAC::check_out"};
+  Workspace<InverseScalar, MemorySpace> factored_a_{"kat::precond::KFAC::factored_a"};
+  Workspace<InverseScalar, MemorySpace> factored_g_{"kat::precond::KFAC::factored_g"};
+  Workspace<InverseScalar, MemorySpace> factored_u_{"kat::precond::KFAC::factored_u"};
+  Workspace<InverseScalar, MemorySpace> factored_v_{"kat::precond::KFAC::factored_v"};
+  Workspace<double, MemorySpace> check_rows_{"kat::precond::KFAC::check_rows"};
+  Workspace<double, MemorySpace> check_out_{"kat::precond::KFAC::check_out"};
   Vector<double, MemorySpace> status_;
   typename Vector<double, MemorySpace>::HostMirror status_host_;
   Kokkos::View<segment_type *, MemorySpace> segments_;
@@ -1439,4 +1444,4 @@ private:
   bool warned_multiple_ = false;
 };
 
-} // namespace kat
+} // namespace kat::precond

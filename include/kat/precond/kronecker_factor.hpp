@@ -40,7 +40,8 @@ void running_average(const ExecSpace &space, const MatrixView &f, const MatrixVi
   const Scalar a = static_cast<Scalar>(alpha);
   const Scalar c = static_cast<Scalar>(beta);
   Kokkos::parallel_reduce(
-      "kat::KroneckerFactor::running_average", matrix_policy(space, b.extent(0), b.extent(1)),
+      "kat::precond::KroneckerFactor::running_average",
+      matrix_policy(space, b.extent(0), b.extent(1)),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, Count &count) {
         if (i > j) {
           return;
@@ -60,13 +61,15 @@ void copy_shifted(const ExecSpace &space, const FView &f, const DstView &dst, do
   using value = typename DstView::non_const_value_type;
   const value s = static_cast<value>(shift);
   Kokkos::parallel_for(
-      "kat::KroneckerFactor::copy", matrix_policy(space, dst.extent(0), dst.extent(1)),
+      "kat::precond::KroneckerFactor::copy", matrix_policy(space, dst.extent(0), dst.extent(1)),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
         dst(i, j) = static_cast<value>(f(i, j)) + (i == j ? s : value(0));
       });
 }
 
 } // namespace detail
+
+namespace precond {
 
 /// The default batch hook of KroneckerFactor::update: does nothing (and costs nothing).
 struct NoBatchHook {
@@ -100,9 +103,9 @@ public:
   using inverse_vector_type = Vector<InverseScalar, MemorySpace>;
 
   /// An empty factor of dimension `dim`; `label` names its allocations and errors
-  /// (e.g. "kat::KFAC::0.Dense::A"). Nothing is allocated until the first update() or
+  /// (e.g. "kat::precond::KFAC::0.Dense::A"). Nothing is allocated until the first update() or
   /// assign(), so a factor that is never updated (a layer another rank owns in
-  /// kat::dist::DPKFAC) holds no memory.
+  /// kat::distributed::DPKFAC) holds no memory.
   KroneckerFactor(std::string label, std::size_t dim)
       : label_(std::move(label)), dim_(dim), cast_(label_ + "::cast") {}
 
@@ -161,7 +164,7 @@ public:
   template <class ExecSpace, class XView, class CountView, class BatchHook = NoBatchHook>
   void stage_update(const ExecSpace &space, const XView &x, double scale, double decay,
                     const CountView &bad, const BatchHook &hook = BatchHook()) {
-    ScopedRegion region("kat::KroneckerFactor::update");
+    ScopedRegion region("kat::precond::KroneckerFactor::update");
     kat::detail::require_extent((label_ + "::update").c_str(), "x columns", dim_,
                                 static_cast<std::size_t>(x.extent(1)));
     allocate();
@@ -219,7 +222,7 @@ public:
     const matrix_type f = factor_;
     double trace = 0;
     Kokkos::parallel_reduce(
-        "kat::KroneckerFactor::trace", Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
+        "kat::precond::KroneckerFactor::trace", Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
         KOKKOS_LAMBDA(const std::size_t i, double &t) { t += static_cast<double>(f(i, i)); },
         trace);
     return dim_ == 0 ? 0.0 : trace / static_cast<double>(dim_);
@@ -229,7 +232,7 @@ public:
   /// @throws NumericalError (from the solver) if F is not finite or the solver fails; the
   ///   previous decomposition is then still in place.
   template <class ExecSpace> void compute_eigen(const ExecSpace &space) {
-    ScopedRegion region("kat::KroneckerFactor::compute_eigen");
+    ScopedRegion region("kat::precond::KroneckerFactor::compute_eigen");
     ensure(next_q_, label_ + "::Q");
     if (next_d_.extent(0) != dim_) {
       next_d_ = inverse_vector_type(label_ + "::d", dim_);
@@ -238,8 +241,8 @@ public:
     symmetric_eigen(space, next_q_, next_d_);
     const inverse_vector_type d = next_d_;
     Kokkos::parallel_for(
-        "kat::KroneckerFactor::clamp_eigenvalues", Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
-        KOKKOS_LAMBDA(const std::size_t i) {
+        "kat::precond::KroneckerFactor::clamp_eigenvalues",
+        Kokkos::RangePolicy<ExecSpace>(space, 0, dim_), KOKKOS_LAMBDA(const std::size_t i) {
           d(i) = d(i) > InverseScalar(0) ? d(i) : InverseScalar(0);
         });
     std::swap(q_, next_q_);
@@ -252,7 +255,7 @@ public:
   /// @throws NumericalError if F + damping·I is not finite or not positive definite; the
   ///   previous inverse is then still in place.
   template <class ExecSpace> void compute_inverse(const ExecSpace &space, double damping) {
-    ScopedRegion region("kat::KroneckerFactor::compute_inverse");
+    ScopedRegion region("kat::precond::KroneckerFactor::compute_inverse");
     ensure(next_inverse_, label_ + "::inverse");
     detail::copy_shifted(space, factor_, next_inverse_, damping);
     cholesky_inverse(space, next_inverse_);
@@ -269,9 +272,9 @@ public:
   /// (F + λI)⁻¹ (dim x dim), valid when has_inverse().
   const inverse_matrix_type &inverse() const { return inverse_; }
 
-  /// Receiving a decomposition computed elsewhere (distributed K-FAC, kat::dist::KAISA): returns
-  /// buffers for Q (dim x dim) and d (dim), allocated if needed, for the caller to fill with
-  /// the eigendecomposition (eigenvectors in columns, eigenvalues ascending and >= 0). They
+  /// Receiving a decomposition computed elsewhere (distributed K-FAC, kat::distributed::KAISA):
+  /// returns buffers for Q (dim x dim) and d (dim), allocated if needed, for the caller to fill
+  /// with the eigendecomposition (eigenvectors in columns, eigenvalues ascending and >= 0). They
   /// become eigenvectors() and eigenvalues(), and has_eigen() true, only at
   /// commit_received_eigen(); until then (and if it is never called, e.g. because the
   /// transfer failed) the current decomposition stays in place.
@@ -423,4 +426,5 @@ private:
   bool has_eigen_ = false, has_inverse_ = false;
 };
 
+} // namespace precond
 } // namespace kat

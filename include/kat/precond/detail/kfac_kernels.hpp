@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// @brief Internal: the element-wise kernels of kat::KFAC, as free functions (a device lambda
-/// may not live in a private member function under nvcc).
+/// @brief Internal: the element-wise kernels of kat::precond::KFAC, as free functions (a device
+/// lambda may not live in a private member function under nvcc).
 
 #include "kat/core/math.hpp"
 #include "kat/core/policy.hpp"
@@ -22,7 +22,7 @@ template <class ExecSpace, class PView, class GradView>
 double elementwise_dot(const ExecSpace &space, const PView &p, const GradView &grad) {
   double sum = 0;
   Kokkos::parallel_reduce(
-      "kat::KFAC::vg_sum", matrix_policy(space, p.extent(0), p.extent(1)),
+      "kat::precond::KFAC::vg_sum", matrix_policy(space, p.extent(0), p.extent(1)),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, double &s) {
         s += static_cast<double>(p(i, j)) * static_cast<double>(grad(i, j));
       },
@@ -100,7 +100,7 @@ void segment_dot(const ExecSpace &space, const SegmentView &segments, std::size_
   constexpr std::size_t chunk = fused_chunk<ExecSpace>;
   const std::size_t count = segments.extent(0);
   Kokkos::parallel_reduce(
-      "kat::KFAC::vg_sum", Kokkos::RangePolicy<ExecSpace>(space, 0, chunks),
+      "kat::precond::KFAC::vg_sum", Kokkos::RangePolicy<ExecSpace>(space, 0, chunks),
       KOKKOS_LAMBDA(const std::size_t c, double &s) {
         const auto seg = segments(find_segment(segments, count, c));
         double local = 0;
@@ -124,7 +124,7 @@ void segment_apply(const ExecSpace &space, const SegmentView &segments, std::siz
   constexpr std::size_t chunk = fused_chunk<ExecSpace>;
   const std::size_t count = segments.extent(0);
   Kokkos::parallel_for(
-      "kat::KFAC::apply", Kokkos::RangePolicy<ExecSpace>(space, 0, chunks),
+      "kat::precond::KFAC::apply", Kokkos::RangePolicy<ExecSpace>(space, 0, chunks),
       KOKKOS_LAMBDA(const std::size_t c) {
         const double nu = scale();
         if (nu != nu) {
@@ -150,7 +150,7 @@ void kl_scale(const ExecSpace &space, const StatusView &status, std::size_t vg_s
   // Captured from the host: std::numeric_limits is not callable in every device compiler.
   const double nan = std::numeric_limits<double>::quiet_NaN();
   Kokkos::parallel_for(
-      "kat::KFAC::kl_scale", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
+      "kat::precond::KFAC::kl_scale", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
       KOKKOS_LAMBDA(const std::size_t) {
         double failures = 0;
         for (std::size_t k = fail_begin; k < fail_end; ++k) {
@@ -172,7 +172,8 @@ void kl_scale(const ExecSpace &space, const StatusView &status, std::size_t vg_s
 template <class ExecSpace, class StatusView>
 void clear(const ExecSpace &space, const StatusView &status) {
   Kokkos::parallel_for(
-      "kat::KFAC::clear_status", Kokkos::RangePolicy<ExecSpace>(space, 0, status.extent(0)),
+      "kat::precond::KFAC::clear_status",
+      Kokkos::RangePolicy<ExecSpace>(space, 0, status.extent(0)),
       KOKKOS_LAMBDA(const std::size_t k) { status(k) = 0; });
 }
 
@@ -181,7 +182,7 @@ template <class ExecSpace, class PView, class DView, class PScalar>
 void eigen_scale(const ExecSpace &space, const PView &p, const DView &dg, const DView &da,
                  PScalar lambda) {
   Kokkos::parallel_for(
-      "kat::KFAC::eigen_scale", matrix_policy(space, p.extent(0), p.extent(1)),
+      "kat::precond::KFAC::eigen_scale", matrix_policy(space, p.extent(0), p.extent(1)),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
         p(i, j) /= dg(i) * da(j) + lambda;
       });
@@ -191,13 +192,13 @@ void eigen_scale(const ExecSpace &space, const PView &p, const DView &dg, const 
 template <class ExecSpace, class VView>
 void fill_probe(const ExecSpace &space, const VView &v, std::uint64_t seed, std::uint64_t stream) {
   Kokkos::parallel_for(
-      "kat::KFAC::probe", Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
+      "kat::precond::KFAC::probe", Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
       KOKKOS_LAMBDA(const std::size_t j) { v(j) = 2.0 * counter_uniform(seed, stream, j) - 1.0; });
 }
 
 /// The Freivalds check that grad (out x cols) is gᵀa for a (rows x cols) and g (rows x out),
-/// with the probe v (cols), in double (kat::KFAC::check_factored), without blocking the host:
-/// status(slot) = ‖∇v − gᵀ(av)‖₂², status(slot + 1) = ‖|g|ᵀ(|a||v|)‖₂², and status(verdict)
+/// with the probe v (cols), in double (kat::precond::KFAC::check_factored), without blocking the
+/// host: status(slot) = ‖∇v − gᵀ(av)‖₂², status(slot + 1) = ‖|g|ᵀ(|a||v|)‖₂², and status(verdict)
 /// = 0 if ‖∇v − gᵀ(av)‖₂ <= tol·‖|g|ᵀ(|a||v|)‖₂, 1 otherwise (also when either is not finite).
 /// av (rows x 2) receives (a v, |a||v|) and dk (out x 2) (∇v − gᵀ(av), |g|ᵀ(|a||v|)). a and
 /// grad must have contiguous columns.
@@ -213,7 +214,8 @@ void freivalds_check(const ExecSpace &space, const XView &a, const XView &g, con
   constexpr bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
   constexpr std::size_t kChunk = host ? 64 : 1;
   Kokkos::parallel_for(
-      "kat::KFAC::check_av", Kokkos::RangePolicy<ExecSpace>(space, 0, (rows + kChunk - 1) / kChunk),
+      "kat::precond::KFAC::check_av",
+      Kokkos::RangePolicy<ExecSpace>(space, 0, (rows + kChunk - 1) / kChunk),
       KOKKOS_LAMBDA(const std::size_t c) {
         const std::size_t begin = c * kChunk;
         const std::size_t n = begin + kChunk < rows ? kChunk : rows - begin;
@@ -237,7 +239,8 @@ void freivalds_check(const ExecSpace &space, const XView &a, const XView &g, con
         }
       });
   Kokkos::parallel_for(
-      "kat::KFAC::check_gv", Kokkos::RangePolicy<ExecSpace>(space, 0, (out + kChunk - 1) / kChunk),
+      "kat::precond::KFAC::check_gv",
+      Kokkos::RangePolicy<ExecSpace>(space, 0, (out + kChunk - 1) / kChunk),
       KOKKOS_LAMBDA(const std::size_t c) {
         const std::size_t begin = c * kChunk;
         const std::size_t n = begin + kChunk < out ? kChunk : out - begin;
@@ -264,15 +267,15 @@ void freivalds_check(const ExecSpace &space, const XView &a, const XView &g, con
         }
       });
   Kokkos::parallel_reduce(
-      "kat::KFAC::check_diff", Kokkos::RangePolicy<ExecSpace>(space, 0, out),
+      "kat::precond::KFAC::check_diff", Kokkos::RangePolicy<ExecSpace>(space, 0, out),
       KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 0) * dk(k, 0); },
       Kokkos::subview(status, slot));
   Kokkos::parallel_reduce(
-      "kat::KFAC::check_bound", Kokkos::RangePolicy<ExecSpace>(space, 0, out),
+      "kat::precond::KFAC::check_bound", Kokkos::RangePolicy<ExecSpace>(space, 0, out),
       KOKKOS_LAMBDA(const std::size_t k, double &s) { s += dk(k, 1) * dk(k, 1); },
       Kokkos::subview(status, slot + 1));
   Kokkos::parallel_for(
-      "kat::KFAC::check_verdict", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
+      "kat::precond::KFAC::check_verdict", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
       KOKKOS_LAMBDA(const std::size_t) {
         const double diff = kat::math::sqrt(status(slot)),
                      bound = kat::math::sqrt(status(slot + 1));

@@ -1,19 +1,19 @@
 #pragma once
 /// @file
-/// @brief kat::dist::DataParallel: synchronous data-parallel training on a flat gradient
+/// @brief kat::distributed::DataParallel: synchronous data-parallel training on a flat gradient
 /// buffer: a parameter broadcast, and gradient averaging by bucketed non-blocking all-reduces
 /// that start while backward is still running. Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/dist/data_parallel.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/data_parallel.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
-#include "kat/dist/communicator.hpp"
+#include "kat/distributed/communicator.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-namespace kat::dist {
+namespace kat::distributed {
 
 /// One layer's parameters in a flat buffer: elements [offset, offset + size).
 struct ParameterRange {
@@ -108,7 +108,7 @@ struct Metrics {
 /// up to 2^53. Collective: every rank of `comm` must call it.
 /// @throws MPIError
 inline Metrics reduce_metrics(Communicator &comm, const Metrics &local) {
-  Kokkos::View<double[3], Kokkos::HostSpace> v("kat::dist::reduce_metrics");
+  Kokkos::View<double[3], Kokkos::HostSpace> v("kat::distributed::reduce_metrics");
   v(0) = local.loss_sum;
   v(1) = static_cast<double>(local.correct);
   v(2) = static_cast<double>(local.samples);
@@ -143,8 +143,8 @@ inline Metrics reduce_metrics(Communicator &comm, const Metrics &local) {
 /// result).
 ///
 /// @code
-///   auto comm = kat::dist::Communicator::world();
-///   kat::dist::DataParallel<float> dp(comm, model);   // buckets of model.buffer().blocks()
+///   auto comm = kat::distributed::Communicator::world();
+///   kat::distributed::DataParallel<float> dp(comm, model);   // buckets of model.buffer().blocks()
 ///   dp.broadcast_parameters(space);                  // replicas start equal
 ///   model.set_backward_hook(dp.backward_hook(space));
 ///   for each local batch (x, y):
@@ -203,17 +203,19 @@ public:
         layers_(std::move(layers)), options_(options) {
     using kat::detail::concat;
     if (options_.bucket_bytes == 0) {
-      throw ValueError("kat::dist::DataParallel: options.bucket_bytes must be > 0, got 0");
+      throw ValueError("kat::distributed::DataParallel: options.bucket_bytes must be > 0, got 0");
     }
     if (params_.extent(0) != grads_.extent(0)) {
-      throw ShapeError(concat("kat::dist::DataParallel: parameters and gradients must have the "
-                              "same length, got ",
-                              params_.extent(0), " and ", grads_.extent(0)));
+      throw ShapeError(
+          concat("kat::distributed::DataParallel: parameters and gradients must have the "
+                 "same length, got ",
+                 params_.extent(0), " and ", grads_.extent(0)));
     }
     std::size_t end = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       if (layers_[i].offset != end) {
-        throw ValueError(concat("kat::dist::DataParallel: layer ", i, "'s offset must be ", end,
+        throw ValueError(concat("kat::distributed::DataParallel: layer ", i, "'s offset must be ",
+                                end,
                                 " (layers are consecutive ranges of the flat buffer, in "
                                 "order), got ",
                                 layers_[i].offset));
@@ -221,7 +223,7 @@ public:
       end += layers_[i].size;
     }
     if (end != grads_.extent(0)) {
-      throw ShapeError(concat("kat::dist::DataParallel: the gradient vector must have the "
+      throw ShapeError(concat("kat::distributed::DataParallel: the gradient vector must have the "
                               "layers' total size ",
                               end, " (the sum of the bucket sizes), got ", grads_.extent(0)));
     }
@@ -265,10 +267,11 @@ public:
   /// Collective. @throws ValueError if roots differ across ranks; MPIError (e.g. root out of
   /// range); Error if gradient all-reduces are in flight.
   void broadcast_parameters(const execution_space &space, int root = 0) {
-    ScopedRegion region("kat::dist::DataParallel::broadcast_parameters");
+    ScopedRegion region("kat::distributed::DataParallel::broadcast_parameters");
     if (!requests_.empty()) {
-      throw Error("kat::dist::DataParallel::broadcast_parameters: gradient all-reduces are in "
-                  "flight; call finish() first");
+      throw Error(
+          "kat::distributed::DataParallel::broadcast_parameters: gradient all-reduces are in "
+          "flight; call finish() first");
     }
     const CollectiveCounter before = comm_->stats().broadcast;
     comm_->broadcast(space, params_, root);
@@ -292,11 +295,11 @@ public:
   void layer_done(const execution_space &space, std::size_t layer) {
     using kat::detail::concat;
     if (layer >= layers_.size()) {
-      throw ValueError(concat("kat::dist::DataParallel: the backward hook got layer ", layer,
+      throw ValueError(concat("kat::distributed::DataParallel: the backward hook got layer ", layer,
                               ", but there are ", layers_.size(), " layers"));
     }
     if (in_backward_ && layer >= last_layer_) {
-      throw Error(concat("kat::dist::DataParallel: the backward hook got layer ", layer,
+      throw Error(concat("kat::distributed::DataParallel: the backward hook got layer ", layer,
                          " after layer ", last_layer_,
                          ": a second backward before finish() (for gradient accumulation, "
                          "install the hook for the last backward only)"));
@@ -323,7 +326,7 @@ public:
   /// @throws MPIError (the remaining requests are completed or abandoned first, and the
   ///   object is ready for a new step).
   void finish(const execution_space &space) {
-    ScopedRegion region("kat::dist::DataParallel::finish");
+    ScopedRegion region("kat::distributed::DataParallel::finish");
     const auto t0 = std::chrono::steady_clock::now();
     try {
       while (next_ < buckets_.size()) {
@@ -394,7 +397,7 @@ private:
     const auto hash = static_cast<std::int64_t>(h >> 2); // non-negative, so -hash is too
     const auto n = static_cast<std::int64_t>(grads_.extent(0));
     const auto l = static_cast<std::int64_t>(layers_.size());
-    Kokkos::View<std::int64_t[6], Kokkos::HostSpace> v("kat::dist::DataParallel::layout");
+    Kokkos::View<std::int64_t[6], Kokkos::HostSpace> v("kat::distributed::DataParallel::layout");
     v(0) = n;
     v(1) = -n;
     v(2) = l;
@@ -404,7 +407,7 @@ private:
     comm_->allreduce(Kokkos::DefaultHostExecutionSpace(), v, ReduceOp::max);
     if (v(0) != -v(1) || v(2) != -v(3) || v(4) != -v(5)) {
       throw ShapeError(kat::detail::concat(
-          "kat::dist::DataParallel: the ranks disagree on the gradient layout: rank ",
+          "kat::distributed::DataParallel: the ranks disagree on the gradient layout: rank ",
           comm_->rank(), " of ", comm_->size(), " has ", n, " gradients in ", l, " layers and ",
           buckets_.size(), " buckets; over all ranks the gradient length ranges over [", -v(1),
           ", ", v(0), "] and the layer count over [", -v(3), ", ", v(2),
@@ -452,6 +455,11 @@ private:
   DataParallelStats stats_;
 };
 
-} // namespace kat::dist
+} // namespace kat::distributed
+
+namespace kat {
+/// The short name of kat::distributed.
+namespace dist = distributed;
+} // namespace kat
 
 #endif // KAT_ENABLE_MPI

@@ -1,27 +1,27 @@
 #pragma once
 /// @file
-/// @brief kat::dist::DKFAC: distributed K-FAC in the D-KFAC strategy (docs/algorithms.md section
-/// 2): every rank builds every factor from its local batch, the batch estimates are averaged over
-/// the ranks, and every rank decomposes every factor and preconditions every layer. Needs KAT
-/// built with `-DKAT_ENABLE_MPI=ON`.
+/// @brief kat::distributed::DKFAC: distributed K-FAC in the D-KFAC strategy (docs/algorithms.md
+/// section 2): every rank builds every factor from its local batch, the batch estimates are
+/// averaged over the ranks, and every rank decomposes every factor and preconditions every layer.
+/// Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/dist/dkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/dkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
-#include "kat/dist/communicator.hpp"
-#include "kat/dist/detail/factored_guard.hpp"
+#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/detail/factored_guard.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
 #include <cstdint>
 
-namespace kat::dist {
+namespace kat::distributed {
 
 namespace detail {
 
@@ -31,7 +31,7 @@ template <class ExecSpace, class MatrixView, class PackedView>
 void pack_upper(const ExecSpace &space, const MatrixView &b, const PackedView &packed) {
   using T = typename MatrixView::non_const_value_type;
   Kokkos::parallel_for(
-      "kat::dist::DKFAC::pack", matrix_policy(space, b.extent(0), b.extent(1)),
+      "kat::distributed::DKFAC::pack", matrix_policy(space, b.extent(0), b.extent(1)),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
         if (i <= j) {
           packed(j * (j + 1) / 2 + i) = T(0.5) * (b(i, j) + b(j, i));
@@ -43,7 +43,7 @@ void pack_upper(const ExecSpace &space, const MatrixView &b, const PackedView &p
 template <class ExecSpace, class PackedView, class MatrixView>
 void unpack_upper(const ExecSpace &space, const PackedView &packed, const MatrixView &b) {
   Kokkos::parallel_for(
-      "kat::dist::DKFAC::unpack", matrix_policy(space, b.extent(0), b.extent(1)),
+      "kat::distributed::DKFAC::unpack", matrix_policy(space, b.extent(0), b.extent(1)),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
         b(i, j) = i <= j ? packed(j * (j + 1) / 2 + i) : packed(i * (i + 1) / 2 + j);
       });
@@ -75,8 +75,8 @@ struct DKFACStats {
   CollectiveCounter allreduce;
 };
 
-/// D-KFAC: installs a factor hook (KFAC::set_factor_hook) on a kat::KFAC that replaces each
-/// layer's batch estimate F_new by its mean over the ranks of `comm` before K-FAC folds it
+/// D-KFAC: installs a factor hook (KFAC::set_factor_hook) on a kat::precond::KFAC that replaces
+/// each layer's batch estimate F_new by its mean over the ranks of `comm` before K-FAC folds it
 /// into the running average. With DataParallel averaging the gradients before K-FAC runs,
 /// every rank then holds the same factors, decompositions and preconditioned gradients, and
 /// P ranks with B/P samples each compute what one process computes on the concatenated batch
@@ -84,9 +84,10 @@ struct DKFACStats {
 /// rows_r averaged over ranks equals the concatenated G when every rank has the same number
 /// of samples, which DistributedSampler guarantees).
 ///
-///     kat::KFAC<float, Mem> kfac(options);
+///     kat::precond::KFAC<float, Mem> kfac(options);
 ///     kfac.register_model(model);
-///     kat::dist::DKFAC<kat::KFAC<float, Mem>> dkfac(comm, kfac);   // installs the hook
+///     kat::distributed::DKFAC<kat::precond::KFAC<float, Mem>> dkfac(comm, kfac);   // installs the
+///     hook
 ///     ... forward, backward, dp.finish(space); kfac.step(space); sgd.step(...);
 ///
 /// Every rank must register the same layers (same dimensions, same order) and call
@@ -94,7 +95,7 @@ struct DKFACStats {
 /// Neither copyable nor movable (the hook refers to this object); the Communicator and the
 /// KFAC must outlive it.
 ///
-/// @tparam KFACType  a kat::KFAC instantiation.
+/// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class DKFAC {
 public:
   using kfac_type = KFACType;
@@ -146,7 +147,7 @@ public:
 private:
   void average(const execution_space &space, const factor_matrix_type &batch, std::size_t layer,
                char factor) {
-    ScopedRegion region("kat::dist::DKFAC::average");
+    ScopedRegion region("kat::distributed::DKFAC::average");
     if (layer == 0 && factor == 'A') {
       ++stats_.factor_updates;
     }
@@ -169,7 +170,7 @@ private:
     const std::size_t n = d * (d + 1) / 2;
     if (packed_.extent(0) < n) {
       packed_ = Vector<factor_scalar_type, memory_space>(
-          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::dist::DKFAC::packed"), n);
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::distributed::DKFAC::packed"), n);
     }
     const auto packed = Kokkos::subview(packed_, Kokkos::make_pair(std::size_t(0), n));
     detail::pack_upper(space, batch, packed);
@@ -184,6 +185,11 @@ private:
   Vector<factor_scalar_type, memory_space> packed_;
 };
 
-} // namespace kat::dist
+} // namespace kat::distributed
+
+namespace kat {
+/// The short name of kat::distributed.
+namespace dist = distributed;
+} // namespace kat
 
 #endif // KAT_ENABLE_MPI

@@ -1,16 +1,16 @@
 #pragma once
 /// @file
-/// @brief kat::dist::thread_budget: how many threads each MPI rank may start (Kokkos's OpenMP
-/// pool, the BLAS's pool) so that the ranks of a node do not oversubscribe its cores. Needs KAT
-/// built with `-DKAT_ENABLE_MPI=ON`.
+/// @brief kat::distributed::thread_budget: how many threads each MPI rank may start (Kokkos's
+/// OpenMP pool, the BLAS's pool) so that the ranks of a node do not oversubscribe its cores. Needs
+/// KAT built with `-DKAT_ENABLE_MPI=ON`.
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/dist/thread_budget.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/thread_budget.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
-#include "kat/dist/communicator.hpp"
+#include "kat/distributed/communicator.hpp"
 
 #include <algorithm>
 #include <thread>
@@ -19,7 +19,7 @@
 #include <sched.h>
 #endif
 
-namespace kat::dist {
+namespace kat::distributed {
 
 /// The thread count one rank should use, and what it was derived from.
 struct ThreadBudget {
@@ -40,9 +40,9 @@ struct ThreadBudget {
 /// @throws ValueError if any argument is < 1.
 inline int threads_per_rank(int node_cpus, int affinity_cpus, int local_ranks) {
   if (node_cpus < 1 || affinity_cpus < 1 || local_ranks < 1) {
-    throw ValueError(kat::detail::concat(
-        "kat::dist::threads_per_rank: node_cpus, affinity_cpus and local_ranks must be >= 1, got ",
-        node_cpus, ", ", affinity_cpus, " and ", local_ranks));
+    throw ValueError(kat::detail::concat("kat::distributed::threads_per_rank: node_cpus, "
+                                         "affinity_cpus and local_ranks must be >= 1, got ",
+                                         node_cpus, ", ", affinity_cpus, " and ", local_ranks));
   }
   if (affinity_cpus < node_cpus) {
     return affinity_cpus;
@@ -82,6 +82,11 @@ inline ThreadBudget thread_budget(const Communicator &comm) {
   return b;
 }
 
-} // namespace kat::dist
+} // namespace kat::distributed
+
+namespace kat {
+/// The short name of kat::distributed.
+namespace dist = distributed;
+} // namespace kat
 
 #endif // KAT_ENABLE_MPI

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// @brief kat::dist::DistributedSampler: one seeded permutation of a data set, shared by all
+/// @brief kat::distributed::DistributedSampler: one seeded permutation of a data set, shared by all
 /// ranks, cut into disjoint equal shards, one per rank. Needs no MPI (it only takes the rank
 /// and the rank count), so it also compiles without KAT_ENABLE_MPI.
 
@@ -12,7 +12,7 @@
 #include <numeric>
 #include <vector>
 
-namespace kat::dist {
+namespace kat::distributed {
 
 /// Splits the samples of a data set of n samples among P ranks for data-parallel training.
 ///
@@ -38,7 +38,7 @@ namespace kat::dist {
 ///
 /// Use with kat::data::DataLoader through its start_epoch(epoch, order):
 /// @code
-///   kat::dist::DistributedSampler sampler(train.size(), comm.rank(), comm.size(), seed);
+///   kat::distributed::DistributedSampler sampler(train.size(), comm.rank(), comm.size(), seed);
 ///   kat::data::DataLoader<float> loader(train, local_batch, /*shuffle=*/false, seed);
 ///   for (std::size_t epoch = 0; epoch < epochs; ++epoch) {
 ///     loader.start_epoch(epoch, sampler.indices(epoch));
@@ -57,12 +57,13 @@ public:
   DistributedSampler(std::size_t n, int rank, int size, std::uint64_t seed, bool shuffle = true)
       : n_(n), rank_(rank), size_(size), seed_(seed), shuffle_(shuffle) {
     if (size <= 0) {
-      throw ValueError(
-          kat::detail::concat("kat::dist::DistributedSampler: size must be > 0, got ", size));
+      throw ValueError(kat::detail::concat(
+          "kat::distributed::DistributedSampler: size must be > 0, got ", size));
     }
     if (rank < 0 || rank >= size) {
       throw ValueError(kat::detail::concat(
-          "kat::dist::DistributedSampler: rank must be in [0, size = ", size, "), got ", rank));
+          "kat::distributed::DistributedSampler: rank must be in [0, size = ", size, "), got ",
+          rank));
     }
   }
 
@@ -82,7 +83,7 @@ public:
   /// @throws ValueError if batch == 0.
   std::size_t batches(std::size_t batch, bool drop_last = false) const {
     if (batch == 0) {
-      throw ValueError("kat::dist::DistributedSampler::batches: batch must be > 0, got 0");
+      throw ValueError("kat::distributed::DistributedSampler::batches: batch must be > 0, got 0");
     }
     return drop_last ? per_rank() / batch : (per_rank() + batch - 1) / batch;
   }
@@ -106,9 +107,10 @@ public:
   /// @throws ValueError if r is outside [0, size()).
   std::vector<std::size_t> shard(std::size_t epoch, int r) const {
     if (r < 0 || r >= size_) {
-      throw ValueError(kat::detail::concat("kat::dist::DistributedSampler::shard: r must be in "
-                                           "[0, size = ",
-                                           size_, "), got ", r));
+      throw ValueError(
+          kat::detail::concat("kat::distributed::DistributedSampler::shard: r must be in "
+                              "[0, size = ",
+                              size_, "), got ", r));
     }
     const std::vector<std::size_t> order = permutation(epoch);
     const std::size_t m = per_rank();
@@ -128,4 +130,9 @@ private:
   bool shuffle_;
 };
 
-} // namespace kat::dist
+} // namespace kat::distributed
+
+namespace kat {
+/// The short name of kat::distributed.
+namespace dist = distributed;
+} // namespace kat

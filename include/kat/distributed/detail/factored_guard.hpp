@@ -4,7 +4,7 @@
 
 #include "kat/core/error.hpp"
 
-namespace kat::dist::detail {
+namespace kat::distributed::detail {
 
 /// The strategies precondition gradients averaged over the ranks, which are not the local
 /// batch's gᵀa that KFACOptions::factored_preconditioning needs (its check would throw on the
@@ -13,10 +13,10 @@ namespace kat::dist::detail {
 template <class KFACType> void reject_factored(const KFACType &kfac, const char *strategy) {
   if (kfac.options().factored_preconditioning) {
     throw ValueError(kat::detail::concat(
-        "kat::dist::", strategy,
+        "kat::distributed::", strategy,
         ": KFACOptions::factored_preconditioning must be false, got true: the gradients are "
         "averaged over the ranks, so they are not the local batch's gᵀa it needs"));
   }
 }
 
-} // namespace kat::dist::detail
+} // namespace kat::distributed::detail

@@ -1,18 +1,18 @@
 #pragma once
 /// @file
-/// @brief kat::dist::Communicator, the one place KAT calls MPI: collectives on Kokkos views,
+/// @brief kat::distributed::Communicator, the one place KAT calls MPI: collectives on Kokkos views,
 /// host staging when MPI cannot read device memory, shape checks that turn mismatched
 /// arguments into exceptions instead of hangs, MPI errors as exceptions, and per-collective
 /// byte and call counters. Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/dist/communicator.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/communicator.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
-#include "kat/dist/detail/mpi.hpp"
+#include "kat/distributed/detail/mpi.hpp"
 
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace kat::dist {
+namespace kat::distributed {
 
 /// An MPI call returned an error. The message names the operation, the rank (in the
 /// communicator and in MPI_COMM_WORLD) and MPI's error string; code() is MPI's error code.
@@ -273,11 +273,11 @@ public:
   /// @throws Error if MPI is not initialized; ValueError for MPI_COMM_NULL or invalid options.
   static Communicator borrow(MPI_Comm comm, const CommunicatorOptions &options = {}) {
     if (!detail::mpi_active()) {
-      throw Error("kat::dist::Communicator: MPI is not initialized (call MPI_Init before "
+      throw Error("kat::distributed::Communicator: MPI is not initialized (call MPI_Init before "
                   "making a Communicator, MPI_Finalize after destroying the last one)");
     }
     if (comm == MPI_COMM_NULL) {
-      throw ValueError("kat::dist::Communicator::borrow: comm must not be MPI_COMM_NULL");
+      throw ValueError("kat::distributed::Communicator::borrow: comm must not be MPI_COMM_NULL");
     }
     validate(options);
     return Communicator(comm, false, options);
@@ -372,8 +372,8 @@ public:
     require_valid("split");
     if (color < 0 && color != undefined_color) {
       throw ValueError(kat::detail::concat(
-          "kat::dist::Communicator::split: color must be >= 0 or undefined_color, got ", color,
-          " on ", rank_text()));
+          "kat::distributed::Communicator::split: color must be >= 0 or undefined_color, got ",
+          color, " on ", rank_text()));
     }
     MPI_Comm comm = MPI_COMM_NULL;
     check("split", MPI_Comm_split(comm_, color, key, &comm));
@@ -413,7 +413,7 @@ public:
   template <class ExecSpace, class View>
   void allreduce(const ExecSpace &space, const View &inout, ReduceOp op = ReduceOp::sum) {
     static_check<ExecSpace, View, true>();
-    ScopedRegion region("kat::dist::allreduce");
+    ScopedRegion region("kat::distributed::allreduce");
     allreduce_in_place("allreduce", space, inout, op);
   }
 
@@ -429,7 +429,7 @@ public:
     static_check<ExecSpace, InView, false>();
     static_check<ExecSpace, OutView, true>();
     same_scalar<InView, OutView>();
-    ScopedRegion region("kat::dist::allreduce");
+    ScopedRegion region("kat::distributed::allreduce");
     allreduce_out_of_place("allreduce", space, in, out, op);
   }
 
@@ -439,8 +439,8 @@ public:
   template <class ExecSpace, class View> void average(const ExecSpace &space, const View &inout) {
     static_check<ExecSpace, View, true>();
     static_assert(std::is_floating_point_v<typename View::non_const_value_type>,
-                  "kat::dist::Communicator::average: needs a floating-point view");
-    ScopedRegion region("kat::dist::average");
+                  "kat::distributed::Communicator::average: needs a floating-point view");
+    ScopedRegion region("kat::distributed::average");
     allreduce_in_place("average", space, inout, ReduceOp::sum);
     scale_by_size(space, inout);
   }
@@ -452,8 +452,8 @@ public:
     static_check<ExecSpace, OutView, true>();
     same_scalar<InView, OutView>();
     static_assert(std::is_floating_point_v<typename OutView::non_const_value_type>,
-                  "kat::dist::Communicator::average: needs floating-point views");
-    ScopedRegion region("kat::dist::average");
+                  "kat::distributed::Communicator::average: needs floating-point views");
+    ScopedRegion region("kat::distributed::average");
     allreduce_out_of_place("average", space, in, out, ReduceOp::sum);
     scale_by_size(space, out);
   }
@@ -465,7 +465,7 @@ public:
   template <class ExecSpace, class View>
   void broadcast(const ExecSpace &space, const View &view, int root) {
     static_check<ExecSpace, View, true>();
-    ScopedRegion region("kat::dist::broadcast");
+    ScopedRegion region("kat::distributed::broadcast");
     using T = typename View::non_const_value_type;
     const char *op = "broadcast";
     agree(op, view.size(), root, view_error(op, "view", view));
@@ -489,7 +489,7 @@ public:
     static_check<ExecSpace, InView, false>();
     static_check<ExecSpace, OutView, true>();
     same_scalar<InView, OutView>();
-    ScopedRegion region("kat::dist::allgather");
+    ScopedRegion region("kat::distributed::allgather");
     using T = typename OutView::non_const_value_type;
     const char *op = "allgather";
     std::string error = view_error(op, "in", in);
@@ -522,7 +522,7 @@ public:
     static_check<ExecSpace, InView, false>();
     static_check<ExecSpace, OutView, true>();
     same_scalar<InView, OutView>();
-    ScopedRegion region("kat::dist::reduce_scatter");
+    ScopedRegion region("kat::distributed::reduce_scatter");
     using T = typename OutView::non_const_value_type;
     const char *what = "reduce_scatter";
     std::string error = view_error(what, "in", in);
@@ -561,7 +561,7 @@ public:
   [[nodiscard]] Request iallreduce(const ExecSpace &space, const View &inout,
                                    ReduceOp op = ReduceOp::sum) {
     static_check<ExecSpace, View, true>();
-    ScopedRegion region("kat::dist::iallreduce");
+    ScopedRegion region("kat::distributed::iallreduce");
     using T = typename View::non_const_value_type;
     const char *what = "iallreduce";
     agree(what, inout.size(), 0, view_error(what, "inout", inout));
@@ -585,7 +585,7 @@ public:
     static_check<ExecSpace, InView, false>();
     static_check<ExecSpace, OutView, true>();
     same_scalar<InView, OutView>();
-    ScopedRegion region("kat::dist::iallreduce");
+    ScopedRegion region("kat::distributed::iallreduce");
     using T = typename OutView::non_const_value_type;
     const char *what = "iallreduce";
     agree(what, in.size(), 0, pair_error(what, in, out));
@@ -606,7 +606,7 @@ public:
   template <class ExecSpace, class View>
   [[nodiscard]] Request ibroadcast(const ExecSpace &space, const View &view, int root) {
     static_check<ExecSpace, View, true>();
-    ScopedRegion region("kat::dist::ibroadcast");
+    ScopedRegion region("kat::distributed::ibroadcast");
     using T = typename View::non_const_value_type;
     const char *what = "ibroadcast";
     agree(what, view.size(), root, view_error(what, "view", view));
@@ -662,13 +662,15 @@ private:
 
   static void validate(const CommunicatorOptions &options) {
     if (options.ranks_per_virtual_node < 0) {
-      throw ValueError(kat::detail::concat(
-          "kat::dist::Communicator: ranks_per_virtual_node must be >= 0 (0: real nodes), got ",
-          options.ranks_per_virtual_node));
+      throw ValueError(kat::detail::concat("kat::distributed::Communicator: ranks_per_virtual_node "
+                                           "must be >= 0 (0: real nodes), got ",
+                                           options.ranks_per_virtual_node));
     }
   }
 
-  static std::string name(const char *op) { return std::string("kat::dist::Communicator::") + op; }
+  static std::string name(const char *op) {
+    return std::string("kat::distributed::Communicator::") + op;
+  }
 
   std::string rank_text() const {
     return kat::detail::concat("rank ", rank_, " of ", size_, " (world rank ", world_rank_, ")");
@@ -695,23 +697,25 @@ private:
   }
 
   template <class ExecSpace, class View, bool Output> static constexpr void static_check() {
-    static_assert(Kokkos::is_execution_space<ExecSpace>::value,
-                  "kat::dist: the first argument of a collective is an execution-space instance");
-    static_assert(Kokkos::is_view<View>::value, "kat::dist: collectives take Kokkos views");
+    static_assert(
+        Kokkos::is_execution_space<ExecSpace>::value,
+        "kat::distributed: the first argument of a collective is an execution-space instance");
+    static_assert(Kokkos::is_view<View>::value, "kat::distributed: collectives take Kokkos views");
     static_assert(unsigned(View::rank) == 1 ||
                       (unsigned(View::rank) == 2 &&
                        std::is_same_v<typename View::array_layout, Kokkos::LayoutLeft>),
-                  "kat::dist: collectives take rank-1 views or rank-2 LayoutLeft views");
-    static_assert(detail::is_mpi_scalar_v<typename View::non_const_value_type>,
-                  "kat::dist: collectives take float, double, std::int32_t or std::int64_t views");
+                  "kat::distributed: collectives take rank-1 views or rank-2 LayoutLeft views");
+    static_assert(
+        detail::is_mpi_scalar_v<typename View::non_const_value_type>,
+        "kat::distributed: collectives take float, double, std::int32_t or std::int64_t views");
     static_assert(!Output || !std::is_const_v<typename View::value_type>,
-                  "kat::dist: the output view of a collective must not be const");
+                  "kat::distributed: the output view of a collective must not be const");
   }
 
   template <class InView, class OutView> static constexpr void same_scalar() {
     static_assert(std::is_same_v<typename InView::non_const_value_type,
                                  typename OutView::non_const_value_type>,
-                  "kat::dist: in and out must have the same scalar type");
+                  "kat::distributed: in and out must have the same scalar type");
   }
 
   /// Empty if MPI can take `v` as a buffer on this rank, else the reason.
@@ -792,7 +796,7 @@ private:
       return s;
     }
     s.host = detail::HostBuffer<T>(
-        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::dist::staging"), v.size());
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::distributed::staging"), v.size());
     s.data = s.host.data();
     s.staged = true;
     if (copy_in) {
@@ -858,9 +862,9 @@ private:
   template <class ExecSpace, class View>
   void scale_by_size(const ExecSpace &space, const View &v) const {
     using T = typename View::non_const_value_type;
-    static_assert(
-        Kokkos::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
-        "kat::dist::Communicator::average: the execution space cannot access the view's memory");
+    static_assert(Kokkos::SpaceAccessibility<ExecSpace, typename View::memory_space>::accessible,
+                  "kat::distributed::Communicator::average: the execution space cannot access the "
+                  "view's memory");
     detail::scale(space, detail::flat(v), T(1) / T(size_));
   }
 
@@ -890,6 +894,11 @@ private:
   CommunicatorStats stats_;
 };
 
-} // namespace kat::dist
+} // namespace kat::distributed
+
+namespace kat {
+/// The short name of kat::distributed.
+namespace dist = distributed;
+} // namespace kat
 
 #endif // KAT_ENABLE_MPI

@@ -5,11 +5,11 @@
 
 #ifndef KAT_ENABLE_MPI
 #error                                                                                             \
-    "kat/dist/detail/decomposition_agreement.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+    "kat/distributed/detail/decomposition_agreement.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/profiling.hpp"
-#include "kat/dist/communicator.hpp"
+#include "kat/distributed/communicator.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <string>
 
-namespace kat::dist::detail {
+namespace kat::distributed::detail {
 
 /// Host memory a collective reads or writes in place.
 template <class T> using HostView = Kokkos::View<T *, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
@@ -32,7 +32,7 @@ template <class T> using HostView = Kokkos::View<T *, Kokkos::HostSpace, Kokkos:
 template <class Failures, class Owner>
 void agree_on_decompositions(Communicator &comm, Failures &failures, const Owner &owner,
                              CollectiveCounter &counter) {
-  ScopedRegion region("kat::dist::agree_on_decompositions");
+  ScopedRegion region("kat::distributed::agree_on_decompositions");
   const CollectiveCounter allreduce = comm.stats().allreduce, broadcast = comm.stats().broadcast;
   using Host = Kokkos::DefaultHostExecutionSpace;
   HostView<std::int32_t> failed(failures.failed.data(), failures.failed.size());
@@ -68,6 +68,6 @@ void agree_on_decompositions(Communicator &comm, Failures &failures, const Owner
                    (comm.stats().broadcast.bytes - broadcast.bytes);
 }
 
-} // namespace kat::dist::detail
+} // namespace kat::distributed::detail
 
 #endif // KAT_ENABLE_MPI

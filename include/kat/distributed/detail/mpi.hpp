@@ -1,12 +1,12 @@
 #pragma once
 /// @file
-/// @brief MPI helpers behind kat::dist::Communicator: datatypes, operations, error strings,
+/// @brief MPI helpers behind kat::distributed::Communicator: datatypes, operations, error strings,
 /// device-memory awareness. Users must not include this header; it is the one place besides
 /// communicator.hpp that names MPI.
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/dist needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include <Kokkos_Core.hpp>
@@ -21,7 +21,7 @@
 #include <string>
 #include <type_traits>
 
-namespace kat::dist::detail {
+namespace kat::distributed::detail {
 
 /// Scalars the collectives accept.
 template <class T>
@@ -30,8 +30,9 @@ inline constexpr bool is_mpi_scalar_v =
     std::is_same_v<T, std::int64_t>;
 
 template <class T> MPI_Datatype mpi_datatype() {
-  static_assert(is_mpi_scalar_v<T>,
-                "kat::dist: collectives take float, double, std::int32_t or std::int64_t views");
+  static_assert(
+      is_mpi_scalar_v<T>,
+      "kat::distributed: collectives take float, double, std::int32_t or std::int64_t views");
   if constexpr (std::is_same_v<T, float>) {
     return MPI_FLOAT;
   } else if constexpr (std::is_same_v<T, double>) {
@@ -90,10 +91,10 @@ template <class View> auto flat(const View &v) {
 template <class ExecSpace, class FlatView>
 void scale(const ExecSpace &space, const FlatView &y, typename FlatView::value_type factor) {
   Kokkos::parallel_for(
-      "kat::dist::average::scale", Kokkos::RangePolicy<ExecSpace>(space, 0, y.extent(0)),
+      "kat::distributed::average::scale", Kokkos::RangePolicy<ExecSpace>(space, 0, y.extent(0)),
       KOKKOS_LAMBDA(const std::size_t i) { y(i) *= factor; });
 }
 
-} // namespace kat::dist::detail
+} // namespace kat::distributed::detail
 
 #endif // KAT_ENABLE_MPI

@@ -1,8 +1,8 @@
 #pragma once
 /// @file
-/// @brief kat::dist::KAISA: distributed K-FAC in the KAISA strategy (docs/algorithms.md section 2;
-/// Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep Neural
-/// Networks", SC'21): factors averaged over the ranks as in D-KFAC, each factor's
+/// @brief kat::distributed::KAISA: distributed K-FAC in the KAISA strategy (docs/algorithms.md
+/// section 2; Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep
+/// Neural Networks", SC'21): factors averaged over the ranks as in D-KFAC, each factor's
 /// decomposition computed by one rank chosen by a greedy least-loaded rule, and, by
 /// grad_worker_fraction f, f·P gradient workers per layer: every rank preconditioning every
 /// layer (COMM-OPT, f = 1, decompositions broadcast), one rank per layer preconditioning it
@@ -11,14 +11,14 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/dist/kaisa.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/kaisa.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
-#include "kat/dist/communicator.hpp"
-#include "kat/dist/detail/decomposition_agreement.hpp"
-#include "kat/dist/dkfac.hpp"
+#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/detail/decomposition_agreement.hpp"
+#include "kat/distributed/dkfac.hpp"
 #include "kat/precond/kfac.hpp"
 
 #include <algorithm>
@@ -32,7 +32,7 @@
 #include <utility>
 #include <vector>
 
-namespace kat::dist {
+namespace kat::distributed {
 
 /// The cost of decomposing a d x d factor for KAISA's greedy assignment.
 enum class AssignmentCost {
@@ -88,9 +88,10 @@ struct KAISAStats {
 };
 
 /// KAISA (Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep
-/// Neural Networks", SC'21): on a kat::KFAC, installs
+/// Neural Networks", SC'21): on a kat::precond::KFAC, installs
 ///
-/// - D-KFAC's factor averaging (a kat::dist::DKFAC member, same option symmetric_communication),
+/// - D-KFAC's factor averaging (a kat::distributed::DKFAC member, same option
+/// symmetric_communication),
 ///   so every rank holds the same factors;
 /// - a grid of the P ranks by gw = grad_worker_fraction·P (grad_workers()): P/gw
 ///   **gradient-worker groups** of gw consecutive ranks (group g: ranks g·gw … g·gw + gw − 1,
@@ -130,9 +131,9 @@ struct KAISAStats {
 /// The destructor removes the hooks and the ownership. Neither copyable nor movable; the
 /// Communicator and the KFAC must outlive it.
 ///
-///     kat::dist::KAISA<kat::KFAC<float, Mem>> kaisa(comm, kfac, options);
+///     kat::distributed::KAISA<kat::precond::KFAC<float, Mem>> kaisa(comm, kfac, options);
 ///
-/// @tparam KFACType  a kat::KFAC instantiation.
+/// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class KAISA {
 public:
   using kfac_type = KFACType;
@@ -264,13 +265,13 @@ public:
   /// @throws ValueError if ranks < 1 or a cost is negative or not finite.
   static std::vector<int> assign(const std::vector<double> &costs, int ranks) {
     if (ranks < 1) {
-      throw ValueError(
-          kat::detail::concat("kat::dist::KAISA: the number of ranks must be >= 1, got ", ranks));
+      throw ValueError(kat::detail::concat(
+          "kat::distributed::KAISA: the number of ranks must be >= 1, got ", ranks));
     }
     for (const double c : costs) {
       if (!(c >= 0.0 && std::isfinite(c))) {
-        throw ValueError(
-            kat::detail::concat("kat::dist::KAISA: work costs must be finite and >= 0, got ", c));
+        throw ValueError(kat::detail::concat(
+            "kat::distributed::KAISA: work costs must be finite and >= 0, got ", c));
       }
     }
     std::vector<std::size_t> order(costs.size());
@@ -301,14 +302,15 @@ public:
                                   const std::vector<std::size_t> &g_dims, int ranks,
                                   int grad_workers, AssignmentCost c) {
     if (a_dims.size() != g_dims.size()) {
-      throw ValueError(kat::detail::concat(
-          "kat::dist::KAISA::assign_layers: a_dims and g_dims must have the same length, got ",
-          a_dims.size(), " and ", g_dims.size()));
+      throw ValueError(kat::detail::concat("kat::distributed::KAISA::assign_layers: a_dims and "
+                                           "g_dims must have the same length, got ",
+                                           a_dims.size(), " and ", g_dims.size()));
     }
     if (ranks < 1 || grad_workers < 1 || grad_workers > ranks || ranks % grad_workers != 0) {
-      throw ValueError(kat::detail::concat("kat::dist::KAISA::assign_layers: grad_workers must "
-                                           "be a divisor of ranks >= 1, got grad_workers = ",
-                                           grad_workers, " and ranks = ", ranks));
+      throw ValueError(
+          kat::detail::concat("kat::distributed::KAISA::assign_layers: grad_workers must "
+                              "be a divisor of ranks >= 1, got grad_workers = ",
+                              grad_workers, " and ranks = ", ranks));
     }
     const std::size_t layers = a_dims.size();
     const int groups = ranks / grad_workers;
@@ -345,8 +347,8 @@ public:
   ///   P and the allowed values).
   static int grad_workers(double f, int ranks) {
     if (ranks < 1) {
-      throw ValueError(
-          kat::detail::concat("kat::dist::KAISA: the number of ranks must be >= 1, got ", ranks));
+      throw ValueError(kat::detail::concat(
+          "kat::distributed::KAISA: the number of ranks must be >= 1, got ", ranks));
     }
     if (std::isfinite(f) && f > 0.0 && f <= 2.0) {
       const double x = f * ranks;
@@ -367,7 +369,7 @@ public:
               << ")";
     }
     throw ValueError(kat::detail::concat(
-        "kat::dist::KAISA: grad_worker_fraction·P must be a divisor of P on P = ", ranks,
+        "kat::distributed::KAISA: grad_worker_fraction·P must be a divisor of P on P = ", ranks,
         " ranks, so grad_worker_fraction must be one of ", allowed.str(), "; got ", f));
   }
 
@@ -388,7 +390,7 @@ public:
   std::size_t bytes_per_decomposition_update() const {
     if (mode_ == Mode::mem_opt)
       return 0;
-    const bool eigen = kfac_.options().compute_method == ComputeMethod::eigen;
+    const bool eigen = kfac_.options().compute_method == precond::ComputeMethod::eigen;
     const int group = worker_group_of(comm_.rank());
     std::size_t entries = 0;
     for (std::size_t i = 0; i < kfac_.size(); ++i) {
@@ -421,8 +423,8 @@ public:
 private:
   int checked_rank(int rank) const {
     if (rank < 0 || rank >= comm_.size()) {
-      throw ValueError(kat::detail::concat("kat::dist::KAISA: rank must be in [0, ", comm_.size(),
-                                           "), got ", rank));
+      throw ValueError(kat::detail::concat("kat::distributed::KAISA: rank must be in [0, ",
+                                           comm_.size(), "), got ", rank));
     }
     return rank;
   }
@@ -451,7 +453,7 @@ private:
     if (group != worker_group_of(comm_.rank())) {
       return; // not a gradient worker of this layer: keeps no decomposition of it
     }
-    ScopedRegion region("kat::dist::KAISA::broadcast_decomposition");
+    ScopedRegion region("kat::distributed::KAISA::broadcast_decomposition");
     if (layer == first_group_layer_ && factor == 'A') {
       ++stats_.decomposition_updates;
     }
@@ -460,7 +462,7 @@ private:
     const bool sends = owner == comm_.rank();
     Communicator &c = worker_comm();
     counted(c, stats_.decomposition_broadcast, [&] {
-      if (kfac_.options().compute_method == ComputeMethod::eigen) {
+      if (kfac_.options().compute_method == precond::ComputeMethod::eigen) {
         const auto buffers =
             sends ? std::make_pair(f.eigenvectors(), f.eigenvalues()) : f.receive_eigen();
         c.broadcast(space, buffers.first, root);
@@ -482,7 +484,7 @@ private:
   /// root is the layer's worker group.
   void broadcast_gradient(const execution_space &space, std::size_t layer,
                           const inverse_matrix_type &p) {
-    ScopedRegion region("kat::dist::KAISA::broadcast_gradient");
+    ScopedRegion region("kat::distributed::KAISA::broadcast_gradient");
     if (layer == 0) {
       ++stats_.steps;
     }
@@ -502,6 +504,11 @@ private:
   Stats stats_;
 };
 
-} // namespace kat::dist
+} // namespace kat::distributed
+
+namespace kat {
+/// The short name of kat::distributed.
+namespace dist = distributed;
+} // namespace kat
 
 #endif // KAT_ENABLE_MPI

@@ -1,13 +1,13 @@
 #pragma once
 /// @file
-/// @brief kat::dist::DPKFAC: distributed K-FAC in the DP-KFAC strategy (docs/algorithms.md
+/// @brief kat::distributed::DPKFAC: distributed K-FAC in the DP-KFAC strategy (docs/algorithms.md
 /// section 2): each layer's factors are built, from its own local batch only, and decomposed
 /// by one rank, which preconditions the layer's gradient and broadcasts P; the other ranks
 /// keep no factors for that layer. Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/dist/dpkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/dpkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/detail/convert.hpp"
@@ -15,9 +15,9 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
-#include "kat/dist/communicator.hpp"
-#include "kat/dist/detail/decomposition_agreement.hpp"
-#include "kat/dist/detail/factored_guard.hpp"
+#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/detail/decomposition_agreement.hpp"
+#include "kat/distributed/detail/factored_guard.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -26,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-namespace kat::dist {
+namespace kat::distributed {
 
 /// How DPKFAC assigns layers to ranks.
 enum class LayerAssignment {
@@ -62,7 +62,7 @@ struct DPKFACStats {
   CollectiveCounter decomposition_agreement;
 };
 
-/// DP-KFAC: sets the ownership of a kat::KFAC's layers (KFAC::set_owned) by `assignment`
+/// DP-KFAC: sets the ownership of a kat::precond::KFAC's layers (KFAC::set_owned) by `assignment`
 /// and installs a precondition hook (KFAC::set_precondition_hook) that broadcasts each
 /// layer's preconditioned gradient P from its owner. The owner of layer l records a and g
 /// of its own local batch, builds A and G from them alone (no factor communication), decomposes
@@ -71,9 +71,10 @@ struct DPKFACStats {
 /// K-FAC then computes ν of the KL clip from Σ over all layers of P ⊙ ∇ on every rank (the
 /// same P and averaged ∇ everywhere), so every rank applies the same update.
 ///
-///     kat::KFAC<float, Mem> kfac(options);
+///     kat::precond::KFAC<float, Mem> kfac(options);
 ///     kfac.register_model(model);
-///     kat::dist::DPKFAC<kat::KFAC<float, Mem>> dpkfac(comm, kfac);   // owners + hook
+///     kat::distributed::DPKFAC<kat::precond::KFAC<float, Mem>> dpkfac(comm, kfac);   // owners +
+///     hook
 ///     ... forward, backward, dp.finish(space); kfac.step(space); sgd.step(...);
 ///
 /// Register every layer before constructing it (the assignment is computed from the
@@ -86,7 +87,7 @@ struct DPKFACStats {
 /// agreement and makes every layer owned again. Neither copyable nor movable; the Communicator and
 /// the KFAC must outlive it.
 ///
-/// @tparam KFACType  a kat::KFAC instantiation.
+/// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class DPKFAC {
 public:
   using kfac_type = KFACType;
@@ -165,15 +166,15 @@ public:
   static std::vector<int> owners(const std::vector<double> &costs, int ranks,
                                  LayerAssignment assignment) {
     if (ranks < 1) {
-      throw ValueError(
-          kat::detail::concat("kat::dist::DPKFAC: the number of ranks must be >= 1, got ", ranks));
+      throw ValueError(kat::detail::concat(
+          "kat::distributed::DPKFAC: the number of ranks must be >= 1, got ", ranks));
     }
     std::vector<int> out(costs.size(), 0);
     double total = 0;
     for (const double c : costs) {
       if (!(c >= 0.0 && std::isfinite(c))) {
-        throw ValueError(
-            kat::detail::concat("kat::dist::DPKFAC: layer costs must be finite and >= 0, got ", c));
+        throw ValueError(kat::detail::concat(
+            "kat::distributed::DPKFAC: layer costs must be finite and >= 0, got ", c));
       }
       total += c;
     }
@@ -210,7 +211,7 @@ public:
 
 private:
   void broadcast(const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
-    ScopedRegion region("kat::dist::DPKFAC::broadcast");
+    ScopedRegion region("kat::distributed::DPKFAC::broadcast");
     if (layer == 0) {
       ++stats_.steps;
     }
@@ -240,10 +241,15 @@ private:
   KFACType &kfac_;
   Options options_;
   std::vector<int> owners_;
-  Workspace<scalar_type, memory_space> narrow_{"kat::dist::DPKFAC::narrow"};
+  Workspace<scalar_type, memory_space> narrow_{"kat::distributed::DPKFAC::narrow"};
   Stats stats_;
 };
 
-} // namespace kat::dist
+} // namespace kat::distributed
+
+namespace kat {
+/// The short name of kat::distributed.
+namespace dist = distributed;
+} // namespace kat
 
 #endif // KAT_ENABLE_MPI

@@ -9,7 +9,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace kat::test {
@@ -144,5 +147,18 @@ template <class T, class F> Matrix<T, Mem> matrix_of(std::size_t rows, std::size
   Kokkos::deep_copy(m, h);
   return m;
 }
+
+/// Matches an exception whose what() contains `needle` (Catch2 v2 only has exact Message).
+class MessageContains : public Catch::MatcherBase<std::exception> {
+public:
+  explicit MessageContains(std::string needle) : needle_(std::move(needle)) {}
+  bool match(const std::exception &e) const override {
+    return std::string(e.what()).find(needle_) != std::string::npos;
+  }
+  std::string describe() const override { return "message contains \"" + needle_ + "\""; }
+
+private:
+  std::string needle_;
+};
 
 } // namespace kat::test

@@ -1,5 +1,7 @@
 // Tests of kat::optim against hand-worked numbers and independent host re-implementations in
 // double (Adam's in the paper's m-hat / v-hat form rather than PyTorch's folded one).
+#include "test_helpers.hpp"
+
 #include <catch2/catch.hpp>
 
 #include "kat/core/error.hpp"
@@ -25,6 +27,7 @@
 namespace {
 
 using kat::DefaultMemorySpace;
+using kat::test::MessageContains;
 using ExecSpace = DefaultMemorySpace::execution_space;
 template <class T> using Vec = kat::Vector<T, DefaultMemorySpace>;
 
@@ -79,19 +82,6 @@ void require_close(const std::vector<double> &actual, const std::vector<double> 
     REQUIRE(actual[i] == Approx(expected[i]).epsilon(4 * tol<T>()).margin(4 * tol<T>() * scale));
   }
 }
-
-/// Matches an exception whose what() contains `needle` (Catch2 v2 only has exact Message).
-class MessageContains : public Catch::MatcherBase<std::exception> {
-public:
-  explicit MessageContains(std::string needle) : needle_(std::move(needle)) {}
-  bool match(const std::exception &e) const override {
-    return std::string(e.what()).find(needle_) != std::string::npos;
-  }
-  std::string describe() const override { return "message contains \"" + needle_ + "\""; }
-
-private:
-  std::string needle_;
-};
 
 /// torch.optim.SGD, one scalar at a time.
 struct SGDReference {
@@ -627,7 +617,6 @@ TEST_CASE("optim: schedules reject invalid arguments", "[optim][schedule][errors
   CHECK_THROWS_MATCHES(cosine_lr(0.1, 10, -0.01), ValueError, MessageContains("min_lr"));
   CHECK_THROWS_MATCHES(linear_warmup(0, constant_lr(0.1)), ValueError,
                        MessageContains("warmup_steps"));
-  CHECK_THROWS_MATCHES(linear_warmup(3, LRSchedule{}), ValueError, MessageContains("after"));
   CHECK_THROWS_MATCHES(step_lr(0.1, 3, 0.5)(-1), ValueError, MessageContains("step"));
   CHECK_THROWS_AS(cosine_lr(0.1, 10)(-5), ValueError);
   CHECK_THROWS_AS(linear_warmup(2, constant_lr(0.1))(-1), ValueError);

@@ -6,9 +6,11 @@
 #include "kat/core/error.hpp"
 #include "kat/optim/optimizer.hpp"
 
+#include "kat/core/hyperparameter.hpp"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+
 #include <functional>
 #include <string>
 #include <utility>
@@ -23,8 +25,11 @@ namespace optim {
 ///
 /// The schedules are closed forms of the step index, not PyTorch's chainable recurrences, so
 /// they can be evaluated at any index (e.g. after restoring a checkpoint) and never drift.
-/// Every schedule built here throws ValueError when called with step < 0.
-using LRSchedule = std::function<double(std::int64_t step)>;
+/// Every schedule built here but constant_lr throws ValueError when called with step < 0.
+/// A schedule is a kat::Hyperparameter<double>: the one mechanism for every value that may
+/// change with the step (K-FAC's damping and KL-clip rate take the same type), so a constant
+/// rate is stored in checkpoints as a constant and any `double(std::int64_t)` callable works.
+using LRSchedule = Hyperparameter<double>;
 
 namespace detail {
 
@@ -38,10 +43,7 @@ inline void require_step(const char *who, std::int64_t step) {
 /// @throws ValueError if lr < 0 or not finite.
 inline LRSchedule constant_lr(double lr) {
   detail::require_lr("kat::optim::constant_lr", lr);
-  return [lr](std::int64_t step) {
-    detail::require_step("kat::optim::constant_lr", step);
-    return lr;
-  };
+  return LRSchedule(lr);
 }
 
 /// Step decay, torch.optim.lr_scheduler.StepLR:
@@ -87,15 +89,11 @@ inline LRSchedule cosine_lr(double base_lr, std::int64_t total_steps, double min
 /// SGD", Sec. 2.2; torch.optim.lr_scheduler.LinearLR with start_factor 1/warmup_steps chained
 /// with `after`): lr(step) = after(step) * min(1, (step + 1) / warmup_steps). The first step
 /// therefore already uses a nonzero rate, and step warmup_steps - 1 the full one.
-/// @throws ValueError if warmup_steps < 1 or `after` is empty.
+/// @throws ValueError if warmup_steps < 1.
 inline LRSchedule linear_warmup(std::int64_t warmup_steps, LRSchedule after) {
   const char *who = "kat::optim::linear_warmup";
   detail::require_option(warmup_steps >= 1, who, "warmup_steps", ">= 1",
                          static_cast<double>(warmup_steps));
-  if (!after) {
-    throw ValueError("kat::optim::linear_warmup: after must be a non-empty schedule, got an "
-                     "empty std::function");
-  }
   return [warmup_steps, after = std::move(after)](std::int64_t step) {
     detail::require_step("kat::optim::linear_warmup", step);
     const double factor =

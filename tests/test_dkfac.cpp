@@ -53,8 +53,8 @@ struct Run {
 // kSteps steps of K-FAC + SGD on rows [first, first + count) of each global batch. With
 // `comm`: data parallel over it (gradients averaged), and with `dkfac` the D-KFAC hook on a
 // duplicate of it (so its counters hold the factor all-reduces only).
-Run train(Communicator *comm, bool dkfac, bool symmetric, const Config &c, std::size_t first,
-          std::size_t count) {
+Run run_steps(Communicator *comm, bool dkfac, bool symmetric, const Config &c, std::size_t first,
+              std::size_t count) {
   Replica replica(comm, c, first, count);
   std::optional<Communicator> kcomm;
   std::unique_ptr<DKFACd> hook;
@@ -106,8 +106,8 @@ TEST_CASE("dkfac: P ranks with B/P samples each equal one process on the concate
   INFO(rank_of(comm));
   for (const Config &c : kConfigs) {
     INFO(describe(c));
-    const Run got = train(&comm, true, true, c, std::size_t(comm.rank()) * local, local);
-    const Run want = train(nullptr, false, false, c, 0, kBatch);
+    const Run got = run_steps(&comm, true, true, c, std::size_t(comm.rank()) * local, local);
+    const Run want = run_steps(nullptr, false, false, c, 0, kBatch);
     // The averaged factors (G with its N²/rows scale from each rank's local mean loss) equal
     // the concatenated batch's after every step.
     for (int s = 0; s < kSteps; ++s) {
@@ -119,7 +119,8 @@ TEST_CASE("dkfac: P ranks with B/P samples each equal one process on the concate
     // Without the hook, ranks with different local factors do not reproduce the reference
     // (so the comparison above tests the averaging).
     if (p > 1) {
-      const Run local_only = train(&comm, false, true, c, std::size_t(comm.rank()) * local, local);
+      const Run local_only =
+          run_steps(&comm, false, true, c, std::size_t(comm.rank()) * local, local);
       CHECK(max_abs_diff(local_only.factors[0], want.factors[0]) > 1e-6);
     }
   }
@@ -186,8 +187,8 @@ TEST_CASE("dkfac: symmetric and full communication agree and send the analytic v
   for (const Config &c : kConfigs) {
     INFO(describe(c));
     const std::size_t first = std::size_t(comm.rank()) * local;
-    const Run sym = train(&comm, true, true, c, first, local);
-    const Run all = train(&comm, true, false, c, first, local);
+    const Run sym = run_steps(&comm, true, true, c, first, local);
+    const Run all = run_steps(&comm, true, false, c, first, local);
     for (int s = 0; s < kSteps; ++s) {
       INFO("step " << s);
       CHECK(max_abs_diff(sym.factors[std::size_t(s)], all.factors[std::size_t(s)]) <=
@@ -222,10 +223,10 @@ TEST_CASE("dkfac: on one rank D-KFAC equals plain K-FAC exactly", "[mpi][dist][k
   const std::size_t first = std::size_t(world.rank()) * local;
   for (const Config &c : kConfigs) {
     INFO(describe(c));
-    const Run plain = train(&single, false, false, c, first, local);
+    const Run plain = run_steps(&single, false, false, c, first, local);
     for (const bool symmetric : {true, false}) {
       INFO("symmetric_communication " << symmetric);
-      const Run d = train(&single, true, symmetric, c, first, local);
+      const Run d = run_steps(&single, true, symmetric, c, first, local);
       CHECK(d.factors == plain.factors);
       CHECK(d.parameters == plain.parameters);
       CHECK(d.stats.factor_updates == factor_updates(c));

@@ -61,8 +61,8 @@ struct Run {
 
 // kSteps steps of K-FAC + SGD on rows [first, first + count) of each global batch, data
 // parallel over `comm`, with the chosen strategy on a duplicate of it.
-Run train(Communicator &comm, Strategy strategy, dist::LayerAssignment assignment, const Config &c,
-          std::size_t first, std::size_t count) {
+Run run_steps(Communicator &comm, Strategy strategy, dist::LayerAssignment assignment,
+              const Config &c, std::size_t first, std::size_t count) {
   Replica replica(&comm, c, first, count);
   KFACd &kfac = replica.kfac;
   Communicator kcomm = comm.dup();
@@ -174,15 +174,15 @@ TEST_CASE("dpkfac: P ranks equal one process with each layer's factors from its 
     for (const Config &c : kConfigs) {
       INFO(describe(c));
       const Run got =
-          train(comm, Strategy::dpkfac, assignment, c, std::size_t(comm.rank()) * local, local);
+          run_steps(comm, Strategy::dpkfac, assignment, c, std::size_t(comm.rank()) * local, local);
       REQUIRE(got.owners == DPKFACd::owners(mlp_costs(), p, assignment));
       const std::vector<double> want = reference(c, got.owners, p);
       CHECK(max_abs_diff(got.parameters, want) <= 1e-10);
       // The owners' shards matter: with more than one rank, factors of the whole batch
       // (D-KFAC) give other parameters.
       if (p > 1) {
-        const Run whole =
-            train(comm, Strategy::dkfac, assignment, c, std::size_t(comm.rank()) * local, local);
+        const Run whole = run_steps(comm, Strategy::dkfac, assignment, c,
+                                    std::size_t(comm.rank()) * local, local);
         CHECK(max_abs_diff(whole.parameters, want) > 1e-8);
       }
     }
@@ -270,7 +270,7 @@ TEST_CASE("dpkfac: the P broadcasts send the analytic volume", "[mpi][dist][kfac
     for (const Config &c : kConfigs) {
       INFO(describe(c));
       const Run run =
-          train(comm, Strategy::dpkfac, assignment, c, std::size_t(comm.rank()) * local, local);
+          run_steps(comm, Strategy::dpkfac, assignment, c, std::size_t(comm.rank()) * local, local);
       CHECK(run.analytic == entries * sizeof(double));
       CHECK(run.stats.steps == std::uint64_t(kSteps));
       CHECK(run.counted.calls == std::uint64_t(kSteps) * 3);
@@ -295,9 +295,9 @@ TEST_CASE("dpkfac: a rank that owns k of L layers holds less K-FAC state than D-
     for (const Config &c : kConfigs) {
       INFO(describe(c));
       const std::size_t first = std::size_t(comm.rank()) * local;
-      const Run dp = train(comm, Strategy::dpkfac, assignment, c, first, local);
-      const Run d = train(comm, Strategy::dkfac, assignment, c, first, local);
-      const Run plain = train(comm, Strategy::none, assignment, c, first, local);
+      const Run dp = run_steps(comm, Strategy::dpkfac, assignment, c, first, local);
+      const Run d = run_steps(comm, Strategy::dkfac, assignment, c, first, local);
+      const Run plain = run_steps(comm, Strategy::none, assignment, c, first, local);
       CHECK(d.state_bytes == plain.state_bytes);
       if (dp.owned < 3) {
         CHECK(dp.state_bytes < d.state_bytes);
@@ -322,10 +322,10 @@ TEST_CASE("dpkfac: on one rank DP-KFAC equals plain K-FAC exactly", "[mpi][dist]
   for (const Config &c : kConfigs) {
     INFO(describe(c));
     const Run plain =
-        train(single, Strategy::none, dist::LayerAssignment::round_robin, c, first, local);
+        run_steps(single, Strategy::none, dist::LayerAssignment::round_robin, c, first, local);
     for (const auto assignment : kAssignments) {
       INFO(name_of(assignment));
-      const Run d = train(single, Strategy::dpkfac, assignment, c, first, local);
+      const Run d = run_steps(single, Strategy::dpkfac, assignment, c, first, local);
       CHECK(d.parameters == plain.parameters);
       CHECK(d.owned == 3);
       CHECK(d.state_bytes == plain.state_bytes);

@@ -56,9 +56,9 @@ struct Run {
   std::vector<bool> decomposed, worker; // per layer: holds both decompositions / preconditions
 };
 
-Run train(Communicator *comm, Strategy strategy, double fraction, const Config &c,
-          std::size_t first, std::size_t count,
-          dist::AssignmentCost cost = dist::AssignmentCost::compute) {
+Run run_steps(Communicator *comm, Strategy strategy, double fraction, const Config &c,
+              std::size_t first, std::size_t count,
+              dist::AssignmentCost cost = dist::AssignmentCost::compute) {
   Replica replica(comm, c, first, count);
   std::optional<Communicator> kcomm;
   std::unique_ptr<DKFACd> dkfac;
@@ -150,12 +150,12 @@ TEST_CASE("kaisa: every grad_worker_fraction gives the same preconditioned gradi
   CHECK(fractions(comm.size()).size() == (comm.size() == 4 ? 3u : comm.size() == 1 ? 1u : 2u));
   for (const Config &c : kConfigs) {
     INFO(describe(c));
-    const Run want = train(&comm, Strategy::dkfac, 1.0, c, first, local);
+    const Run want = run_steps(&comm, Strategy::dkfac, 1.0, c, first, local);
     for (const double f : fractions(comm.size())) {
       for (const auto cost : {dist::AssignmentCost::compute, dist::AssignmentCost::memory}) {
         INFO("grad_worker_fraction "
              << f << " cost " << (cost == dist::AssignmentCost::compute ? "compute" : "memory"));
-        const Run got = train(&comm, Strategy::kaisa, f, c, first, local, cost);
+        const Run got = run_steps(&comm, Strategy::kaisa, f, c, first, local, cost);
         for (int s = 0; s < kSteps; ++s) {
           INFO("step " << s);
           CHECK(max_abs_diff(got.gradients[std::size_t(s)], want.gradients[std::size_t(s)]) <=
@@ -376,8 +376,8 @@ TEST_CASE("kaisa: on one rank KAISA equals plain K-FAC exactly", "[mpi][dist][kf
   const std::size_t first = std::size_t(world.rank()) * local;
   for (const Config &c : kConfigs) {
     INFO(describe(c));
-    const Run plain = train(&single, Strategy::plain, 1.0, c, first, local);
-    const Run k = train(&single, Strategy::kaisa, 1.0, c, first, local);
+    const Run plain = run_steps(&single, Strategy::plain, 1.0, c, first, local);
+    const Run k = run_steps(&single, Strategy::kaisa, 1.0, c, first, local);
     CHECK(k.gradients == plain.gradients);
     CHECK(k.parameters == plain.parameters);
   }
@@ -401,7 +401,8 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
     const bool eigen = c.method == ComputeMethod::eigen;
     for (const double f : fractions(comm.size())) {
       INFO("grad_worker_fraction " << f);
-      const Run r = train(&comm, Strategy::kaisa, f, c, std::size_t(comm.rank()) * local, local);
+      const Run r =
+          run_steps(&comm, Strategy::kaisa, f, c, std::size_t(comm.rank()) * local, local);
       INFO(mode_name(r.mode));
       const std::uint64_t decompositions = every(c.inv_every);
       // Factors: as D-KFAC, the upper triangles, one all-reduce per factor per update; the

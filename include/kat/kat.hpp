@@ -49,6 +49,17 @@
 
 #include "kat/io/checkpoint.hpp"
 
+#include "kat/train/callback.hpp"
+#include "kat/train/checkpointer.hpp"
+#include "kat/train/console_logger.hpp"
+#include "kat/train/gradient_sync.hpp"
+#include "kat/train/gradient_transform.hpp"
+#include "kat/train/metrics_writer.hpp"
+#include "kat/train/process_group.hpp"
+#include "kat/train/profiler.hpp"
+#include "kat/train/registry.hpp"
+#include "kat/train/trainer.hpp"
+
 // DistributedSampler needs no MPI; the rest of kat::distributed does (KAT configured with
 // -DKAT_ENABLE_MPI=ON).
 #include "kat/distributed/distributed_sampler.hpp"
@@ -58,5 +69,7 @@
 #include "kat/distributed/dkfac.hpp"
 #include "kat/distributed/dpkfac.hpp"
 #include "kat/distributed/kaisa.hpp"
+#include "kat/distributed/mpi_environment.hpp"
+#include "kat/distributed/process_group.hpp"
 #include "kat/distributed/thread_budget.hpp"
 #endif

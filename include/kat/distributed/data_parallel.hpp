@@ -14,6 +14,7 @@
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
 #include "kat/distributed/communicator.hpp"
+#include "kat/train/gradient_sync.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -172,7 +173,8 @@ inline Metrics reduce_metrics(Communicator &comm, const Metrics &local) {
 /// @tparam Scalar      float or double
 /// @tparam MemorySpace where the buffers live (device memory is staged through the host by
 ///                     the Communicator when MPI cannot read it)
-template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class DataParallel {
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class DataParallel : public train::GradientSync<Scalar, MemorySpace> {
 public:
   using execution_space = typename MemorySpace::execution_space;
   using vector_type = Vector<Scalar, MemorySpace>;
@@ -261,7 +263,20 @@ public:
   std::size_t pending() const { return requests_.size(); }
 
   DataParallelStats stats() const { return stats_; }
-  void reset_stats() { stats_ = DataParallelStats{}; }
+  void reset_stats() override { stats_ = DataParallelStats{}; }
+
+  /// kat::train::GradientSync: "data_parallel".
+  std::string name() const override { return "data_parallel"; }
+  /// kat::train::GradientSync: layer_done(space, layer).
+  void on_gradients_ready(const execution_space &space, std::size_t layer) override {
+    layer_done(space, layer);
+  }
+  /// kat::train::GradientSync: finish(space).
+  void before_step(const execution_space &space) override { finish(space); }
+  /// kat::train::GradientSync: the steps, all-reduced bytes and exposed seconds of stats().
+  train::SyncStats sync_stats() const override {
+    return {stats_.steps, stats_.allreduce.bytes, stats_.exposed_seconds};
+  }
 
   /// Every rank's parameters become rank `root`'s (one blocking broadcast of n scalars).
   /// Collective. @throws ValueError if roots differ across ranks; MPIError (e.g. root out of

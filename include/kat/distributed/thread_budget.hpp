@@ -13,11 +13,16 @@
 #include "kat/distributed/communicator.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #if defined(__linux__)
 #include <sched.h>
 #endif
+
+// OpenBLAS's run-time thread count; null when the BLAS in use is not OpenBLAS.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 namespace kat::distributed {
 
@@ -80,6 +85,46 @@ inline ThreadBudget thread_budget(const Communicator &comm) {
   b.local_ranks = std::max(1, comm.split_shared().size());
   b.threads = threads_per_rank(b.node_cpus, b.affinity_cpus, b.local_ranks);
   return b;
+}
+
+/// Applies thread_budget() to this process before Kokkos is initialized, unless the user
+/// chose a thread count (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, KOKKOS_NUM_THREADS, or a
+/// --kokkos-threads / --kokkos-num-threads / --threads flag in argv): sets KOKKOS_NUM_THREADS
+/// (read by Kokkos::initialize, 3.x and 4.x) and OpenBLAS's thread count. On one rank it does
+/// nothing. Collective over `comm`.
+/// @returns a line that says what was chosen and why (empty on one rank), for logs.
+/// @throws MPIError if the node split fails.
+inline std::string apply_thread_budget(int argc, char **argv, const Communicator &comm) {
+  if (comm.size() < 2) {
+    return {};
+  }
+  const ThreadBudget b = thread_budget(comm); // collective: every rank
+  const char *chosen = nullptr;
+  for (const char *var : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KOKKOS_NUM_THREADS"}) {
+    if (chosen == nullptr && std::getenv(var) != nullptr) {
+      chosen = var;
+    }
+  }
+  for (int i = 1; chosen == nullptr && i < argc; ++i) {
+    const std::string arg = argv[i];
+    for (const char *flag : {"--kokkos-threads", "--kokkos-num-threads", "--threads"}) {
+      if (arg.rfind(flag, 0) == 0) {
+        chosen = flag;
+      }
+    }
+  }
+  if (chosen != nullptr) {
+    return kat::detail::concat("threads per rank: as set by ", chosen, " (", b.local_ranks,
+                               " ranks on this node, ", b.node_cpus, " CPUs)");
+  }
+  const std::string t = std::to_string(b.threads);
+  setenv("KOKKOS_NUM_THREADS", t.c_str(), 1);
+  if (openblas_set_num_threads != nullptr) {
+    openblas_set_num_threads(b.threads);
+  }
+  return kat::detail::concat("threads per rank: ", b.threads, " (", b.local_ranks,
+                             " ranks on this node, ", b.node_cpus, " CPUs, ", b.affinity_cpus,
+                             " usable by this rank; set OMP_NUM_THREADS to choose)");
 }
 
 } // namespace kat::distributed

@@ -1,0 +1,89 @@
+#pragma once
+/// @file
+/// @brief A callback that reports training on the console: a live progress bar and a line per
+/// epoch.
+
+#include "kat/train/callback.hpp"
+#include "kat/train/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace kat::train {
+
+/// Prints, after every epoch,
+///
+///     epoch  3  0.873 s     68724 samples/s  train loss 0.2809  test loss 0.3336  test
+///     accuracy 88.03%
+///
+/// followed by EpochSummary::note on the same line and EpochSummary::lines below it (callbacks
+/// added before this one fill them). With `live`, a progress bar on the current line is
+/// redrawn at most ten times a second during the epoch (for a terminal). Only the process
+/// constructed with `enabled` prints; pass false on the others.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class ConsoleLogger : public Callback<Scalar, MemorySpace> {
+public:
+  using trainer_type = Trainer<Scalar, MemorySpace>;
+  using Clock = std::chrono::steady_clock;
+
+  ConsoleLogger(bool enabled, bool live, std::FILE *out = stdout)
+      : enabled_(enabled), live_(enabled && live), out_(out) {}
+
+  std::string name() const override { return "console_logger"; }
+
+  void on_epoch_begin(trainer_type &trainer) override {
+    t0_ = Clock::now();
+    last_ = t0_ - std::chrono::seconds(1);
+    seen_at_start_ = trainer.position().seen;
+  }
+
+  void on_step_end(trainer_type &trainer) override {
+    const Position &p = trainer.position();
+    const std::size_t batches = trainer.train_loader().batches();
+    const auto done = static_cast<std::size_t>(p.batch);
+    const auto now = Clock::now();
+    if (!live_ || (now - last_ < std::chrono::milliseconds(100) && done != batches)) {
+      return;
+    }
+    last_ = now;
+    const double seconds = std::chrono::duration<double>(now - t0_).count();
+    const double rate = static_cast<double>(p.seen - seen_at_start_) *
+                        trainer.process_group().size() / std::max(seconds, 1e-9);
+    const int width = 30;
+    const int filled = static_cast<int>(width * done / std::max<std::size_t>(batches, 1));
+    std::fprintf(out_, "\repoch %lld/%lld [%s%s] %zu/%zu loss %.4f %.0f samples/s",
+                 static_cast<long long>(p.epoch), static_cast<long long>(trainer.epochs()),
+                 std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
+                 batches, p.loss_sum / static_cast<double>(std::max<std::uint64_t>(p.seen, 1)),
+                 rate);
+    std::fflush(out_);
+  }
+
+  void on_epoch_end(trainer_type &, EpochSummary &s) override {
+    if (!enabled_) {
+      return;
+    }
+    if (live_) {
+      std::fprintf(out_, "\r\033[K");
+    }
+    std::fprintf(out_,
+                 "epoch %2lld  %.3f s  %8.0f samples/s  train loss %.4f  test loss %.4f  "
+                 "test accuracy %.2f%%%s\n",
+                 static_cast<long long>(s.epoch), s.wall_seconds, s.samples_per_second,
+                 s.train_loss, s.test_loss, 100 * s.test_accuracy, s.note.c_str());
+    for (const auto &line : s.lines) {
+      std::fprintf(out_, "%s\n", line.c_str());
+    }
+    std::fflush(out_);
+  }
+
+private:
+  bool enabled_, live_;
+  std::FILE *out_;
+  Clock::time_point t0_, last_;
+  std::uint64_t seen_at_start_ = 0;
+};
+
+} // namespace kat::train

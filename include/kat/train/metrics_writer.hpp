@@ -1,0 +1,102 @@
+#pragma once
+/// @file
+/// @brief A callback that writes one line of metrics per epoch, as CSV or JSON lines.
+
+#include "kat/core/error.hpp"
+#include "kat/core/views.hpp"
+#include "kat/train/callback.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace kat::train {
+
+/// Writes each epoch's EpochSummary to a file: CSV (a header line first) when the name ends in
+/// ".csv", JSON lines when it ends in ".jsonl" or ".json". Columns: epoch, wall_seconds,
+/// samples_per_second, train_loss, test_loss, test_accuracy, lr, then the names of
+/// `extra_columns` in that order, filled from EpochSummary::metrics (callbacks added before
+/// this one put them there; a column none of them filled is written as 0). Whole lines only,
+/// flushed every epoch: an interrupted run leaves no half line. Only the process that
+/// constructs it with a non-empty path writes; give the others an empty path.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class MetricsWriter : public Callback<Scalar, MemorySpace> {
+public:
+  /// @throws ValueError if the name has another extension; IOError if it cannot be opened.
+  explicit MetricsWriter(const std::string &path, std::vector<std::string> extra_columns = {})
+      : extra_(std::move(extra_columns)) {
+    if (path.empty()) {
+      return;
+    }
+    const auto ends_with = [&](const std::string &suffix) {
+      return path.size() >= suffix.size() &&
+             path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (ends_with(".csv")) {
+      csv_ = true;
+    } else if (!ends_with(".jsonl") && !ends_with(".json")) {
+      throw ValueError("kat::train::MetricsWriter: the file name must end in .csv or .jsonl, "
+                       "got '" +
+                       path + "'");
+    }
+    out_.open(path, std::ios::trunc);
+    if (!out_) {
+      throw IOError("kat::train::MetricsWriter: cannot open '" + path + "' for writing");
+    }
+    if (csv_) {
+      out_ << "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr";
+      for (const auto &c : extra_) {
+        out_ << ',' << c;
+      }
+      out_ << '\n';
+      out_.flush();
+    }
+  }
+
+  std::string name() const override { return "metrics_writer"; }
+
+  void on_epoch_end(Trainer<Scalar, MemorySpace> &, EpochSummary &s) override {
+    if (!out_.is_open()) {
+      return;
+    }
+    char buf[320];
+    if (csv_) {
+      std::snprintf(buf, sizeof buf, "%lld,%.6f,%.1f,%.6f,%.6f,%.6f,%.6g",
+                    static_cast<long long>(s.epoch), s.wall_seconds, s.samples_per_second,
+                    s.train_loss, s.test_loss, s.test_accuracy, s.lr);
+    } else {
+      std::snprintf(buf, sizeof buf,
+                    "{\"epoch\": %lld, \"wall_seconds\": %.6f, \"samples_per_second\": %.1f, "
+                    "\"train_loss\": %.6f, \"test_loss\": %.6f, \"test_accuracy\": %.6f, "
+                    "\"lr\": %.6g",
+                    static_cast<long long>(s.epoch), s.wall_seconds, s.samples_per_second,
+                    s.train_loss, s.test_loss, s.test_accuracy, s.lr);
+    }
+    std::string line = buf;
+    for (const auto &column : extra_) {
+      Metric m{column, 0.0, 6};
+      for (const auto &given : s.metrics) {
+        if (given.name == column) {
+          m = given;
+        }
+      }
+      if (csv_) {
+        std::snprintf(buf, sizeof buf, ",%.*f", m.decimals, m.value);
+      } else {
+        std::snprintf(buf, sizeof buf, ", \"%s\": %.*f", m.name.c_str(), m.decimals, m.value);
+      }
+      line += buf;
+    }
+    line += csv_ ? "\n" : "}\n";
+    out_ << line;
+    out_.flush();
+  }
+
+private:
+  std::vector<std::string> extra_;
+  std::ofstream out_;
+  bool csv_ = false;
+};
+
+} // namespace kat::train

@@ -1,0 +1,146 @@
+#pragma once
+/// @file
+/// @brief Named components with their options, so a program (a command line, a config file)
+/// can offer every registered method without knowing it.
+
+#include "kat/core/error.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kat::train {
+
+/// One option of a registered component, as a command line offers it ("--damping").
+struct OptionSpec {
+  std::string name;          ///< without dashes: "damping", "factor-update-steps"
+  std::string help;          ///< one sentence; the default and the choices are added by the UI
+  std::string default_value; ///< as text; "" for none
+  std::vector<std::string> choices = {}; ///< the values allowed; empty: any
+  bool is_flag = false;                  ///< takes no value: "true" when given, "false" otherwise
+};
+
+/// Option values by name, as text (what a command line gives), with typed reads whose
+/// errors name the option as the user wrote it.
+class Config {
+public:
+  /// Sets option `name` to `value`.
+  void set(const std::string &name, std::string value) { values_[name] = std::move(value); }
+  /// Whether option `name` has a value.
+  bool has(const std::string &name) const { return values_.count(name) > 0; }
+  /// The text of option `name`. @throws ValueError if it has no value.
+  const std::string &text(const std::string &name) const {
+    const auto it = values_.find(name);
+    if (it == values_.end()) {
+      throw ValueError("option --" + name + " has no value");
+    }
+    return it->second;
+  }
+  /// Option `name` as a finite number. @throws ValueError naming it and the text otherwise.
+  double number(const std::string &name) const {
+    const std::string &t = text(name);
+    char *end = nullptr;
+    errno = 0;
+    const double v = std::strtod(t.c_str(), &end);
+    if (t.empty() || *end != '\0' || errno != 0 || !std::isfinite(v)) {
+      throw ValueError("option --" + name + " must be a finite number, got '" + t + "'");
+    }
+    return v;
+  }
+  /// Option `name` as an integer. @throws ValueError naming it and the text otherwise.
+  std::int64_t integer(const std::string &name) const {
+    const std::string &t = text(name);
+    char *end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(t.c_str(), &end, 10);
+    if (t.empty() || *end != '\0' || errno != 0) {
+      throw ValueError("option --" + name + " must be an integer, got '" + t + "'");
+    }
+    return v;
+  }
+  /// Option `name` as a flag ("true"/"false"; a missing flag is false).
+  bool flag(const std::string &name) const { return has(name) && text(name) == "true"; }
+  /// Option `name` split at commas ("" is the empty list).
+  std::vector<std::string> list(const std::string &name) const {
+    std::vector<std::string> out;
+    const std::string &t = text(name);
+    for (std::size_t start = 0; !t.empty() && start <= t.size();) {
+      const std::size_t comma = std::min(t.find(',', start), t.size());
+      out.push_back(t.substr(start, comma - start));
+      start = comma + 1;
+    }
+    return out;
+  }
+
+private:
+  std::map<std::string, std::string> values_;
+};
+
+/// A family of interchangeable components (models, optimizers, gradient transforms,
+/// distributed strategies, schedules) by name: each entry is its name, a one-line help, the
+/// options it reads and a factory. Adding a method to a program built on registries is one
+/// add() call.
+///
+/// @tparam Factory what builds one (a std::function of the program's choosing)
+template <class Factory> class Registry {
+public:
+  struct Entry {
+    std::string name, help;
+    std::vector<OptionSpec> options;
+    Factory make;
+  };
+
+  /// @param what what the entries are ("optimizer"), for messages
+  explicit Registry(std::string what) : what_(std::move(what)) {}
+
+  /// Registers `name`. @throws ValueError if it is already registered.
+  void add(std::string name, std::string help, std::vector<OptionSpec> options, Factory make) {
+    if (find(name) != nullptr) {
+      throw ValueError("kat::train::Registry: " + what_ + " '" + name + "' is already registered");
+    }
+    entries_.push_back({std::move(name), std::move(help), std::move(options), std::move(make)});
+  }
+
+  /// The entry `name`, or nullptr.
+  const Entry *find(const std::string &name) const {
+    for (const auto &e : entries_) {
+      if (e.name == name) {
+        return &e;
+      }
+    }
+    return nullptr;
+  }
+  /// The entry `name`. @throws ValueError naming it and the registered names.
+  const Entry &at(const std::string &name) const {
+    if (const Entry *e = find(name)) {
+      return *e;
+    }
+    std::string known;
+    for (const auto &e : entries_) {
+      known += (known.empty() ? "" : ", ") + e.name;
+    }
+    throw ValueError("unknown " + what_ + " '" + name + "' (registered: " + known + ")");
+  }
+  /// The registered names, in registration order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> n;
+    for (const auto &e : entries_) {
+      n.push_back(e.name);
+    }
+    return n;
+  }
+  const std::vector<Entry> &entries() const { return entries_; }
+  const std::string &what() const { return what_; }
+
+private:
+  std::string what_;
+  std::vector<Entry> entries_;
+};
+
+} // namespace kat::train

@@ -1,0 +1,369 @@
+// kat::train: the Trainer against a hand-written loop, the order of the roles, callbacks,
+// state and resume, checkpoints, metrics and the registry.
+#include "test_helpers.hpp"
+
+#include <kat/data/data_loader.hpp>
+#include <kat/data/dataset.hpp>
+#include <kat/io/checkpoint.hpp>
+#include <kat/nn/activation.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
+#include <kat/optim/adam.hpp>
+#include <kat/optim/lr_schedule.hpp>
+#include <kat/optim/sgd.hpp>
+#include <kat/train/checkpointer.hpp>
+#include <kat/train/metrics_writer.hpp>
+#include <kat/train/registry.hpp>
+#include <kat/train/trainer.hpp>
+
+#include <KokkosBlas1_scal.hpp>
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+using namespace kat;
+using namespace kat::test;
+
+namespace {
+
+using Model = nn::Sequential<float, Mem>;
+using Loader = data::DataLoader<float, Mem>;
+using Trainer = train::Trainer<float, Mem>;
+
+// 50 samples of 6 features in 3 classes, deterministic; 50 / 8 gives a short last batch.
+data::Dataset toy_data(std::size_t n = 50) {
+  data::Dataset d;
+  d.shape = {6, 1, 1};
+  d.classes = 3;
+  std::uint32_t state = 12345;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto label = static_cast<std::int32_t>(i % 3);
+    d.labels.push_back(label);
+    for (int f = 0; f < 6; ++f) {
+      state = state * 1664525u + 1013904223u;
+      d.images.push_back(static_cast<std::uint8_t>((state >> 24) / 2 + (f == label ? 120 : 0)));
+    }
+  }
+  return d;
+}
+
+Model toy_model() {
+  Model m(FeatureShape{6, 1, 1});
+  m.add<nn::Flatten>();
+  m.add<nn::Dense>(6, 8);
+  m.add<nn::ReLU>();
+  m.add<nn::Dense>(8, 3);
+  m.compile(Space(), 3);
+  return m;
+}
+
+optim::SGD<float, Mem>::Options sgd_options() {
+  optim::SGD<float, Mem>::Options o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  return o;
+}
+
+std::vector<float> params_of(const Model &m) {
+  const auto h = to_host(m.parameters());
+  return std::vector<float>(h.data(), h.data() + h.extent(0));
+}
+
+// A transform that doubles the gradient and counts its calls.
+struct Doubler : train::GradientTransform<float, Mem> {
+  int calls = 0;
+  std::string name() const override { return "doubler"; }
+  void transform(const Space &space, const vector_type &, const vector_type &g) override {
+    ++calls;
+    KokkosBlas::scal(g, 2.0f, g);
+    (void)space;
+  }
+};
+
+// Records every hook of the step's roles, in order.
+struct Recorder : train::Callback<float, Mem>, train::GradientSync<float, Mem> {
+  std::vector<std::string> log;
+  std::string name() const override { return "recorder"; }
+  void on_train_begin(Trainer &) override { log.push_back("train_begin"); }
+  void on_epoch_begin(Trainer &t) override {
+    log.push_back("epoch_begin " + std::to_string(t.position().epoch));
+  }
+  void on_step_begin(Trainer &) override { log.push_back("step_begin"); }
+  void on_step_end(Trainer &t) override {
+    log.push_back("step_end " + std::to_string(t.position().step));
+  }
+  void on_epoch_end(Trainer &, train::EpochSummary &s) override {
+    log.push_back("epoch_end " + std::to_string(s.epoch));
+  }
+  void on_train_end(Trainer &) override { log.push_back("train_end"); }
+  void on_gradients_ready(const Space &, std::size_t layer) override {
+    log.push_back("ready " + std::to_string(layer));
+  }
+  void before_step(const Space &) override { log.push_back("before_step"); }
+  void after_step(const Space &) override { log.push_back("after_step"); }
+  void reset_stats() override { log.push_back("reset_stats"); }
+};
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/kat_test_trainer_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+} // namespace
+
+TEST_CASE("trainer: one epoch equals the hand-written loop bit for bit", "[train]") {
+  const Space space;
+  const auto data = toy_data();
+  const auto schedule = optim::cosine_lr(0.1, 14);
+
+  // The loop of docs/guide.md, written out.
+  Model ref = toy_model();
+  optim::SGD<float, Mem> ref_opt(ref.parameter_count(), sgd_options());
+  Loader ref_loader(data, 8, true, 7);
+  nn::SoftmaxCrossEntropy<float, Mem> ce;
+  Matrix<float, Mem> x;
+  Vector<std::int32_t, Mem> y;
+  std::int64_t step = 0;
+  double ref_loss = 0;
+  for (std::size_t epoch = 0; epoch < 2; ++epoch) {
+    ref_loader.start_epoch(epoch);
+    ref_loss = 0;
+    while (ref_loader.next(space, x, y)) {
+      const auto &logits = ref.forward(space, x);
+      Matrix<float, Mem> dlogits("dlogits", x.extent(0), 3);
+      ref_loss += ce.forward_backward(space, logits, y, dlogits) * double(x.extent(0));
+      ref.backward(space, dlogits, Model::Gradients::overwrite);
+      KokkosBlas::scal(ref.gradients(), 2.0f, ref.gradients()); // what Doubler does
+      ref_opt.set_lr(schedule(step++));
+      ref_opt.step(space, ref.parameters(), ref.gradients());
+    }
+  }
+
+  Model model = toy_model();
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  Loader loader(data, 8, true, 7);
+  Trainer trainer(model, opt, loader);
+  trainer.set_lr(schedule);
+  auto doubler = std::make_shared<Doubler>();
+  trainer.add_transform(doubler);
+  struct Last : train::Callback<float, Mem> {
+    train::EpochSummary summary;
+    std::string name() const override { return "last"; }
+    void on_epoch_end(Trainer &, train::EpochSummary &s) override { summary = s; }
+  };
+  auto last = std::make_shared<Last>();
+  trainer.add_callback(last);
+  trainer.fit(space, 2);
+
+  CHECK(params_of(model) == params_of(ref));
+  CHECK(doubler->calls == 14); // 2 epochs of ceil(50 / 8) steps
+  CHECK(trainer.position().step == 14);
+  CHECK(trainer.position().epoch == 3);
+  CHECK(opt.lr() == schedule(13));
+  CHECK(last->summary.epoch == 2);
+  CHECK(last->summary.train_loss == Approx(ref_loss / 50).epsilon(1e-12));
+  CHECK(last->summary.lr == schedule(13));
+  CHECK(last->summary.test_accuracy == 0); // no test loader
+}
+
+TEST_CASE("trainer: roles and callbacks run in the documented order", "[train]") {
+  const auto data = toy_data(16);
+  Model model = toy_model();
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  Loader loader(data, 8, false, 0);
+  Trainer trainer(model, opt, loader);
+  auto rec = std::make_shared<Recorder>();
+  trainer.set_gradient_sync(rec);
+  trainer.add_callback(rec);
+  trainer.fit(Space(), 1);
+  // Dense layers are blocks 1 and 3 of the flat buffer; backward reports every layer, last
+  // first.
+  const std::vector<std::string> step{"step_begin", "ready 3",     "ready 2",   "ready 1",
+                                      "ready 0",    "before_step", "after_step"};
+  std::vector<std::string> expected{"train_begin", "reset_stats", "epoch_begin 1"};
+  for (int s = 1; s <= 2; ++s) {
+    expected.insert(expected.end(), step.begin(), step.end());
+    expected.push_back("step_end " + std::to_string(s));
+  }
+  expected.insert(expected.end(), {"epoch_end 1", "train_end"});
+  CHECK(rec->log == expected);
+}
+
+TEST_CASE("trainer: request_stop ends training after the epoch", "[train]") {
+  Model model = toy_model();
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  const auto data = toy_data(16);
+  Loader loader(data, 8, false, 0);
+  Trainer trainer(model, opt, loader);
+  struct Stopper : train::Callback<float, Mem> {
+    std::string name() const override { return "stopper"; }
+    void on_epoch_end(Trainer &t, train::EpochSummary &s) override {
+      if (s.epoch == 2) {
+        t.request_stop();
+      }
+    }
+  };
+  trainer.add_callback(std::make_shared<Stopper>());
+  trainer.fit(Space(), 5);
+  CHECK(trainer.position().epoch == 3);
+  CHECK(trainer.position().step == 4);
+}
+
+TEST_CASE("trainer: a run resumed from a checkpoint inside an epoch ends bit-identical",
+          "[train][checkpoint]") {
+  const Space space;
+  const auto data = toy_data();
+  const auto run = [&](const std::string &dir, std::int64_t epochs, const std::string &resume) {
+    Model model = toy_model();
+    optim::Adam<float, Mem> opt(model.parameter_count(), {});
+    Loader loader(data, 8, true, 11);
+    Trainer trainer(model, opt, loader);
+    trainer.set_lr(optim::linear_warmup(3, optim::constant_lr(0.01)));
+    trainer.set_identity({{"model", "toy"}});
+    auto doubler = std::make_shared<Doubler>();
+    trainer.add_transform(doubler);
+    train::ProcessGroup alone;
+    auto ckpt = std::make_shared<train::Checkpointer<float, Mem>>(dir, 5, 100, alone);
+    trainer.add_callback(ckpt);
+    if (!resume.empty()) {
+      train::resume(trainer, resume);
+    }
+    trainer.fit(space, epochs);
+    return std::make_pair(params_of(model), opt.state_dict());
+  };
+  const std::string a = temp_dir(), b = temp_dir();
+  const auto straight = run(a, 3, "");
+  // Step 10 is inside epoch 2 (7 steps per epoch): batch 3 of it.
+  const auto resumed = run(b, 3, a + "/" + io::CheckpointDirectory::file_name(10, 0, 1));
+  CHECK(resumed.first == straight.first);
+  CHECK(io::encode_checkpoint(resumed.second) == io::encode_checkpoint(straight.second));
+  // Saved at steps 5, 10, 15 and after the last epoch (21); 14 ends epoch 2 and is not a
+  // multiple of 5, so it is not saved.
+  CHECK(io::CheckpointDirectory(a, 100).steps() == std::vector<std::int64_t>{5, 10, 15, 20, 21});
+
+  SECTION("a checkpoint of another configuration is refused before anything changes") {
+    Model model = toy_model();
+    optim::Adam<float, Mem> opt(model.parameter_count(), {});
+    Loader loader(data, 8, true, 11);
+    Trainer trainer(model, opt, loader);
+    trainer.set_identity({{"model", "other"}});
+    trainer.add_transform(std::make_shared<Doubler>());
+    const auto before = params_of(model);
+    const std::string file = a + "/" + io::CheckpointDirectory::file_name(10, 0, 1);
+    CHECK_THROWS_MATCHES(train::resume(trainer, file), ValueError,
+                         MessageContains("written with model toy, this run has model other"));
+    CHECK(params_of(model) == before);
+    CHECK(trainer.position().step == 0);
+  }
+  SECTION("a state without a component's part is refused, naming the part") {
+    Model model = toy_model();
+    optim::Adam<float, Mem> opt(model.parameter_count(), {});
+    Loader loader(data, 8, true, 11);
+    Trainer trainer(model, opt, loader);
+    trainer.set_identity({{"model", "toy"}});
+    struct Stateful : Doubler {
+      std::string name() const override { return "stateful"; }
+      StateDict state_dict() const override {
+        StateDict s;
+        s.set("calls", std::int64_t(calls));
+        return s;
+      }
+    };
+    trainer.add_transform(std::make_shared<Stateful>());
+    const std::string file = a + "/" + io::CheckpointDirectory::file_name(10, 0, 1);
+    CHECK_THROWS_MATCHES(train::resume(trainer, file), StateError,
+                         MessageContains("'stateful' is missing"));
+  }
+}
+
+TEST_CASE("trainer: the metrics writer's CSV and JSON lines", "[train]") {
+  const std::string dir = temp_dir();
+  train::EpochSummary s;
+  s.epoch = 2;
+  s.wall_seconds = 1.5;
+  s.samples_per_second = 1000;
+  s.train_loss = 0.25;
+  s.test_loss = 0.5;
+  s.test_accuracy = 0.875;
+  s.lr = 0.01;
+  s.metrics = {{"b", 3.25, 2}, {"a", 7, 0}};
+  Model model = toy_model();
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  const auto data = toy_data(8);
+  Loader loader(data, 8, false, 0);
+  Trainer trainer(model, opt, loader);
+  {
+    train::MetricsWriter<float, Mem> csv(dir + "/m.csv", {"a", "b", "c"});
+    train::MetricsWriter<float, Mem> json(dir + "/m.jsonl", {"a"});
+    csv.on_epoch_end(trainer, s);
+    json.on_epoch_end(trainer, s);
+  }
+  const auto read = [](const std::string &path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  CHECK(read(dir + "/m.csv") ==
+        "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr,a,b,c\n"
+        "2,1.500000,1000.0,0.250000,0.500000,0.875000,0.01,7,3.25,0.000000\n");
+  CHECK(read(dir + "/m.jsonl") ==
+        "{\"epoch\": 2, \"wall_seconds\": 1.500000, \"samples_per_second\": 1000.0, "
+        "\"train_loss\": 0.250000, \"test_loss\": 0.500000, \"test_accuracy\": 0.875000, "
+        "\"lr\": 0.01, \"a\": 7}\n");
+  CHECK_THROWS_MATCHES((train::MetricsWriter<float, Mem>(dir + "/m.txt")), ValueError,
+                       MessageContains("must end in .csv or .jsonl, got '" + dir + "/m.txt'"));
+}
+
+TEST_CASE("trainer: argument errors", "[train][errors]") {
+  Model model = toy_model();
+  optim::SGD<float, Mem> wrong(model.parameter_count() + 1, sgd_options());
+  const auto data = toy_data(8);
+  Loader loader(data, 8, false, 0);
+  CHECK_THROWS_AS(Trainer(model, wrong, loader), ShapeError);
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  Trainer trainer(model, opt, loader);
+  CHECK_THROWS_MATCHES(trainer.fit(Space(), 0), ValueError,
+                       MessageContains("epochs must be >= 1, got 0"));
+  CHECK_THROWS_MATCHES(trainer.add_transform(nullptr), ValueError,
+                       MessageContains("transform must not be null"));
+  train::ProcessGroup alone;
+  CHECK_THROWS_MATCHES((train::Checkpointer<float, Mem>(temp_dir(), -1, 3, alone)), ValueError,
+                       MessageContains("every must be >= 0, got -1"));
+}
+
+TEST_CASE("registry: names and lookups and typed options", "[train][registry]") {
+  train::Registry<std::function<int(const train::Config &)>> r("optimizer");
+  r.add("sgd", "plain", {{"lr", "rate", "0.1"}},
+        [](const train::Config &c) { return int(c.number("lr") * 10); });
+  r.add("adam", "adaptive", {}, [](const train::Config &) { return 7; });
+  CHECK(r.names() == std::vector<std::string>{"sgd", "adam"});
+  CHECK_THROWS_MATCHES(r.add("sgd", "again", {}, {}), ValueError,
+                       MessageContains("optimizer 'sgd' is already registered"));
+  CHECK_THROWS_MATCHES(r.at("lion"), ValueError,
+                       MessageContains("unknown optimizer 'lion' (registered: sgd, adam)"));
+  train::Config c;
+  c.set("lr", "0.3");
+  CHECK(r.at("sgd").make(c) == 3);
+  c.set("lr", "0.3x");
+  CHECK_THROWS_MATCHES(c.number("lr"), ValueError,
+                       MessageContains("option --lr must be a finite number, got '0.3x'"));
+  c.set("steps", "12");
+  CHECK(c.integer("steps") == 12);
+  c.set("steps", "1.5");
+  CHECK_THROWS_MATCHES(c.integer("steps"), ValueError,
+                       MessageContains("--steps must be an integer"));
+  c.set("layers", "0,3.1,Conv2d");
+  CHECK(c.list("layers") == std::vector<std::string>{"0", "3.1", "Conv2d"});
+  c.set("layers", "");
+  CHECK(c.list("layers").empty());
+  CHECK_FALSE(c.flag("nesterov"));
+  CHECK_THROWS_MATCHES(c.text("momentum"), ValueError, MessageContains("--momentum has no value"));
+}

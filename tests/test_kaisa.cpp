@@ -50,6 +50,7 @@ struct Run {
   dist::KAISAStats stats;
   dist::CollectiveCounter broadcast, allreduce; // the counters of K-FAC's own communicator
   std::size_t per_decomposition = 0, per_step = 0, per_factor_update = 0, per_agreement = 0;
+  precond::KFACStrategyReport report; // KFAC::strategy_report() after the last step
   KAISAd::Mode mode = KAISAd::Mode::comm_opt;
   std::vector<int> layer_group;         // layer_worker_group(l) for the 3 layers
   int group = 0;                        // worker_group_of(this rank)
@@ -91,6 +92,7 @@ Run train(Communicator *comm, Strategy strategy, double fraction, const Config &
     run.per_step = kaisa->bytes_per_step();
     run.per_factor_update = kaisa->bytes_per_factor_update();
     run.per_agreement = kaisa->bytes_per_agreement();
+    run.report = replica.kfac.strategy_report();
     run.mode = kaisa->mode();
     run.group = kaisa->worker_group_of(comm->rank());
     const bool eigen = c.method == ComputeMethod::eigen;
@@ -360,10 +362,7 @@ TEST_CASE("kaisa: invalid grad_worker_fraction values are rejected", "[mpi][dist
     dist::KAISAOptions o;
     o.grad_worker_fraction = f;
     CHECK_THROWS_WITH(KAISAd(comm, kfac, o), Catch::Contains("grad_worker_fraction"));
-    CHECK(!kfac.factor_hook());
-    CHECK(!kfac.decomposition_agreement());
-    CHECK(!kfac.decomposition_hook());
-    CHECK(!kfac.precondition_hook());
+    CHECK(kfac.strategy().name() == "local");
   }
 }
 
@@ -412,6 +411,22 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
       CHECK(r.stats.decomposition_agreement.bytes == decompositions * r.per_agreement);
       CHECK(r.allreduce.bytes ==
             every(c.factor_every) * upper * sizeof(double) + decompositions * r.per_agreement);
+      // The strategy's report: the same counters, analytic volumes that match them.
+      const precond::KFACStrategyReport &rep = r.report;
+      CHECK(rep.name == std::string("KAISA ") + mode_name(r.mode));
+      CHECK(rep.bytes_per_factor_update == r.per_factor_update);
+      CHECK(rep.bytes_per_decomposition_update == r.per_decomposition + r.per_agreement);
+      CHECK(rep.bytes_per_step == r.per_step);
+      CHECK(rep.factor_updates == every(c.factor_every));
+      CHECK(rep.decomposition_updates == decompositions);
+      CHECK(rep.factor_reduction.bytes == every(c.factor_every) * r.per_factor_update);
+      CHECK(rep.decomposition_sharing.bytes == r.stats.decomposition_broadcast.bytes);
+      CHECK(rep.gradient_sharing.bytes == r.stats.gradient_broadcast.bytes);
+      CHECK(rep.agreement.bytes == r.stats.decomposition_agreement.bytes);
+      CHECK(rep.total().bytes ==
+            rep.factor_updates * rep.bytes_per_factor_update +
+                rep.decomposition_updates * rep.bytes_per_decomposition_update +
+                (r.mode == KAISAd::Mode::comm_opt ? 0 : kSteps) * rep.bytes_per_step);
       if (r.mode == KAISAd::Mode::hybrid_opt) {
         // Decompositions: each rank takes part in the broadcasts of the factors of its worker
         // group's layers; P: one broadcast per layer in each receiver group. Both on
@@ -458,7 +473,7 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
   }
 }
 
-TEST_CASE("kaisa: the destructor removes the hooks", "[mpi][dist][kfac]") {
+TEST_CASE("kaisa: the destructor restores the local strategy", "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
   INFO(rank_of(comm));
   for (const double f : fractions(comm.size())) {
@@ -468,16 +483,14 @@ TEST_CASE("kaisa: the destructor removes the hooks", "[mpi][dist][kfac]") {
       dist::KAISAOptions o;
       o.grad_worker_fraction = f;
       KAISAd k(comm, kfac, o);
-      CHECK(static_cast<bool>(kfac.factor_hook()));
-      CHECK(static_cast<bool>(kfac.decomposition_agreement()));
-      // Decompositions are broadcast unless MEM-OPT, P unless COMM-OPT.
-      CHECK(static_cast<bool>(kfac.decomposition_hook()) == (k.mode() != KAISAd::Mode::mem_opt));
-      CHECK(static_cast<bool>(kfac.precondition_hook()) == (k.mode() != KAISAd::Mode::comm_opt));
+      CHECK(&kfac.strategy() == &k);
+      CHECK(kfac.strategy().name() == std::string("KAISA ") + mode_name(k.mode()));
+      CHECK(k.reduces_factors());
+      CHECK(k.agrees_on_failures());
+      // P is broadcast unless COMM-OPT.
+      CHECK(k.shares_gradients() == (k.mode() != KAISAd::Mode::comm_opt));
     }
-    CHECK(!kfac.factor_hook());
-    CHECK(!kfac.decomposition_agreement());
-    CHECK(!kfac.decomposition_hook());
-    CHECK(!kfac.precondition_hook());
+    CHECK(kfac.strategy().name() == "local");
   }
 }
 

@@ -20,6 +20,7 @@
 #include "kat/distributed/detail/decomposition_agreement.hpp"
 #include "kat/distributed/dkfac.hpp"
 #include "kat/precond/kfac.hpp"
+#include "kat/precond/kfac_strategy.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -66,11 +67,11 @@ struct KAISAAssignment {
 /// CommunicatorStats counts them: per rank, per broadcast call, the payload, on the root as on
 /// the receivers.
 struct KAISAStats {
-  /// Decomposition steps of this rank's worker group (the decomposition hook ran for factor
-  /// 'A' of the group's first layer; COMM-OPT: layer 0). 0 in MEM-OPT (no hook) and on a
+  /// Decomposition steps of this rank's worker group (share_decomposition() broadcast factor
+  /// 'A' of the group's first layer; COMM-OPT: layer 0). 0 in MEM-OPT (nothing shared) and on a
   /// rank whose worker group has no layer.
   std::uint64_t decomposition_updates = 0;
-  /// K-FAC steps whose P were broadcast (MEM-OPT and HYBRID-OPT; the precondition hook ran
+  /// K-FAC steps whose P were broadcast (MEM-OPT and HYBRID-OPT; share_gradient() ran
   /// for layer 0).
   std::uint64_t steps = 0;
   /// COMM-OPT and HYBRID-OPT: the broadcasts of the decompositions (Q and d, or the inverse)
@@ -81,18 +82,17 @@ struct KAISAStats {
   /// MEM-OPT and HYBRID-OPT: the P broadcasts within this rank's receiver group, per step
   /// Σ over all L layers of out·(in+1)·sizeof(InverseScalar). Zero in COMM-OPT.
   CollectiveCounter gradient_broadcast;
-  /// The agreement on decomposition failures (KFAC::set_decomposition_agreement), on the
+  /// The agreement on decomposition failures (KFACStrategy::agree_on_failures), on the
   /// whole communicator: per decomposition step one all-reduce of 2L int32 (8L bytes), plus,
   /// when a decomposition failed, two broadcasts of the owner's message.
   CollectiveCounter decomposition_agreement;
 };
 
 /// KAISA (Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep
-/// Neural Networks", SC'21): on a kat::precond::KFAC, installs
+/// Neural Networks", SC'21): a kat::precond::KFACStrategy made of
 ///
-/// - D-KFAC's factor averaging (a kat::distributed::DKFAC member, same option
-/// symmetric_communication),
-///   so every rank holds the same factors;
+/// - D-KFAC's factor averaging (reduce_factor() through a kat::distributed::DKFAC member, same
+///   option symmetric_communication), so every rank holds the same factors;
 /// - a grid of the P ranks by gw = grad_worker_fraction·P (grad_workers()): P/gw
 ///   **gradient-worker groups** of gw consecutive ranks (group g: ranks g·gw … g·gw + gw − 1,
 ///   worker_group_of()) and gw **receiver groups** (receiver group j: the ranks j, j + gw,
@@ -101,15 +101,15 @@ struct KAISAStats {
 ///   cost(d_A) + cost(d_G)) go to the P/gw worker groups (layer_worker_group()); (2) within
 ///   each group, the 2·L_g factors of its layers (A and G separately, cost cost(d), in the
 ///   order A then G of each layer, layers in registration order) go to the group's gw ranks;
-///   decomposition_owner() gives the rank, installed as KFAC::set_decomposition_owned. With
+///   decomposition_owner() gives the rank (computes_decomposition()). With
 ///   gw = P (COMM-OPT) step (2) assigns all 2L factors over all ranks; with gw = 1 (MEM-OPT)
 ///   step (1) assigns the layers over all ranks and the layer's rank decomposes both factors;
-/// - COMM-OPT and HYBRID-OPT: a decomposition hook (KFAC::set_decomposition_hook) that
+/// - COMM-OPT and HYBRID-OPT: share_decomposition()
 ///   broadcasts each decomposition from its owner to the other ranks of the layer's worker
 ///   group (a sub-communicator made by Communicator::split in the constructor; COMM-OPT: the
 ///   whole communicator). Ranks outside the group return at once and keep no decomposition of
 ///   that layer (they keep its factors: the factor all-reduce needs them);
-/// - MEM-OPT and HYBRID-OPT: a precondition hook (KFAC::set_precondition_hook). The ranks of
+/// - MEM-OPT and HYBRID-OPT: shares_gradients(), share_gradient(). The ranks of
 ///   the layer's worker group precondition it (on the other ranks the layer has no
 ///   decomposition, so KFAC puts P = ∇ in its buffer); then, in each receiver group, the member
 ///   that belongs to the layer's worker group broadcasts its P over the others' buffers
@@ -118,23 +118,24 @@ struct KAISAStats {
 /// All three give the same P as D-KFAC (each decomposer computes from the same averaged
 /// factors). Every rank must register the same layers in the same order before constructing
 /// it (the constructor is collective: it splits the communicator in HYBRID-OPT) and call
-/// KFAC::step() on the same steps (the hooks are collective).
+/// KFAC::step() on the same steps (the strategy's members are collective).
 ///
 /// A decomposition that fails on its owner is agreed on by every rank before anything is
-/// broadcast (KFAC::set_decomposition_agreement: one all-reduce of 2L int32 per
+/// broadcast (agree_on_failures(): one all-reduce of 2L int32 per
 /// decomposition step, KAISAStats::decomposition_agreement): without
 /// keep_previous_on_failure every rank throws the same NumericalError, naming the layer, the
 /// factor, the step and the owner's rank, instead of waiting in a broadcast; with it every
 /// rank keeps the previous decomposition. A received decomposition becomes valid only after
 /// its broadcast filled it (KroneckerFactor::receive_eigen / commit_received_eigen).
 ///
-/// The destructor removes the hooks and the ownership. Neither copyable nor movable; the
-/// Communicator and the KFAC must outlive it.
+/// The constructor sets this object as the KFAC's strategy (KFAC::set_strategy); the destructor
+/// restores the local one. Neither copyable nor movable; the Communicator and the KFAC must
+/// outlive it.
 ///
 ///     kat::distributed::KAISA<kat::precond::KFAC<float, Mem>> kaisa(comm, kfac, options);
 ///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
-template <class KFACType> class KAISA {
+template <class KFACType> class KAISA : public precond::KFACStrategy<KFACType> {
 public:
   using kfac_type = KFACType;
   using execution_space = typename KFACType::execution_space;
@@ -144,13 +145,16 @@ public:
   using Options = KAISAOptions;
   using Stats = KAISAStats;
   using Assignment = KAISAAssignment;
+  using factor_matrix_type = typename KFACType::factor_matrix_type;
+  using Failures = precond::KFACDecompositionFailures;
 
   /// Which strategy grad_worker_fraction selects: gw = P (COMM-OPT), gw = 1 < P (MEM-OPT),
   /// 1 < gw < P (HYBRID-OPT).
   enum class Mode { comm_opt, mem_opt, hybrid_opt };
 
   /// Assigns the registered layers (collective on `comm`: in HYBRID-OPT it splits it twice,
-  /// into the worker groups and then the receiver groups) and installs the hooks.
+  /// into the worker groups and then the receiver groups) and sets this object as the KFAC's
+  /// strategy (replacing any strategy it had).
   /// @throws ValueError if grad_worker_fraction·P is not an integer dividing P (naming
   ///   grad_worker_fraction, P and the allowed values), or if
   ///   kfac.options().factored_preconditioning is set (from its DKFAC); MPIError from the splits.
@@ -182,38 +186,86 @@ public:
       worker_comm_.emplace(comm_.split(worker_group_of(rank), rank));
       receiver_comm_.emplace(comm_.split(receiver_group_of(rank), rank));
     }
-    kfac_.set_decomposition_owned([this, rank](std::size_t layer, char factor) {
-      return decomposition_owner(layer, factor) == rank;
-    });
-    kfac_.set_decomposition_agreement(
-        [this](const execution_space &, typename KFACType::DecompositionFailures &failures) {
-          detail::agree_on_decompositions(
-              comm_, failures,
-              [this](std::size_t layer, char factor) { return decomposition_owner(layer, factor); },
-              stats_.decomposition_agreement);
-        });
-    if (mode_ != Mode::mem_opt) {
-      kfac_.set_decomposition_hook(
-          [this](const execution_space &space, std::size_t layer, char factor, factor_type &f) {
-            broadcast_decomposition(space, layer, factor, f);
-          });
-    }
-    if (mode_ != Mode::comm_opt) {
-      kfac_.set_precondition_hook(
-          [this](const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
-            broadcast_gradient(space, layer, p);
-          });
-    }
+    kfac_.set_strategy(this);
   }
   KAISA(const KAISA &) = delete;
   KAISA &operator=(const KAISA &) = delete;
-  /// Removes the hooks and the decomposition ownership (the DKFAC member removes its own).
-  ~KAISA() {
-    kfac_.set_decomposition_agreement({});
-    kfac_.set_decomposition_hook({});
-    kfac_.set_precondition_hook({});
-    kfac_.set_decomposition_owned({});
+  /// Restores the KFAC's local strategy (if this one is still set).
+  ~KAISA() override {
+    if (&kfac_.strategy() == this) {
+      kfac_.set_strategy(nullptr);
+    }
   }
+
+  /// "KAISA COMM-OPT", "KAISA MEM-OPT" or "KAISA HYBRID-OPT".
+  std::string name() const override {
+    return mode_ == Mode::comm_opt  ? "KAISA COMM-OPT"
+           : mode_ == Mode::mem_opt ? "KAISA MEM-OPT"
+                                    : "KAISA HYBRID-OPT";
+  }
+  /// true: the batch estimates are averaged as in D-KFAC.
+  bool reduces_factors() const override { return true; }
+  /// DKFAC::reduce_factor(). Collective.
+  void reduce_factor(const execution_space &space, const factor_matrix_type &batch,
+                     std::size_t layer, char factor) override {
+    dkfac_.reduce_factor(space, batch, layer, factor);
+  }
+  /// Whether this rank is decomposition_owner(layer, factor).
+  bool computes_decomposition(std::size_t layer, char factor) const override {
+    return decomposition_owner(layer, factor) == comm_.rank();
+  }
+  /// true: decomposition failures are agreed on over the whole communicator.
+  bool agrees_on_failures() const override { return true; }
+  /// One all-reduce of the 2L failure flags (max), plus, when one failed, two broadcasts of
+  /// the owner's message (stats().decomposition_agreement). Collective.
+  void agree_on_failures(const execution_space &, Failures &failures) override {
+    ++agreements_;
+    detail::agree_on_decompositions(
+        comm_, failures,
+        [this](std::size_t layer, char factor) { return decomposition_owner(layer, factor); },
+        stats_.decomposition_agreement);
+  }
+  /// COMM-OPT and HYBRID-OPT: broadcasts the decomposition from its owner to the other ranks
+  /// of the layer's worker group (the others return at once). MEM-OPT: nothing (the owner is
+  /// the layer's only gradient worker). Collective on the worker group.
+  void share_decomposition(const execution_space &space, std::size_t layer, char factor,
+                           factor_type &f) override {
+    if (mode_ != Mode::mem_opt) {
+      broadcast_decomposition(space, layer, factor, f);
+    }
+  }
+  /// MEM-OPT and HYBRID-OPT: true (P is broadcast in each receiver group).
+  bool shares_gradients() const override { return mode_ != Mode::comm_opt; }
+  /// Broadcasts layer `layer`'s P, in this rank's receiver group, from the member of the
+  /// layer's worker group. Collective on the receiver group.
+  void share_gradient(const execution_space &space, std::size_t layer,
+                      const inverse_matrix_type &p) override {
+    broadcast_gradient(space, layer, p);
+  }
+  /// The analytic volumes (bytes_per_factor_update(), bytes_per_decomposition_update() +
+  /// bytes_per_agreement(), bytes_per_step()), the counters (stats() and dkfac().stats())
+  /// and workspace_bytes().
+  precond::KFACStrategyReport report() const override {
+    precond::KFACStrategyReport r;
+    r.name = name();
+    r.bytes_per_factor_update = bytes_per_factor_update();
+    r.bytes_per_decomposition_update = bytes_per_decomposition_update() + bytes_per_agreement();
+    r.bytes_per_step = bytes_per_step();
+    r.factor_updates = dkfac_.stats().factor_updates;
+    r.decomposition_updates = agreements_;
+    r.steps = stats_.steps;
+    const auto traffic = [](const CollectiveCounter &c) {
+      return precond::KFACTraffic{c.calls, c.bytes};
+    };
+    r.factor_reduction = traffic(dkfac_.stats().allreduce);
+    r.decomposition_sharing = traffic(stats_.decomposition_broadcast);
+    r.gradient_sharing = traffic(stats_.gradient_broadcast);
+    r.agreement = traffic(stats_.decomposition_agreement);
+    r.workspace_bytes = workspace_bytes();
+    return r;
+  }
+  /// Bytes of this rank's packing and staging buffers (the factor all-reduce's).
+  std::size_t workspace_bytes() const { return dkfac_.workspace_bytes(); }
 
   const Options &options() const { return options_; }
   Mode mode() const { return mode_; }
@@ -222,6 +274,7 @@ public:
   const DKFAC<KFACType> &dkfac() const { return dkfac_; }
   void reset_stats() {
     stats_ = Stats();
+    agreements_ = 0;
     dkfac_.reset_stats();
   }
 
@@ -502,6 +555,7 @@ private:
   std::vector<int> layer_groups_, a_owners_, g_owners_;
   std::size_t first_group_layer_ = static_cast<std::size_t>(-1);
   Stats stats_;
+  std::uint64_t agreements_ = 0;
 };
 
 } // namespace kat::distributed

@@ -16,8 +16,10 @@
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
 #include "kat/distributed/communicator.hpp"
 #include "kat/distributed/detail/decomposition_agreement.hpp"
+#include "kat/distributed/detail/gradient_broadcast.hpp"
 #include "kat/distributed/dkfac.hpp"
 #include "kat/precond/kfac.hpp"
 #include "kat/precond/kfac_strategy.hpp"
@@ -52,6 +54,13 @@ struct KAISAOptions {
   /// As DKFACOptions::symmetric_communication (the factor all-reduce sends the upper
   /// triangle only).
   bool symmetric_communication = true;
+  /// MEM-OPT and HYBRID-OPT: broadcast P in the model's Scalar instead of K-FAC's
+  /// InverseScalar (default true), as DPKFACOptions::model_precision_broadcast: the update is
+  /// applied to a Scalar gradient anyway, and with a float model and double inverses this
+  /// halves the volume. The gradient workers round their own P to Scalar as well, so every
+  /// rank computes the KL clip from, and applies, the same P. No effect when the two types
+  /// agree, nor in COMM-OPT (no P is broadcast).
+  bool model_precision_broadcast = true;
 };
 
 /// KAISA's assignment of L layers on P ranks with gw gradient workers per layer
@@ -74,13 +83,15 @@ struct KAISAStats {
   /// K-FAC steps whose P were broadcast (MEM-OPT and HYBRID-OPT; share_gradient() ran
   /// for layer 0).
   std::uint64_t steps = 0;
-  /// COMM-OPT and HYBRID-OPT: the broadcasts of the decompositions (Q and d, or the inverse)
-  /// within this rank's worker group: per decomposition step Σ over the 2·L_g factors of the
-  /// L_g layers of this rank's worker group of (d² + d) (eigen) or d² (inverse) ·
-  /// sizeof(InverseScalar) (COMM-OPT: all 2L factors). Zero in MEM-OPT.
+  /// COMM-OPT and HYBRID-OPT: the broadcasts of the decompositions (Q and d, or the symmetric
+  /// inverse as its packed upper triangle) within this rank's worker group: per
+  /// decomposition step Σ over the 2·L_g factors of the L_g layers of this rank's worker
+  /// group of (d² + d) (eigen) or d(d+1)/2 (inverse) · sizeof(InverseScalar) (COMM-OPT: all
+  /// 2L factors). Zero in MEM-OPT.
   CollectiveCounter decomposition_broadcast;
   /// MEM-OPT and HYBRID-OPT: the P broadcasts within this rank's receiver group, per step
-  /// Σ over all L layers of out·(in+1)·sizeof(InverseScalar). Zero in COMM-OPT.
+  /// Σ over all L layers of out·(in+1)·sizeof(Scalar) (model_precision_broadcast) or
+  /// sizeof(InverseScalar). Zero in COMM-OPT.
   CollectiveCounter gradient_broadcast;
   /// The agreement on decomposition failures (KFACStrategy::agree_on_failures), on the
   /// whole communicator: per decomposition step one all-reduce of 2L int32 (8L bytes), plus,
@@ -107,13 +118,16 @@ struct KAISAStats {
 /// - COMM-OPT and HYBRID-OPT: share_decomposition()
 ///   broadcasts each decomposition from its owner to the other ranks of the layer's worker
 ///   group (a sub-communicator made by Communicator::split in the constructor; COMM-OPT: the
-///   whole communicator). Ranks outside the group return at once and keep no decomposition of
-///   that layer (they keep its factors: the factor all-reduce needs them);
+///   whole communicator): eigenvectors and eigenvalues as they are, an inverse (symmetric)
+///   as its packed upper triangle (d(d+1)/2 entries, kat::distributed::detail::pack_upper).
+///   Ranks outside the group return at once and keep no decomposition of that layer (they
+///   keep its factors: the factor all-reduce needs them);
 /// - MEM-OPT and HYBRID-OPT: shares_gradients(), share_gradient(). The ranks of
 ///   the layer's worker group precondition it (on the other ranks the layer has no
 ///   decomposition, so KFAC puts P = ∇ in its buffer); then, in each receiver group, the member
 ///   that belongs to the layer's worker group broadcasts its P over the others' buffers
-///   (MEM-OPT: over the whole communicator, from the layer's single gradient worker).
+///   (MEM-OPT: over the whole communicator, from the layer's single gradient worker), in the
+///   model's precision by default (KAISAOptions::model_precision_broadcast).
 ///
 /// All three give the same P as D-KFAC (each decomposer computes from the same averaged
 /// factors). Every rank must register the same layers in the same order before constructing
@@ -142,6 +156,8 @@ public:
   using factor_type = typename KFACType::factor_type;
   using inverse_matrix_type = typename KFACType::inverse_matrix_type;
   using inverse_scalar_type = typename inverse_matrix_type::non_const_value_type;
+  using scalar_type = typename KFACType::scalar_type;
+  using memory_space = typename KFACType::memory_space;
   using Options = KAISAOptions;
   using Stats = KAISAStats;
   using Assignment = KAISAAssignment;
@@ -162,7 +178,8 @@ public:
       : comm_(comm), kfac_(kfac), options_(options),
         grad_workers_(grad_workers(options.grad_worker_fraction, comm.size())),
         mode_(select_mode(options.grad_worker_fraction, comm.size())),
-        dkfac_(comm, kfac, DKFACOptions{options.symmetric_communication}) {
+        dkfac_(comm, kfac, DKFACOptions{options.symmetric_communication}),
+        gradients_(options.model_precision_broadcast, "kat::distributed::KAISA::narrow") {
     const int rank = comm_.rank();
     const std::size_t layers = kfac_.size();
     std::vector<std::size_t> a_dims, g_dims;
@@ -264,8 +281,13 @@ public:
     r.workspace_bytes = workspace_bytes();
     return r;
   }
-  /// Bytes of this rank's packing and staging buffers (the factor all-reduce's).
-  std::size_t workspace_bytes() const { return dkfac_.workspace_bytes(); }
+  /// Bytes of this rank's packing and staging buffers: the factor all-reduce's, the packed
+  /// inverses' (inverse path) and the Scalar P's (model_precision_broadcast). Each is
+  /// allocated on first use.
+  std::size_t workspace_bytes() const {
+    return dkfac_.workspace_bytes() + packed_.span() * sizeof(inverse_scalar_type) +
+           gradients_.workspace_bytes();
+  }
 
   const Options &options() const { return options_; }
   Mode mode() const { return mode_; }
@@ -439,7 +461,8 @@ public:
   /// This rank's analytic decomposition broadcast payload of one decomposition step, in the
   /// units of CommunicatorStats (per rank, root included): Σ over the 2·L_g factors of the
   /// layers of this rank's worker group (COMM-OPT: all 2L factors) of (d² + d) (eigen: Q and
-  /// d) or d² (inverse) · sizeof(InverseScalar). 0 in MEM-OPT (nothing is broadcast).
+  /// d) or d(d+1)/2 (inverse: the packed upper triangle) · sizeof(InverseScalar). 0 in
+  /// MEM-OPT (nothing is broadcast).
   std::size_t bytes_per_decomposition_update() const {
     if (mode_ == Mode::mem_opt)
       return 0;
@@ -450,14 +473,15 @@ public:
       if (layer_groups_.at(i) != group)
         continue;
       for (const std::size_t d : {kfac_.factor_a(i).dim(), kfac_.factor_g(i).dim()}) {
-        entries += d * d + (eigen ? d : 0);
+        entries += eigen ? d * d + d : d * (d + 1) / 2;
       }
     }
     return entries * sizeof(inverse_scalar_type);
   }
   /// This rank's analytic P broadcast payload of one step (MEM-OPT and HYBRID-OPT; per rank,
   /// root included: each rank takes part in one broadcast per layer, in its receiver group):
-  /// Σ over all L layers of out·(in+1) · sizeof(InverseScalar). 0 in COMM-OPT.
+  /// Σ over all L layers of out·(in+1) · sizeof(Scalar) (model_precision_broadcast, when
+  /// Scalar and InverseScalar differ) or sizeof(InverseScalar). 0 in COMM-OPT.
   std::size_t bytes_per_step() const {
     if (mode_ == Mode::comm_opt)
       return 0;
@@ -465,7 +489,7 @@ public:
     for (std::size_t i = 0; i < kfac_.size(); ++i) {
       entries += kfac_.factor_a(i).dim() * kfac_.factor_g(i).dim();
     }
-    return entries * sizeof(inverse_scalar_type);
+    return gradients_.template bytes<inverse_scalar_type>(entries);
   }
   /// The agreement's all-reduce payload of one decomposition step: 2L · sizeof(std::int32_t)
   /// (KAISAStats::decomposition_agreement; no decomposition failed).
@@ -498,8 +522,9 @@ private:
   /// Called on every rank for every factor KFAC decomposed successfully (all ranks own all
   /// layers); only the ranks of the layer's worker group take part. The root's rank in the
   /// worker group's communicator (split with key = rank) is its global rank minus g·gw. The
-  /// owner sends its decomposition; the others receive it into the factor's second buffers,
-  /// which become current only once the broadcast has filled them.
+  /// owner sends its decomposition (an inverse as its packed upper triangle); the others
+  /// receive it into the factor's second buffers, which become current only once the
+  /// broadcast has filled them.
   void broadcast_decomposition(const execution_space &space, std::size_t layer, char factor,
                                factor_type &f) {
     const int group = layer_groups_.at(layer);
@@ -524,8 +549,21 @@ private:
           f.commit_received_eigen();
         }
       } else {
-        c.broadcast(space, sends ? f.inverse() : f.receive_inverse(), root);
+        // (F + λI)⁻¹ is symmetric (kat::cholesky_inverse mirrors one triangle), so the packed
+        // triangle restores it exactly.
+        const std::size_t d = f.dim(), n = d * (d + 1) / 2;
+        if (packed_.extent(0) < n) {
+          packed_ = Vector<inverse_scalar_type, memory_space>(
+              Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::distributed::KAISA::packed"),
+              n);
+        }
+        const auto packed = Kokkos::subview(packed_, Kokkos::make_pair(std::size_t(0), n));
+        if (sends) {
+          detail::pack_upper(space, f.inverse(), packed);
+        }
+        c.broadcast(space, packed, root);
         if (!sends) {
+          detail::unpack_upper(space, packed, f.receive_inverse());
           f.commit_received_inverse();
         }
       }
@@ -534,7 +572,8 @@ private:
 
   /// Called on every rank for every layer in registration order. In the receiver
   /// communicator (split with key = rank) the member of worker group g has rank g, so the
-  /// root is the layer's worker group.
+  /// root is the layer's worker group. In Scalar with model_precision_broadcast (the root's P
+  /// rounded too).
   void broadcast_gradient(const execution_space &space, std::size_t layer,
                           const inverse_matrix_type &p) {
     ScopedRegion region("kat::distributed::KAISA::broadcast_gradient");
@@ -542,7 +581,8 @@ private:
       ++stats_.steps;
     }
     Communicator &c = receiver_comm();
-    counted(c, stats_.gradient_broadcast, [&] { c.broadcast(space, p, layer_groups_.at(layer)); });
+    counted(c, stats_.gradient_broadcast,
+            [&] { gradients_.broadcast(space, c, p, layer_groups_.at(layer)); });
   }
 
   Communicator &comm_;
@@ -554,6 +594,8 @@ private:
   std::optional<Communicator> worker_comm_, receiver_comm_;
   std::vector<int> layer_groups_, a_owners_, g_owners_;
   std::size_t first_group_layer_ = static_cast<std::size_t>(-1);
+  Vector<inverse_scalar_type, memory_space> packed_; // an inverse's upper triangle
+  detail::GradientBroadcast<scalar_type, memory_space> gradients_;
   Stats stats_;
   std::uint64_t agreements_ = 0;
 };

@@ -291,9 +291,7 @@ Preconditioner make_kfac(const Options &o, kat::nn::Sequential<Scalar, Mem> &mod
                   comm->size(), o.grad_worker_fraction, mode_name, kaisa->bytes_per_factor_update(),
                   kaisa->bytes_per_decomposition_update(), kaisa->bytes_per_step());
     }
-    p.state_bytes = [kfac, kaisa]() {
-      return kfac->state_bytes() + kaisa->dkfac().workspace_bytes();
-    };
+    p.state_bytes = [kfac, kaisa]() { return kfac->state_bytes() + kaisa->workspace_bytes(); };
     *report = [state = p.state_bytes, kaisa, comm, root]() {
       const auto bytes = gather_bytes(*comm, state());
       if (root)

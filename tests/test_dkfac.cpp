@@ -46,8 +46,9 @@ struct Run {
   std::vector<double> parameters;
   std::vector<std::vector<double>> factors; // after each step: every A and G, concatenated
   dist::DKFACStats stats;
-  dist::CollectiveCounter counted; // the allreduce counter of D-KFAC's own communicator
-  std::size_t analytic = 0;        // DKFAC::bytes_per_factor_update
+  dist::CollectiveCounter counted;    // the allreduce counter of D-KFAC's own communicator
+  std::size_t analytic = 0;           // DKFAC::bytes_per_factor_update
+  precond::KFACStrategyReport report; // KFAC::strategy_report() after the last step
 };
 
 // kSteps steps of K-FAC + SGD on rows [first, first + count) of each global batch. With
@@ -81,6 +82,7 @@ Run run_steps(Communicator *comm, bool dkfac, bool symmetric, const Config &c, s
     run.stats = hook->stats();
     run.counted = kcomm->stats().allreduce;
     run.analytic = hook->bytes_per_factor_update();
+    run.report = replica.kfac.strategy_report();
   }
   return run;
 }
@@ -211,6 +213,19 @@ TEST_CASE("dkfac: symmetric and full communication agree and send the analytic v
     CHECK(sym.stats.allreduce.bytes == sym.counted.bytes);
     CHECK(all.stats.allreduce.bytes == all.counted.bytes);
     CHECK(sym.stats.allreduce.calls == sym.counted.calls);
+    // The strategy's report says the same.
+    for (const Run *r : {&sym, &all}) {
+      CHECK(r->report.name == "D-KFAC");
+      CHECK(r->report.bytes_per_factor_update == r->analytic);
+      CHECK(r->report.bytes_per_decomposition_update == 0);
+      CHECK(r->report.bytes_per_step == 0);
+      CHECK(r->report.factor_updates == updates);
+      CHECK(r->report.factor_reduction.calls == r->counted.calls);
+      CHECK(r->report.factor_reduction.bytes == r->counted.bytes);
+      CHECK(r->report.total().bytes == updates * r->report.bytes_per_factor_update);
+    }
+    CHECK(sym.report.workspace_bytes == 13 * 14 / 2 * sizeof(double)); // the largest factor
+    CHECK(all.report.workspace_bytes == 0);
   }
 }
 
@@ -234,18 +249,19 @@ TEST_CASE("dkfac: on one rank D-KFAC equals plain K-FAC exactly", "[mpi][dist][k
   }
 }
 
-TEST_CASE("dkfac: the destructor removes the hook", "[mpi][dist][kfac]") {
+TEST_CASE("dkfac: the destructor restores the local strategy", "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
   KFACd kfac;
   {
     DKFACd d(comm, kfac);
-    CHECK(static_cast<bool>(kfac.factor_hook()));
+    CHECK(&kfac.strategy() == &d);
+    CHECK(kfac.strategy().name() == "D-KFAC");
     CHECK(d.options().symmetric_communication);
   }
-  CHECK(!kfac.factor_hook());
+  CHECK(kfac.strategy().name() == "local");
 }
 
-TEST_CASE("dkfac: the strategies refuse factored preconditioning and leave no hook",
+TEST_CASE("dkfac: the strategies refuse factored preconditioning and leave the local strategy",
           "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
   KFACOptions options;
@@ -261,8 +277,7 @@ TEST_CASE("dkfac: the strategies refuse factored preconditioning and leave no ho
                                             Catch::Contains("factored_preconditioning"));
   CHECK_THROWS_WITH(dist::DPKFAC<KFACd>(comm, kfac), Catch::Contains("kat::distributed::DPKFAC"));
   CHECK_THROWS_AS(dist::KAISA<KFACd>(comm, kfac), ValueError);
-  CHECK(!kfac.factor_hook());
-  CHECK(!kfac.precondition_hook());
+  CHECK(kfac.strategy().name() == "local");
   CHECK(kfac.owned(0));
 }
 

@@ -52,10 +52,11 @@ enum class Strategy { none, dkfac, dpkfac };
 struct Run {
   std::vector<double> parameters;
   dist::DPKFACStats stats;
-  dist::CollectiveCounter counted; // the broadcast counter of DP-KFAC's own communicator
-  std::size_t analytic = 0;        // DPKFAC::bytes_per_step
-  std::size_t state_bytes = 0;     // KFAC::state_bytes after the last step
-  std::size_t owned = 0;           // layers this rank owns
+  dist::CollectiveCounter counted;    // the broadcast counter of DP-KFAC's own communicator
+  std::size_t analytic = 0;           // DPKFAC::bytes_per_step
+  precond::KFACStrategyReport report; // KFAC::strategy_report() after the last step
+  std::size_t state_bytes = 0;        // KFAC::state_bytes after the last step
+  std::size_t owned = 0;              // layers this rank owns
   std::vector<int> owners;
 };
 
@@ -88,6 +89,7 @@ Run run_steps(Communicator &comm, Strategy strategy, dist::LayerAssignment assig
     run.analytic = dpkfac->bytes_per_step();
     run.owned = dpkfac->owned_layers();
     run.owners = dpkfac->owners();
+    run.report = kfac.strategy_report();
     for (std::size_t i = 0; i < kfac.size(); ++i) {
       CHECK(kfac.owned(i) == (run.owners[i] == comm.rank()));
     }
@@ -246,12 +248,12 @@ TEST_CASE("dpkfac: round-robin and balanced assignments give each layer exactly 
       Kokkos::deep_copy(h, count);
       for (std::size_t l = 0; l < owners.size(); ++l)
         CHECK(h(l) == 1.0);
-      CHECK(static_cast<bool>(kfac.precondition_hook()));
-      CHECK(static_cast<bool>(kfac.decomposition_agreement()));
+      CHECK(kfac.strategy().name() == "DP-KFAC");
+      CHECK(kfac.strategy().shares_gradients());
+      CHECK(kfac.strategy().agrees_on_failures());
     }
-    // The destructor removes the hook, the agreement and the ownership.
-    CHECK(!kfac.precondition_hook());
-    CHECK(!kfac.decomposition_agreement());
+    // The destructor restores the local strategy: every layer owned again.
+    CHECK(kfac.strategy().name() == "local");
     for (std::size_t l = 0; l < 3; ++l)
       CHECK(kfac.owned(l));
   }
@@ -281,6 +283,19 @@ TEST_CASE("dpkfac: the P broadcasts send the analytic volume", "[mpi][dist][kfac
       CHECK(run.stats.decomposition_agreement.calls == every(c.inv_every));
       CHECK(run.stats.decomposition_agreement.bytes ==
             every(c.inv_every) * 2 * kOut.size() * sizeof(std::int32_t));
+      // The strategy's report: the same counters, analytic volumes that match them.
+      const precond::KFACStrategyReport &r = run.report;
+      CHECK(r.name == "DP-KFAC");
+      CHECK(r.bytes_per_factor_update == 0);
+      CHECK(r.bytes_per_step == run.analytic);
+      CHECK(r.bytes_per_decomposition_update == 2 * kOut.size() * sizeof(std::int32_t));
+      CHECK(r.steps == std::uint64_t(kSteps));
+      CHECK(r.decomposition_updates == every(c.inv_every));
+      CHECK(r.gradient_sharing.bytes == run.counted.bytes);
+      CHECK(r.agreement.calls == every(c.inv_every));
+      CHECK(r.total().bytes == r.steps * r.bytes_per_step +
+                                   r.decomposition_updates * r.bytes_per_decomposition_update);
+      CHECK(r.workspace_bytes == 0); // double model, double P: nothing to stage
     }
   }
 }

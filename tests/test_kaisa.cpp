@@ -50,6 +50,7 @@ struct Run {
   dist::KAISAStats stats;
   dist::CollectiveCounter broadcast, allreduce; // the counters of K-FAC's own communicator
   std::size_t per_decomposition = 0, per_step = 0, per_factor_update = 0, per_agreement = 0;
+  precond::KFACStrategyReport report; // KFAC::strategy_report() after the last step
   KAISAd::Mode mode = KAISAd::Mode::comm_opt;
   std::vector<int> layer_group;         // layer_worker_group(l) for the 3 layers
   int group = 0;                        // worker_group_of(this rank)
@@ -91,6 +92,7 @@ Run run_steps(Communicator *comm, Strategy strategy, double fraction, const Conf
     run.per_step = kaisa->bytes_per_step();
     run.per_factor_update = kaisa->bytes_per_factor_update();
     run.per_agreement = kaisa->bytes_per_agreement();
+    run.report = replica.kfac.strategy_report();
     run.mode = kaisa->mode();
     run.group = kaisa->worker_group_of(comm->rank());
     const bool eigen = c.method == ComputeMethod::eigen;
@@ -360,10 +362,7 @@ TEST_CASE("kaisa: invalid grad_worker_fraction values are rejected", "[mpi][dist
     dist::KAISAOptions o;
     o.grad_worker_fraction = f;
     CHECK_THROWS_WITH(KAISAd(comm, kfac, o), Catch::Contains("grad_worker_fraction"));
-    CHECK(!kfac.factor_hook());
-    CHECK(!kfac.decomposition_agreement());
-    CHECK(!kfac.decomposition_hook());
-    CHECK(!kfac.precondition_hook());
+    CHECK(kfac.strategy().name() == "local");
   }
 }
 
@@ -413,6 +412,22 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
       CHECK(r.stats.decomposition_agreement.bytes == decompositions * r.per_agreement);
       CHECK(r.allreduce.bytes ==
             every(c.factor_every) * upper * sizeof(double) + decompositions * r.per_agreement);
+      // The strategy's report: the same counters, analytic volumes that match them.
+      const precond::KFACStrategyReport &rep = r.report;
+      CHECK(rep.name == std::string("KAISA ") + mode_name(r.mode));
+      CHECK(rep.bytes_per_factor_update == r.per_factor_update);
+      CHECK(rep.bytes_per_decomposition_update == r.per_decomposition + r.per_agreement);
+      CHECK(rep.bytes_per_step == r.per_step);
+      CHECK(rep.factor_updates == every(c.factor_every));
+      CHECK(rep.decomposition_updates == decompositions);
+      CHECK(rep.factor_reduction.bytes == every(c.factor_every) * r.per_factor_update);
+      CHECK(rep.decomposition_sharing.bytes == r.stats.decomposition_broadcast.bytes);
+      CHECK(rep.gradient_sharing.bytes == r.stats.gradient_broadcast.bytes);
+      CHECK(rep.agreement.bytes == r.stats.decomposition_agreement.bytes);
+      CHECK(rep.total().bytes ==
+            rep.factor_updates * rep.bytes_per_factor_update +
+                rep.decomposition_updates * rep.bytes_per_decomposition_update +
+                (r.mode == KAISAd::Mode::comm_opt ? 0 : kSteps) * rep.bytes_per_step);
       if (r.mode == KAISAd::Mode::hybrid_opt) {
         // Decompositions: each rank takes part in the broadcasts of the factors of its worker
         // group's layers; P: one broadcast per layer in each receiver group. Both on
@@ -422,7 +437,8 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
           if (r.layer_group[l] != r.group)
             continue;
           for (const std::size_t d : {kADims[l], kGDims[l]}) {
-            group_entries += d * d + (eigen ? d : 0);
+            // Eigen: Q and d; inverse: the symmetric inverse's packed upper triangle.
+            group_entries += eigen ? d * d + d : d * (d + 1) / 2;
             ++group_factors;
           }
         }
@@ -438,7 +454,8 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
         CHECK(r.stats.gradient_broadcast.bytes == std::uint64_t(kSteps) * r.per_step);
         CHECK(r.broadcast.calls == 0);
       } else if (r.mode == KAISAd::Mode::comm_opt) {
-        const std::size_t entries = squares + (eigen ? dims : 0);
+        // Eigen: every Q and d; inverse: every symmetric inverse's packed upper triangle.
+        const std::size_t entries = eigen ? squares + dims : upper;
         CHECK(r.per_decomposition == entries * sizeof(double));
         CHECK(r.per_step == 0);
         CHECK(r.stats.decomposition_updates == decompositions);
@@ -459,7 +476,7 @@ TEST_CASE("kaisa: counted bytes equal the analytic volume", "[mpi][dist][kfac]")
   }
 }
 
-TEST_CASE("kaisa: the destructor removes the hooks", "[mpi][dist][kfac]") {
+TEST_CASE("kaisa: the destructor restores the local strategy", "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
   INFO(rank_of(comm));
   for (const double f : fractions(comm.size())) {
@@ -469,16 +486,14 @@ TEST_CASE("kaisa: the destructor removes the hooks", "[mpi][dist][kfac]") {
       dist::KAISAOptions o;
       o.grad_worker_fraction = f;
       KAISAd k(comm, kfac, o);
-      CHECK(static_cast<bool>(kfac.factor_hook()));
-      CHECK(static_cast<bool>(kfac.decomposition_agreement()));
-      // Decompositions are broadcast unless MEM-OPT, P unless COMM-OPT.
-      CHECK(static_cast<bool>(kfac.decomposition_hook()) == (k.mode() != KAISAd::Mode::mem_opt));
-      CHECK(static_cast<bool>(kfac.precondition_hook()) == (k.mode() != KAISAd::Mode::comm_opt));
+      CHECK(&kfac.strategy() == &k);
+      CHECK(kfac.strategy().name() == std::string("KAISA ") + mode_name(k.mode()));
+      CHECK(k.reduces_factors());
+      CHECK(k.agrees_on_failures());
+      // P is broadcast unless COMM-OPT.
+      CHECK(k.shares_gradients() == (k.mode() != KAISAd::Mode::comm_opt));
     }
-    CHECK(!kfac.factor_hook());
-    CHECK(!kfac.decomposition_agreement());
-    CHECK(!kfac.decomposition_hook());
-    CHECK(!kfac.precondition_hook());
+    CHECK(kfac.strategy().name() == "local");
   }
 }
 
@@ -603,6 +618,98 @@ TEST_CASE("kaisa: a first decomposition that fails is never marked valid on any 
       CHECK_THAT(message, Catch::Contains("layer '3' factor A") &&
                               Catch::Contains("decomposed on rank " + std::to_string(owner)));
       CHECK(same_on_every_rank(comm, message));
+    }
+  }
+}
+
+namespace {
+// One layer given by views, float model and double inverses, factors and decompositions
+// every step, the same a, g and (averaged) gradient on every rank; returns each step's
+// preconditioned gradient and, with KAISA, its report.
+struct FloatRun {
+  std::vector<std::vector<float>> gradients;
+  precond::KFACStrategyReport report;
+};
+FloatRun float_layer(Communicator *comm, double fraction, ComputeMethod method,
+                     bool model_precision) {
+  using KFACf = KFAC<float, Mem, double>;
+  constexpr std::size_t out = 3, cols = 4, rows = 5;
+  KFACOptions o;
+  o.factor_update_steps = 1;
+  o.inv_update_steps = 1;
+  o.damping = 0.1;
+  o.lr = 0.1;
+  o.compute_method = method;
+  KFACf kfac(o);
+  const auto a = matrix_of<float>(rows, cols, [&](std::size_t i, std::size_t j) {
+    return j + 1 == cols ? 1.0 : std::sin(1.0 + i + 2.0 * j);
+  });
+  const auto g = matrix_of<float>(
+      rows, out, [&](std::size_t i, std::size_t j) { return 0.2 * std::cos(3.0 * i + j); });
+  Matrix<float, Mem> grad("grad", out, cols);
+  kfac.register_layer("dense", [&] {
+    KFACf::record_type rec;
+    rec.a = a;
+    rec.g = g;
+    rec.weight_gradient = grad;
+    rec.samples = rows;
+    return rec;
+  });
+  std::unique_ptr<dist::KAISA<KFACf>> kaisa;
+  if (comm != nullptr) {
+    dist::KAISAOptions k;
+    k.grad_worker_fraction = fraction;
+    k.model_precision_broadcast = model_precision;
+    kaisa = std::make_unique<dist::KAISA<KFACf>>(*comm, kfac, k);
+  }
+  FloatRun run;
+  for (int s = 0; s < 3; ++s) {
+    Kokkos::deep_copy(grad, matrix_of<float>(out, cols, [&](std::size_t i, std::size_t j) {
+                        return 0.1 * (s + 1) * std::sin(0.5 + i - 1.5 * j);
+                      }));
+    kfac.step(Space());
+    auto h = to_host(grad);
+    run.gradients.emplace_back(h.data(), h.data() + h.size());
+  }
+  run.report = kfac.strategy_report();
+  return run;
+}
+} // namespace
+
+TEST_CASE("kaisa: MEM-OPT broadcasts P in the model precision and every rank applies the same P",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  const double mem_opt = 1.0 / comm.size(); // COMM-OPT on one rank: no P is broadcast
+  for (const ComputeMethod method : {ComputeMethod::eigen, ComputeMethod::inverse}) {
+    INFO((method == ComputeMethod::eigen ? "eigen" : "inverse"));
+    const FloatRun plain = float_layer(nullptr, 1.0, method, true);
+    for (const bool narrow : {true, false}) {
+      INFO("model_precision_broadcast " << narrow);
+      const FloatRun run = float_layer(&comm, mem_opt, method, narrow);
+      const std::size_t per_step =
+          comm.size() == 1 ? 0 : 12 * (narrow ? sizeof(float) : sizeof(double));
+      CHECK(run.report.bytes_per_step == per_step);
+      CHECK(run.report.gradient_sharing.bytes == 3 * per_step);
+      // The staging buffer: a 3 x 4 float P, only when P is narrowed.
+      CHECK(run.report.workspace_bytes >= (narrow && comm.size() > 1 ? 12 * sizeof(float) : 0));
+      for (std::size_t s = 0; s < run.gradients.size(); ++s) {
+        const std::vector<float> &mine = run.gradients[s];
+        // Every rank holds the gradient worker's update, bit for bit.
+        Vector<float, Mem> local("local", mine.size()), all("all", mine.size() * comm.size());
+        Kokkos::deep_copy(local,
+                          Kokkos::View<const float *, Kokkos::HostSpace>(mine.data(), mine.size()));
+        comm.allgather(Space(), local, all);
+        const auto h = to_host(all);
+        for (std::size_t k = 0; k < h.size(); ++k) {
+          CHECK(h(k) == mine[k % mine.size()]);
+        }
+        // And it is plain K-FAC's, up to rounding P to float first.
+        for (std::size_t k = 0; k < mine.size(); ++k) {
+          CHECK(mine[k] ==
+                Approx(plain.gradients[s][k]).epsilon(narrow ? 1e-6 : 1e-7).margin(1e-9));
+        }
+      }
     }
   }
 }

@@ -14,8 +14,10 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
+#include <string>
 #include <vector>
 
 using namespace kat;
@@ -389,9 +391,26 @@ TEST_CASE("kfac: running averages follow factor_decay and the update intervals",
   CHECK(max_rel(flatten(to_host(kfac.factor_a(0).factor())), want) < 1e-13);
 }
 
-TEST_CASE("kfac: the factor hook sees every batch estimate and may modify it", "[kfac]") {
+namespace {
+// A strategy that hands every batch estimate to `reduce` (and is otherwise local).
+template <class K> struct ReducingStrategy : KFACStrategy<K> {
+  std::function<void(const typename K::execution_space &, const typename K::factor_matrix_type &,
+                     std::size_t, char)>
+      reduce;
+  std::string name() const override { return "reducing"; }
+  bool reduces_factors() const override { return true; }
+  void reduce_factor(const typename K::execution_space &space,
+                     const typename K::factor_matrix_type &batch, std::size_t layer,
+                     char factor) override {
+    reduce(space, batch, layer, factor);
+  }
+};
+} // namespace
+
+TEST_CASE("kfac: a strategy's reduce_factor sees every batch estimate and may modify it",
+          "[kfac]") {
   // Two runs on the same data, factor_decay 0.5, factors every 2 steps: one plain, one whose
-  // hook checks the estimate and doubles it; the hooked factors are twice the plain ones.
+  // strategy checks the estimate and doubles it; its factors are twice the plain ones.
   SmallMLP plain_net, hooked_net;
   auto o = exact_options(ComputeMethod::eigen, 0.01);
   o.factor_update_steps = std::int64_t(2);
@@ -399,22 +418,27 @@ TEST_CASE("kfac: the factor hook sees every batch estimate and may modify it", "
   KFAC<double, Mem> plain(o), hooked(o);
   plain.register_model(plain_net.model);
   hooked.register_model(hooked_net.model);
-  CHECK(!hooked.factor_hook());
+  CHECK(hooked.strategy().name() == "local");
+  CHECK(hooked.strategy_report().total().bytes == 0);
+  CHECK(hooked.strategy_report().workspace_bytes == 0);
   std::vector<std::pair<std::size_t, char>> calls;
   std::vector<std::size_t> dims;
   HostMat first_a, first_want; // layer 0's A estimate of the first step: hook, reference
-  hooked.set_factor_hook(
-      [&](const Space &space, const Matrix<double, Mem> &batch, std::size_t layer, char factor) {
-        calls.emplace_back(layer, factor);
-        dims.push_back(batch.extent(0));
-        REQUIRE(batch.extent(0) == batch.extent(1));
-        if (calls.size() == 1)
-          first_a = flatten(to_host(batch));
-        Kokkos::parallel_for(
-            "double", matrix_policy(space, batch.extent(0), batch.extent(1)),
-            KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { batch(i, j) *= 2.0; });
-      });
-  CHECK(static_cast<bool>(hooked.factor_hook()));
+  ReducingStrategy<KFAC<double, Mem>> doubling;
+  doubling.reduce = [&](const Space &space, const Matrix<double, Mem> &batch, std::size_t layer,
+                        char factor) {
+    calls.emplace_back(layer, factor);
+    dims.push_back(batch.extent(0));
+    REQUIRE(batch.extent(0) == batch.extent(1));
+    if (calls.size() == 1)
+      first_a = flatten(to_host(batch));
+    Kokkos::parallel_for(
+        "double", matrix_policy(space, batch.extent(0), batch.extent(1)),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { batch(i, j) *= 2.0; });
+  };
+  hooked.set_strategy(&doubling);
+  CHECK(&hooked.strategy() == &doubling);
+  CHECK(hooked.strategy_report().name == "reducing");
   std::size_t bytes_at_3 = 0;
   for (int s = 0; s < 6; ++s) {
     auto x = random_matrix<double>(6, 5, 500 + s);
@@ -455,8 +479,8 @@ TEST_CASE("kfac: the factor hook sees every batch estimate and may modify it", "
   CHECK(hooked.state_bytes() >= floor);
   CHECK(hooked.state_bytes() == bytes_at_3);
   CHECK(plain.state_bytes() == hooked.state_bytes());
-  hooked.set_factor_hook({});
-  CHECK(!hooked.factor_hook());
+  hooked.set_strategy(nullptr);
+  CHECK(hooked.strategy().name() == "local");
 }
 
 TEST_CASE("kfac: the KL clip scale matches its formula", "[kfac]") {

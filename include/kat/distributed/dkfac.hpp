@@ -15,11 +15,13 @@
 #include "kat/core/views.hpp"
 #include "kat/distributed/communicator.hpp"
 #include "kat/distributed/detail/factored_guard.hpp"
+#include "kat/precond/kfac_strategy.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace kat::distributed {
 
@@ -64,7 +66,7 @@ struct DKFACOptions {
 
 /// What one rank's DKFAC did since construction or reset_stats().
 struct DKFACStats {
-  /// Factor updates (K-FAC steps that updated factors and so called the hook).
+  /// Factor updates (K-FAC steps that updated factors and so called reduce_factor()).
   std::uint64_t factor_updates = 0;
   /// Batch estimates averaged (2 per layer per factor update).
   std::uint64_t factors = 0;
@@ -75,9 +77,9 @@ struct DKFACStats {
   CollectiveCounter allreduce;
 };
 
-/// D-KFAC: installs a factor hook (KFAC::set_factor_hook) on a kat::precond::KFAC that replaces
-/// each layer's batch estimate F_new by its mean over the ranks of `comm` before K-FAC folds it
-/// into the running average. With DataParallel averaging the gradients before K-FAC runs,
+/// D-KFAC: a kat::precond::KFACStrategy that replaces each layer's batch estimate F_new by its
+/// mean over the ranks of `comm` (reduce_factor()) before K-FAC folds it into the running
+/// average; everything else is local. With DataParallel averaging the gradients before K-FAC runs,
 /// every rank then holds the same factors, decompositions and preconditioned gradients, and
 /// P ranks with B/P samples each compute what one process computes on the concatenated batch
 /// of B samples (for A = aᵀa/rows exactly; for G of a batch-mean loss, G_r = N_r² g_rᵀg_r /
@@ -86,17 +88,18 @@ struct DKFACStats {
 ///
 ///     kat::precond::KFAC<float, Mem> kfac(options);
 ///     kfac.register_model(model);
-///     kat::distributed::DKFAC<kat::precond::KFAC<float, Mem>> dkfac(comm, kfac);   // installs the
-///     hook
+///     kat::distributed::DKFAC<kat::precond::KFAC<float, Mem>> dkfac(comm, kfac); // kfac's
+///     strategy
 ///     ... forward, backward, dp.finish(space); kfac.step(space); sgd.step(...);
 ///
 /// Every rank must register the same layers (same dimensions, same order) and call
-/// KFAC::step() on the same steps: the hook is collective. The destructor removes the hook.
-/// Neither copyable nor movable (the hook refers to this object); the Communicator and the
-/// KFAC must outlive it.
+/// KFAC::step() on the same steps: reduce_factor() is collective. The constructor sets this
+/// object as the KFAC's strategy (KFAC::set_strategy), the destructor restores the local one.
+/// Neither copyable nor movable (the KFAC refers to this object); the Communicator and the KFAC
+/// must outlive it.
 ///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
-template <class KFACType> class DKFAC {
+template <class KFACType> class DKFAC : public precond::KFACStrategy<KFACType> {
 public:
   using kfac_type = KFACType;
   using execution_space = typename KFACType::execution_space;
@@ -106,19 +109,43 @@ public:
   using Options = DKFACOptions;
   using Stats = DKFACStats;
 
-  /// Installs the hook on `kfac` (replacing any hook it had).
+  /// Sets this object as the strategy of `kfac` (replacing any strategy it had).
   /// @throws ValueError if kfac.options().factored_preconditioning is set.
   DKFAC(Communicator &comm, KFACType &kfac, Options options = Options())
       : comm_(comm), kfac_(kfac), options_(options) {
     detail::reject_factored(kfac_, "DKFAC");
-    kfac_.set_factor_hook([this](const execution_space &space, const factor_matrix_type &batch,
-                                 std::size_t layer,
-                                 char factor) { average(space, batch, layer, factor); });
+    kfac_.set_strategy(this);
   }
   DKFAC(const DKFAC &) = delete;
   DKFAC &operator=(const DKFAC &) = delete;
-  /// Removes the hook from the KFAC.
-  ~DKFAC() { kfac_.set_factor_hook({}); }
+  /// Restores the KFAC's local strategy (if this one is still set).
+  ~DKFAC() override {
+    if (&kfac_.strategy() == this) {
+      kfac_.set_strategy(nullptr);
+    }
+  }
+
+  /// "D-KFAC".
+  std::string name() const override { return "D-KFAC"; }
+  /// true: every batch estimate is averaged over the ranks.
+  bool reduces_factors() const override { return true; }
+  /// Replaces `batch` (dim x dim) by its mean over the ranks: its symmetrized upper triangle
+  /// packed and all-reduced (symmetric_communication), or the whole matrix. Collective.
+  /// @throws MPIError from the all-reduce.
+  void reduce_factor(const execution_space &space, const factor_matrix_type &batch,
+                     std::size_t layer, char factor) override {
+    average(space, batch, layer, factor);
+  }
+  /// bytes_per_factor_update(), the all-reduce counters (stats()) and workspace_bytes().
+  precond::KFACStrategyReport report() const override {
+    precond::KFACStrategyReport r;
+    r.name = name();
+    r.bytes_per_factor_update = bytes_per_factor_update();
+    r.factor_updates = stats_.factor_updates;
+    r.factor_reduction = {stats_.allreduce.calls, stats_.allreduce.bytes};
+    r.workspace_bytes = workspace_bytes();
+    return r;
+  }
 
   const Options &options() const { return options_; }
   const Stats &stats() const { return stats_; }

@@ -10,20 +10,19 @@
 #error "kat/distributed/dpkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
-#include "kat/core/detail/convert.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
-#include "kat/core/views.hpp"
-#include "kat/core/workspace.hpp"
 #include "kat/distributed/communicator.hpp"
 #include "kat/distributed/detail/decomposition_agreement.hpp"
 #include "kat/distributed/detail/factored_guard.hpp"
+#include "kat/distributed/detail/gradient_broadcast.hpp"
+#include "kat/precond/kfac_strategy.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
+#include <string>
 #include <vector>
 
 namespace kat::distributed {
@@ -56,15 +55,15 @@ struct DPKFACStats {
   /// counter around each one (element count x the size of the broadcast scalar per call, on
   /// every rank, root included). Per step: L calls and DPKFAC::bytes_per_step() bytes.
   CollectiveCounter broadcast;
-  /// The agreement on decomposition failures (KFAC::set_decomposition_agreement), per
+  /// The agreement on decomposition failures (KFACStrategy::agree_on_failures), per
   /// decomposition step one all-reduce of 2L int32 (8L bytes), plus, when a decomposition
   /// failed, two broadcasts of the owner's message.
   CollectiveCounter decomposition_agreement;
 };
 
-/// DP-KFAC: sets the ownership of a kat::precond::KFAC's layers (KFAC::set_owned) by `assignment`
-/// and installs a precondition hook (KFAC::set_precondition_hook) that broadcasts each
-/// layer's preconditioned gradient P from its owner. The owner of layer l records a and g
+/// DP-KFAC: a kat::precond::KFACStrategy that gives each of a KFAC's layers to one rank
+/// (builds_factors(), by `assignment`) and broadcasts each layer's preconditioned gradient P
+/// from its owner (share_gradient()). The owner of layer l records a and g
 /// of its own local batch, builds A and G from them alone (no factor communication), decomposes
 /// them and computes P from the gradient that DataParallel has already averaged; every other
 /// rank records nothing for l, allocates no factor or decomposition for it and receives P.
@@ -73,22 +72,23 @@ struct DPKFACStats {
 ///
 ///     kat::precond::KFAC<float, Mem> kfac(options);
 ///     kfac.register_model(model);
-///     kat::distributed::DPKFAC<kat::precond::KFAC<float, Mem>> dpkfac(comm, kfac);   // owners +
-///     hook
+///     kat::distributed::DPKFAC<kat::precond::KFAC<float, Mem>> dpkfac(comm, kfac); // kfac's
+///     strategy
 ///     ... forward, backward, dp.finish(space); kfac.step(space); sgd.step(...);
 ///
 /// Register every layer before constructing it (the assignment is computed from the
 /// registered layers), on every rank the same layers in the same order, and call
-/// KFAC::step() on the same steps: the hook is collective. A decomposition that fails on a
-/// layer's owner is agreed on by every rank before any P is broadcast
-/// (KFAC::set_decomposition_agreement): without keep_previous_on_failure every rank throws the
-/// same NumericalError (naming the layer, the factor, the step and the owner's rank); with it
-/// the owner keeps the previous decomposition. The destructor removes the hook and the
-/// agreement and makes every layer owned again. Neither copyable nor movable; the Communicator and
-/// the KFAC must outlive it.
+/// KFAC::step() on the same steps: share_gradient() is collective. A decomposition that fails
+/// on a layer's owner is agreed on by every rank before any P is broadcast
+/// (agree_on_failures()): without keep_previous_on_failure every rank throws the same
+/// NumericalError (naming the layer, the factor, the step and the owner's rank); with it the
+/// owner keeps the previous decomposition. The constructor sets this object as the KFAC's
+/// strategy (KFAC::set_strategy); the destructor restores the local one, which makes every
+/// layer owned again. Neither copyable nor movable; the Communicator and the KFAC must outlive
+/// it.
 ///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
-template <class KFACType> class DPKFAC {
+template <class KFACType> class DPKFAC : public precond::KFACStrategy<KFACType> {
 public:
   using kfac_type = KFACType;
   using execution_space = typename KFACType::execution_space;
@@ -98,41 +98,72 @@ public:
   using memory_space = typename KFACType::memory_space;
   using Options = DPKFACOptions;
   using Stats = DPKFACStats;
+  using Failures = precond::KFACDecompositionFailures;
 
-  /// Assigns the layers of `kfac` to the ranks of `comm` and installs the hook (replacing any
-  /// precondition hook and ownership it had).
+  /// Assigns the layers of `kfac` to the ranks of `comm` and sets this object as its strategy
+  /// (replacing any strategy it had).
   /// @throws ValueError if kfac.options().factored_preconditioning is set.
   DPKFAC(Communicator &comm, KFACType &kfac, Options options = Options())
       : comm_(comm), kfac_(kfac), options_(options),
-        owners_(owners(layer_costs(kfac), comm.size(), options.assignment)) {
+        owners_(owners(layer_costs(kfac), comm.size(), options.assignment)),
+        gradients_(options.model_precision_broadcast, "kat::distributed::DPKFAC::narrow") {
     detail::reject_factored(kfac_, "DPKFAC");
-    const int rank = comm_.rank();
-    kfac_.set_owned([this, rank](std::size_t layer) {
-      return layer < owners_.size() && owners_[layer] == rank;
-    });
-    kfac_.set_precondition_hook(
-        [this](const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
-          broadcast(space, layer, p);
-        });
-    kfac_.set_decomposition_agreement(
-        [this](const execution_space &, typename KFACType::DecompositionFailures &failures) {
-          detail::agree_on_decompositions(
-              comm_, failures, [this](std::size_t layer, char) { return owners_.at(layer); },
-              stats_.decomposition_agreement);
-        });
+    kfac_.set_strategy(this);
   }
   DPKFAC(const DPKFAC &) = delete;
   DPKFAC &operator=(const DPKFAC &) = delete;
-  /// Removes the hook and the ownership from the KFAC.
-  ~DPKFAC() {
-    kfac_.set_decomposition_agreement({});
-    kfac_.set_precondition_hook({});
-    kfac_.set_owned({});
+  /// Restores the KFAC's local strategy (if this one is still set).
+  ~DPKFAC() override {
+    if (&kfac_.strategy() == this) {
+      kfac_.set_strategy(nullptr);
+    }
+  }
+
+  /// "DP-KFAC".
+  std::string name() const override { return "DP-KFAC"; }
+  /// Whether this rank owns registered layer i (owner(i) == this rank).
+  bool builds_factors(std::size_t layer) const override {
+    return layer < owners_.size() && owners_[layer] == comm_.rank();
+  }
+  /// true: decomposition failures are agreed on over the communicator.
+  bool agrees_on_failures() const override { return true; }
+  /// One all-reduce of the 2L failure flags (max), plus, when one failed, two broadcasts of
+  /// the owner's message (stats().decomposition_agreement). Collective.
+  void agree_on_failures(const execution_space &, Failures &failures) override {
+    ++agreements_;
+    detail::agree_on_decompositions(
+        comm_, failures, [this](std::size_t layer, char) { return owners_.at(layer); },
+        stats_.decomposition_agreement);
+  }
+  /// true: P is broadcast from each layer's owner.
+  bool shares_gradients() const override { return true; }
+  /// Broadcasts layer `layer`'s P from its owner (in Scalar with model_precision_broadcast,
+  /// the owner's P rounded too). Collective. @throws MPIError from the broadcast.
+  void share_gradient(const execution_space &space, std::size_t layer,
+                      const inverse_matrix_type &p) override {
+    broadcast(space, layer, p);
+  }
+  /// bytes_per_step(), bytes_per_agreement() per decomposition step, the counters (stats())
+  /// and workspace_bytes().
+  precond::KFACStrategyReport report() const override {
+    precond::KFACStrategyReport r;
+    r.name = name();
+    r.bytes_per_decomposition_update = bytes_per_agreement();
+    r.bytes_per_step = bytes_per_step();
+    r.decomposition_updates = agreements_;
+    r.steps = stats_.steps;
+    r.gradient_sharing = {stats_.broadcast.calls, stats_.broadcast.bytes};
+    r.agreement = {stats_.decomposition_agreement.calls, stats_.decomposition_agreement.bytes};
+    r.workspace_bytes = workspace_bytes();
+    return r;
   }
 
   const Options &options() const { return options_; }
   const Stats &stats() const { return stats_; }
-  void reset_stats() { stats_ = Stats(); }
+  void reset_stats() {
+    stats_ = Stats();
+    agreements_ = 0;
+  }
 
   /// The agreement's all-reduce payload of one decomposition step: 2L · sizeof(std::int32_t)
   /// (DPKFACStats::decomposition_agreement; no decomposition failed).
@@ -207,7 +238,7 @@ public:
   std::size_t bytes_per_step() const { return bytes_per_step(kfac_, options_); }
   /// Bytes of the Scalar staging buffer for model_precision_broadcast (0 until the first
   /// step, or when Scalar and InverseScalar agree).
-  std::size_t workspace_bytes() const { return narrow_.capacity() * sizeof(scalar_type); }
+  std::size_t workspace_bytes() const { return gradients_.workspace_bytes(); }
 
 private:
   void broadcast(const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
@@ -217,32 +248,19 @@ private:
     }
     const int root = owners_.at(layer);
     const CollectiveCounter before = comm_.stats().broadcast;
-    if (narrowed()) {
-      const Matrix<scalar_type, memory_space> q = narrow_.matrix(p.extent(0), p.extent(1));
-      if (comm_.rank() == root) {
-        kat::detail::convert(space, p, q);
-      }
-      comm_.broadcast(space, q, root);
-      kat::detail::convert(space, q, p); // the owner too: the same rounded P everywhere
-    } else {
-      comm_.broadcast(space, p, root);
-    }
+    gradients_.broadcast(space, comm_, p, root);
     const CollectiveCounter after = comm_.stats().broadcast;
     stats_.broadcast.calls += after.calls - before.calls;
     stats_.broadcast.bytes += after.bytes - before.bytes;
-  }
-
-  bool narrowed() const {
-    return options_.model_precision_broadcast &&
-           !std::is_same<scalar_type, inverse_scalar_type>::value;
   }
 
   Communicator &comm_;
   KFACType &kfac_;
   Options options_;
   std::vector<int> owners_;
-  Workspace<scalar_type, memory_space> narrow_{"kat::distributed::DPKFAC::narrow"};
+  detail::GradientBroadcast<scalar_type, memory_space> gradients_;
   Stats stats_;
+  std::uint64_t agreements_ = 0;
 };
 
 } // namespace kat::distributed

@@ -16,10 +16,13 @@
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
 #include "kat/distributed/communicator.hpp"
 #include "kat/distributed/detail/decomposition_agreement.hpp"
+#include "kat/distributed/detail/gradient_broadcast.hpp"
 #include "kat/distributed/dkfac.hpp"
 #include "kat/precond/kfac.hpp"
+#include "kat/precond/kfac_strategy.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -51,6 +54,13 @@ struct KAISAOptions {
   /// As DKFACOptions::symmetric_communication (the factor all-reduce sends the upper
   /// triangle only).
   bool symmetric_communication = true;
+  /// MEM-OPT and HYBRID-OPT: broadcast P in the model's Scalar instead of K-FAC's
+  /// InverseScalar (default true), as DPKFACOptions::model_precision_broadcast: the update is
+  /// applied to a Scalar gradient anyway, and with a float model and double inverses this
+  /// halves the volume. The gradient workers round their own P to Scalar as well, so every
+  /// rank computes the KL clip from, and applies, the same P. No effect when the two types
+  /// agree, nor in COMM-OPT (no P is broadcast).
+  bool model_precision_broadcast = true;
 };
 
 /// KAISA's assignment of L layers on P ranks with gw gradient workers per layer
@@ -66,33 +76,34 @@ struct KAISAAssignment {
 /// CommunicatorStats counts them: per rank, per broadcast call, the payload, on the root as on
 /// the receivers.
 struct KAISAStats {
-  /// Decomposition steps of this rank's worker group (the decomposition hook ran for factor
-  /// 'A' of the group's first layer; COMM-OPT: layer 0). 0 in MEM-OPT (no hook) and on a
+  /// Decomposition steps of this rank's worker group (share_decomposition() broadcast factor
+  /// 'A' of the group's first layer; COMM-OPT: layer 0). 0 in MEM-OPT (nothing shared) and on a
   /// rank whose worker group has no layer.
   std::uint64_t decomposition_updates = 0;
-  /// K-FAC steps whose P were broadcast (MEM-OPT and HYBRID-OPT; the precondition hook ran
+  /// K-FAC steps whose P were broadcast (MEM-OPT and HYBRID-OPT; share_gradient() ran
   /// for layer 0).
   std::uint64_t steps = 0;
-  /// COMM-OPT and HYBRID-OPT: the broadcasts of the decompositions (Q and d, or the inverse)
-  /// within this rank's worker group: per decomposition step Σ over the 2·L_g factors of the
-  /// L_g layers of this rank's worker group of (d² + d) (eigen) or d² (inverse) ·
-  /// sizeof(InverseScalar) (COMM-OPT: all 2L factors). Zero in MEM-OPT.
+  /// COMM-OPT and HYBRID-OPT: the broadcasts of the decompositions (Q and d, or the symmetric
+  /// inverse as its packed upper triangle) within this rank's worker group: per
+  /// decomposition step Σ over the 2·L_g factors of the L_g layers of this rank's worker
+  /// group of (d² + d) (eigen) or d(d+1)/2 (inverse) · sizeof(InverseScalar) (COMM-OPT: all
+  /// 2L factors). Zero in MEM-OPT.
   CollectiveCounter decomposition_broadcast;
   /// MEM-OPT and HYBRID-OPT: the P broadcasts within this rank's receiver group, per step
-  /// Σ over all L layers of out·(in+1)·sizeof(InverseScalar). Zero in COMM-OPT.
+  /// Σ over all L layers of out·(in+1)·sizeof(Scalar) (model_precision_broadcast) or
+  /// sizeof(InverseScalar). Zero in COMM-OPT.
   CollectiveCounter gradient_broadcast;
-  /// The agreement on decomposition failures (KFAC::set_decomposition_agreement), on the
+  /// The agreement on decomposition failures (KFACStrategy::agree_on_failures), on the
   /// whole communicator: per decomposition step one all-reduce of 2L int32 (8L bytes), plus,
   /// when a decomposition failed, two broadcasts of the owner's message.
   CollectiveCounter decomposition_agreement;
 };
 
 /// KAISA (Pauloski et al. 2021, "KAISA: An Adaptive Second-Order Optimizer Framework for Deep
-/// Neural Networks", SC'21): on a kat::precond::KFAC, installs
+/// Neural Networks", SC'21): a kat::precond::KFACStrategy made of
 ///
-/// - D-KFAC's factor averaging (a kat::distributed::DKFAC member, same option
-/// symmetric_communication),
-///   so every rank holds the same factors;
+/// - D-KFAC's factor averaging (reduce_factor() through a kat::distributed::DKFAC member, same
+///   option symmetric_communication), so every rank holds the same factors;
 /// - a grid of the P ranks by gw = grad_worker_fraction·P (grad_workers()): P/gw
 ///   **gradient-worker groups** of gw consecutive ranks (group g: ranks g·gw … g·gw + gw − 1,
 ///   worker_group_of()) and gw **receiver groups** (receiver group j: the ranks j, j + gw,
@@ -101,56 +112,65 @@ struct KAISAStats {
 ///   cost(d_A) + cost(d_G)) go to the P/gw worker groups (layer_worker_group()); (2) within
 ///   each group, the 2·L_g factors of its layers (A and G separately, cost cost(d), in the
 ///   order A then G of each layer, layers in registration order) go to the group's gw ranks;
-///   decomposition_owner() gives the rank, installed as KFAC::set_decomposition_owned. With
+///   decomposition_owner() gives the rank (computes_decomposition()). With
 ///   gw = P (COMM-OPT) step (2) assigns all 2L factors over all ranks; with gw = 1 (MEM-OPT)
 ///   step (1) assigns the layers over all ranks and the layer's rank decomposes both factors;
-/// - COMM-OPT and HYBRID-OPT: a decomposition hook (KFAC::set_decomposition_hook) that
+/// - COMM-OPT and HYBRID-OPT: share_decomposition()
 ///   broadcasts each decomposition from its owner to the other ranks of the layer's worker
 ///   group (a sub-communicator made by Communicator::split in the constructor; COMM-OPT: the
-///   whole communicator). Ranks outside the group return at once and keep no decomposition of
-///   that layer (they keep its factors: the factor all-reduce needs them);
-/// - MEM-OPT and HYBRID-OPT: a precondition hook (KFAC::set_precondition_hook). The ranks of
+///   whole communicator): eigenvectors and eigenvalues as they are, an inverse (symmetric)
+///   as its packed upper triangle (d(d+1)/2 entries, kat::distributed::detail::pack_upper).
+///   Ranks outside the group return at once and keep no decomposition of that layer (they
+///   keep its factors: the factor all-reduce needs them);
+/// - MEM-OPT and HYBRID-OPT: shares_gradients(), share_gradient(). The ranks of
 ///   the layer's worker group precondition it (on the other ranks the layer has no
 ///   decomposition, so KFAC puts P = ∇ in its buffer); then, in each receiver group, the member
 ///   that belongs to the layer's worker group broadcasts its P over the others' buffers
-///   (MEM-OPT: over the whole communicator, from the layer's single gradient worker).
+///   (MEM-OPT: over the whole communicator, from the layer's single gradient worker), in the
+///   model's precision by default (KAISAOptions::model_precision_broadcast).
 ///
 /// All three give the same P as D-KFAC (each decomposer computes from the same averaged
 /// factors). Every rank must register the same layers in the same order before constructing
 /// it (the constructor is collective: it splits the communicator in HYBRID-OPT) and call
-/// KFAC::step() on the same steps (the hooks are collective).
+/// KFAC::step() on the same steps (the strategy's members are collective).
 ///
 /// A decomposition that fails on its owner is agreed on by every rank before anything is
-/// broadcast (KFAC::set_decomposition_agreement: one all-reduce of 2L int32 per
+/// broadcast (agree_on_failures(): one all-reduce of 2L int32 per
 /// decomposition step, KAISAStats::decomposition_agreement): without
 /// keep_previous_on_failure every rank throws the same NumericalError, naming the layer, the
 /// factor, the step and the owner's rank, instead of waiting in a broadcast; with it every
 /// rank keeps the previous decomposition. A received decomposition becomes valid only after
 /// its broadcast filled it (KroneckerFactor::receive_eigen / commit_received_eigen).
 ///
-/// The destructor removes the hooks and the ownership. Neither copyable nor movable; the
-/// Communicator and the KFAC must outlive it.
+/// The constructor sets this object as the KFAC's strategy (KFAC::set_strategy); the destructor
+/// restores the local one. Neither copyable nor movable; the Communicator and the KFAC must
+/// outlive it.
 ///
 ///     kat::distributed::KAISA<kat::precond::KFAC<float, Mem>> kaisa(comm, kfac, options);
 ///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
-template <class KFACType> class KAISA {
+template <class KFACType> class KAISA : public precond::KFACStrategy<KFACType> {
 public:
   using kfac_type = KFACType;
   using execution_space = typename KFACType::execution_space;
   using factor_type = typename KFACType::factor_type;
   using inverse_matrix_type = typename KFACType::inverse_matrix_type;
   using inverse_scalar_type = typename inverse_matrix_type::non_const_value_type;
+  using scalar_type = typename KFACType::scalar_type;
+  using memory_space = typename KFACType::memory_space;
   using Options = KAISAOptions;
   using Stats = KAISAStats;
   using Assignment = KAISAAssignment;
+  using factor_matrix_type = typename KFACType::factor_matrix_type;
+  using Failures = precond::KFACDecompositionFailures;
 
   /// Which strategy grad_worker_fraction selects: gw = P (COMM-OPT), gw = 1 < P (MEM-OPT),
   /// 1 < gw < P (HYBRID-OPT).
   enum class Mode { comm_opt, mem_opt, hybrid_opt };
 
   /// Assigns the registered layers (collective on `comm`: in HYBRID-OPT it splits it twice,
-  /// into the worker groups and then the receiver groups) and installs the hooks.
+  /// into the worker groups and then the receiver groups) and sets this object as the KFAC's
+  /// strategy (replacing any strategy it had).
   /// @throws ValueError if grad_worker_fraction·P is not an integer dividing P (naming
   ///   grad_worker_fraction, P and the allowed values), or if
   ///   kfac.options().factored_preconditioning is set (from its DKFAC); MPIError from the splits.
@@ -158,7 +178,8 @@ public:
       : comm_(comm), kfac_(kfac), options_(options),
         grad_workers_(grad_workers(options.grad_worker_fraction, comm.size())),
         mode_(select_mode(options.grad_worker_fraction, comm.size())),
-        dkfac_(comm, kfac, DKFACOptions{options.symmetric_communication}) {
+        dkfac_(comm, kfac, DKFACOptions{options.symmetric_communication}),
+        gradients_(options.model_precision_broadcast, "kat::distributed::KAISA::narrow") {
     const int rank = comm_.rank();
     const std::size_t layers = kfac_.size();
     std::vector<std::size_t> a_dims, g_dims;
@@ -182,37 +203,90 @@ public:
       worker_comm_.emplace(comm_.split(worker_group_of(rank), rank));
       receiver_comm_.emplace(comm_.split(receiver_group_of(rank), rank));
     }
-    kfac_.set_decomposition_owned([this, rank](std::size_t layer, char factor) {
-      return decomposition_owner(layer, factor) == rank;
-    });
-    kfac_.set_decomposition_agreement(
-        [this](const execution_space &, typename KFACType::DecompositionFailures &failures) {
-          detail::agree_on_decompositions(
-              comm_, failures,
-              [this](std::size_t layer, char factor) { return decomposition_owner(layer, factor); },
-              stats_.decomposition_agreement);
-        });
-    if (mode_ != Mode::mem_opt) {
-      kfac_.set_decomposition_hook(
-          [this](const execution_space &space, std::size_t layer, char factor, factor_type &f) {
-            broadcast_decomposition(space, layer, factor, f);
-          });
-    }
-    if (mode_ != Mode::comm_opt) {
-      kfac_.set_precondition_hook(
-          [this](const execution_space &space, std::size_t layer, const inverse_matrix_type &p) {
-            broadcast_gradient(space, layer, p);
-          });
-    }
+    kfac_.set_strategy(this);
   }
   KAISA(const KAISA &) = delete;
   KAISA &operator=(const KAISA &) = delete;
-  /// Removes the hooks and the decomposition ownership (the DKFAC member removes its own).
-  ~KAISA() {
-    kfac_.set_decomposition_agreement({});
-    kfac_.set_decomposition_hook({});
-    kfac_.set_precondition_hook({});
-    kfac_.set_decomposition_owned({});
+  /// Restores the KFAC's local strategy (if this one is still set).
+  ~KAISA() override {
+    if (&kfac_.strategy() == this) {
+      kfac_.set_strategy(nullptr);
+    }
+  }
+
+  /// "KAISA COMM-OPT", "KAISA MEM-OPT" or "KAISA HYBRID-OPT".
+  std::string name() const override {
+    return mode_ == Mode::comm_opt  ? "KAISA COMM-OPT"
+           : mode_ == Mode::mem_opt ? "KAISA MEM-OPT"
+                                    : "KAISA HYBRID-OPT";
+  }
+  /// true: the batch estimates are averaged as in D-KFAC.
+  bool reduces_factors() const override { return true; }
+  /// DKFAC::reduce_factor(). Collective.
+  void reduce_factor(const execution_space &space, const factor_matrix_type &batch,
+                     std::size_t layer, char factor) override {
+    dkfac_.reduce_factor(space, batch, layer, factor);
+  }
+  /// Whether this rank is decomposition_owner(layer, factor).
+  bool computes_decomposition(std::size_t layer, char factor) const override {
+    return decomposition_owner(layer, factor) == comm_.rank();
+  }
+  /// true: decomposition failures are agreed on over the whole communicator.
+  bool agrees_on_failures() const override { return true; }
+  /// One all-reduce of the 2L failure flags (max), plus, when one failed, two broadcasts of
+  /// the owner's message (stats().decomposition_agreement). Collective.
+  void agree_on_failures(const execution_space &, Failures &failures) override {
+    ++agreements_;
+    detail::agree_on_decompositions(
+        comm_, failures,
+        [this](std::size_t layer, char factor) { return decomposition_owner(layer, factor); },
+        stats_.decomposition_agreement);
+  }
+  /// COMM-OPT and HYBRID-OPT: broadcasts the decomposition from its owner to the other ranks
+  /// of the layer's worker group (the others return at once). MEM-OPT: nothing (the owner is
+  /// the layer's only gradient worker). Collective on the worker group.
+  void share_decomposition(const execution_space &space, std::size_t layer, char factor,
+                           factor_type &f) override {
+    if (mode_ != Mode::mem_opt) {
+      broadcast_decomposition(space, layer, factor, f);
+    }
+  }
+  /// MEM-OPT and HYBRID-OPT: true (P is broadcast in each receiver group).
+  bool shares_gradients() const override { return mode_ != Mode::comm_opt; }
+  /// Broadcasts layer `layer`'s P, in this rank's receiver group, from the member of the
+  /// layer's worker group. Collective on the receiver group.
+  void share_gradient(const execution_space &space, std::size_t layer,
+                      const inverse_matrix_type &p) override {
+    broadcast_gradient(space, layer, p);
+  }
+  /// The analytic volumes (bytes_per_factor_update(), bytes_per_decomposition_update() +
+  /// bytes_per_agreement(), bytes_per_step()), the counters (stats() and dkfac().stats())
+  /// and workspace_bytes().
+  precond::KFACStrategyReport report() const override {
+    precond::KFACStrategyReport r;
+    r.name = name();
+    r.bytes_per_factor_update = bytes_per_factor_update();
+    r.bytes_per_decomposition_update = bytes_per_decomposition_update() + bytes_per_agreement();
+    r.bytes_per_step = bytes_per_step();
+    r.factor_updates = dkfac_.stats().factor_updates;
+    r.decomposition_updates = agreements_;
+    r.steps = stats_.steps;
+    const auto traffic = [](const CollectiveCounter &c) {
+      return precond::KFACTraffic{c.calls, c.bytes};
+    };
+    r.factor_reduction = traffic(dkfac_.stats().allreduce);
+    r.decomposition_sharing = traffic(stats_.decomposition_broadcast);
+    r.gradient_sharing = traffic(stats_.gradient_broadcast);
+    r.agreement = traffic(stats_.decomposition_agreement);
+    r.workspace_bytes = workspace_bytes();
+    return r;
+  }
+  /// Bytes of this rank's packing and staging buffers: the factor all-reduce's, the packed
+  /// inverses' (inverse path) and the Scalar P's (model_precision_broadcast). Each is
+  /// allocated on first use.
+  std::size_t workspace_bytes() const {
+    return dkfac_.workspace_bytes() + packed_.span() * sizeof(inverse_scalar_type) +
+           gradients_.workspace_bytes();
   }
 
   const Options &options() const { return options_; }
@@ -222,6 +296,7 @@ public:
   const DKFAC<KFACType> &dkfac() const { return dkfac_; }
   void reset_stats() {
     stats_ = Stats();
+    agreements_ = 0;
     dkfac_.reset_stats();
   }
 
@@ -386,7 +461,8 @@ public:
   /// This rank's analytic decomposition broadcast payload of one decomposition step, in the
   /// units of CommunicatorStats (per rank, root included): Σ over the 2·L_g factors of the
   /// layers of this rank's worker group (COMM-OPT: all 2L factors) of (d² + d) (eigen: Q and
-  /// d) or d² (inverse) · sizeof(InverseScalar). 0 in MEM-OPT (nothing is broadcast).
+  /// d) or d(d+1)/2 (inverse: the packed upper triangle) · sizeof(InverseScalar). 0 in
+  /// MEM-OPT (nothing is broadcast).
   std::size_t bytes_per_decomposition_update() const {
     if (mode_ == Mode::mem_opt)
       return 0;
@@ -397,14 +473,15 @@ public:
       if (layer_groups_.at(i) != group)
         continue;
       for (const std::size_t d : {kfac_.factor_a(i).dim(), kfac_.factor_g(i).dim()}) {
-        entries += d * d + (eigen ? d : 0);
+        entries += eigen ? d * d + d : d * (d + 1) / 2;
       }
     }
     return entries * sizeof(inverse_scalar_type);
   }
   /// This rank's analytic P broadcast payload of one step (MEM-OPT and HYBRID-OPT; per rank,
   /// root included: each rank takes part in one broadcast per layer, in its receiver group):
-  /// Σ over all L layers of out·(in+1) · sizeof(InverseScalar). 0 in COMM-OPT.
+  /// Σ over all L layers of out·(in+1) · sizeof(Scalar) (model_precision_broadcast, when
+  /// Scalar and InverseScalar differ) or sizeof(InverseScalar). 0 in COMM-OPT.
   std::size_t bytes_per_step() const {
     if (mode_ == Mode::comm_opt)
       return 0;
@@ -412,7 +489,7 @@ public:
     for (std::size_t i = 0; i < kfac_.size(); ++i) {
       entries += kfac_.factor_a(i).dim() * kfac_.factor_g(i).dim();
     }
-    return entries * sizeof(inverse_scalar_type);
+    return gradients_.template bytes<inverse_scalar_type>(entries);
   }
   /// The agreement's all-reduce payload of one decomposition step: 2L · sizeof(std::int32_t)
   /// (KAISAStats::decomposition_agreement; no decomposition failed).
@@ -445,8 +522,9 @@ private:
   /// Called on every rank for every factor KFAC decomposed successfully (all ranks own all
   /// layers); only the ranks of the layer's worker group take part. The root's rank in the
   /// worker group's communicator (split with key = rank) is its global rank minus g·gw. The
-  /// owner sends its decomposition; the others receive it into the factor's second buffers,
-  /// which become current only once the broadcast has filled them.
+  /// owner sends its decomposition (an inverse as its packed upper triangle); the others
+  /// receive it into the factor's second buffers, which become current only once the
+  /// broadcast has filled them.
   void broadcast_decomposition(const execution_space &space, std::size_t layer, char factor,
                                factor_type &f) {
     const int group = layer_groups_.at(layer);
@@ -471,8 +549,21 @@ private:
           f.commit_received_eigen();
         }
       } else {
-        c.broadcast(space, sends ? f.inverse() : f.receive_inverse(), root);
+        // (F + λI)⁻¹ is symmetric (kat::cholesky_inverse mirrors one triangle), so the packed
+        // triangle restores it exactly.
+        const std::size_t d = f.dim(), n = d * (d + 1) / 2;
+        if (packed_.extent(0) < n) {
+          packed_ = Vector<inverse_scalar_type, memory_space>(
+              Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::distributed::KAISA::packed"),
+              n);
+        }
+        const auto packed = Kokkos::subview(packed_, Kokkos::make_pair(std::size_t(0), n));
+        if (sends) {
+          detail::pack_upper(space, f.inverse(), packed);
+        }
+        c.broadcast(space, packed, root);
         if (!sends) {
+          detail::unpack_upper(space, packed, f.receive_inverse());
           f.commit_received_inverse();
         }
       }
@@ -481,7 +572,8 @@ private:
 
   /// Called on every rank for every layer in registration order. In the receiver
   /// communicator (split with key = rank) the member of worker group g has rank g, so the
-  /// root is the layer's worker group.
+  /// root is the layer's worker group. In Scalar with model_precision_broadcast (the root's P
+  /// rounded too).
   void broadcast_gradient(const execution_space &space, std::size_t layer,
                           const inverse_matrix_type &p) {
     ScopedRegion region("kat::distributed::KAISA::broadcast_gradient");
@@ -489,7 +581,8 @@ private:
       ++stats_.steps;
     }
     Communicator &c = receiver_comm();
-    counted(c, stats_.gradient_broadcast, [&] { c.broadcast(space, p, layer_groups_.at(layer)); });
+    counted(c, stats_.gradient_broadcast,
+            [&] { gradients_.broadcast(space, c, p, layer_groups_.at(layer)); });
   }
 
   Communicator &comm_;
@@ -501,7 +594,10 @@ private:
   std::optional<Communicator> worker_comm_, receiver_comm_;
   std::vector<int> layer_groups_, a_owners_, g_owners_;
   std::size_t first_group_layer_ = static_cast<std::size_t>(-1);
+  Vector<inverse_scalar_type, memory_space> packed_; // an inverse's upper triangle
+  detail::GradientBroadcast<scalar_type, memory_space> gradients_;
   Stats stats_;
+  std::uint64_t agreements_ = 0;
 };
 
 } // namespace kat::distributed

@@ -14,6 +14,7 @@
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/precond/detail/kfac_kernels.hpp"
+#include "kat/precond/kfac_strategy.hpp"
 #include "kat/precond/kronecker_factor.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -170,37 +171,10 @@ public:
   using factor_scalar_type = FactorScalar;
   /// A factor (or batch estimate) matrix: dim x dim, FactorScalar.
   using factor_matrix_type = Matrix<FactorScalar, MemorySpace>;
-  /// See set_factor_hook(): `hook(space, batch_estimate, layer, factor)`, with `layer` the
-  /// registration index and `factor` 'A' or 'G'.
-  using FactorHook =
-      std::function<void(const execution_space &, const factor_matrix_type &batch_estimate,
-                         std::size_t layer, char factor)>;
-  /// See set_precondition_hook(): `hook(space, layer, p)`, with `p` the layer's
-  /// preconditioned-gradient buffer (out x (in+1), InverseScalar).
-  using PreconditionHook =
-      std::function<void(const execution_space &, std::size_t layer, const inverse_matrix_type &p)>;
-  /// See set_owned(): whether this process builds the factors of registered layer i.
-  using Ownership = std::function<bool(std::size_t layer)>;
-  /// See set_decomposition_owned(): whether this process decomposes factor `factor` ('A' or
-  /// 'G') of registered layer i.
-  using DecompositionOwnership = std::function<bool(std::size_t layer, char factor)>;
-  /// See set_decomposition_hook(): `hook(space, layer, factor, f)`, with `f` the layer's
-  /// factor 'A' or 'G' (a decomposition computed elsewhere is received through
-  /// KroneckerFactor::receive_eigen() / receive_inverse() and their commits).
-  using DecompositionHook =
-      std::function<void(const execution_space &, std::size_t layer, char factor, factor_type &f)>;
-  /// What one decomposition step found on this process (see set_decomposition_agreement()).
-  struct DecompositionFailures {
-    /// failed[2i] and failed[2i + 1]: 1 if this process's decomposition of factor A or G of
-    /// registered layer i failed at this step, 0 otherwise (2 entries per registered layer).
-    std::vector<std::int32_t> failed;
-    /// The error of the first failed factor (in that order), without the "kat::precond::KFAC: "
-    /// prefix; empty if none failed.
-    std::string message;
-  };
-  /// See set_decomposition_agreement(): `agree(space, failures)`.
-  using DecompositionAgreement =
-      std::function<void(const execution_space &, DecompositionFailures &failures)>;
+  /// The strategy interface this KFAC asks (see set_strategy()).
+  using strategy_type = KFACStrategy<KFAC>;
+  /// What one decomposition step found on this process (KFACStrategy::agree_on_failures()).
+  using DecompositionFailures = KFACDecompositionFailures;
 
   using Options = KFACOptions;
   using Values = KFACValues;
@@ -285,9 +259,7 @@ public:
     const std::string label = "kat::precond::KFAC::" + name;
     layers_.push_back(
         std::make_unique<Entry>(name, type, std::move(views), std::move(record), out, cols, label));
-    if (owned_) {
-      layers_.back()->owned = owned_(layers_.size() - 1);
-    }
+    layers_.back()->owned = strategy().builds_factors(layers_.size() - 1);
     tell_record(*layers_.back(), needs_curvature());
     return true;
   }
@@ -322,119 +294,50 @@ public:
   /// Number of completed step() calls.
   std::int64_t steps() const { return steps_; }
 
-  /// Installs (or, with an empty function, removes) a hook on the batch estimates. On every
-  /// factor update, for each registered layer i in order, A then G, it is called with the
-  /// layer's batch estimate F_new (A: aᵀa/rows, G: gᵀg·N²/rows or gᵀg/rows; a dim x dim
-  /// factor_matrix_type with both triangles filled) after it is computed and before it is
-  /// symmetrized, folded into the running average and checked for finiteness (see
-  /// KroneckerFactor::update). The hook may modify the entries in place (same shape, same
-  /// memory; keep no reference after it returns), and should enqueue its work on the given
-  /// execution space or fence it. Distributed K-FAC uses it to average F_new over ranks
-  /// (kat::distributed::DKFAC); it must then be called, in the same order, on every rank, which
-  /// step() guarantees when every rank registers the same layers and steps together.
-  /// An exception from the hook propagates out of step() (the factor is left unchanged).
-  /// Without a hook (the default) factor updates cost nothing extra.
-  void set_factor_hook(FactorHook hook) { factor_hook_ = std::move(hook); }
-  /// The installed hook (empty if none).
-  const FactorHook &factor_hook() const { return factor_hook_; }
-
-  /// Sets which registered layers this process owns (empty function: all, the default).
-  /// `owned(i)` is evaluated now for every registered layer i and for layers registered
-  /// later. A layer not owned records no a and g (its record callback is told false), builds
-  /// and decomposes no factors and allocates no factor or decomposition memory (call this
-  /// before the first step: factors already built are kept but no longer updated), and is
-  /// not preconditioned here: without a precondition hook it is left to the base optimizer;
-  /// with one, the hook fills its P buffer (distributed K-FAC in the DP-KFAC strategy,
-  /// kat::distributed::DPKFAC, broadcasts each layer's P from its owner).
-  void set_owned(Ownership owned) {
-    owned_ = std::move(owned);
+  /// Sets the strategy this process follows (KFACStrategy: which factors it builds and
+  /// decomposes, what it reduces, shares and agrees on with other processes), or, with
+  /// nullptr, the local one (the default: everything here, nothing communicated). The KFAC
+  /// does not own it: it must stay alive while set. The distributed strategies
+  /// (kat::distributed::DKFAC, KAISA, DPKFAC) set themselves in their constructor and restore
+  /// the local strategy in their destructor.
+  ///
+  /// KFACStrategy::builds_factors() is asked now for every registered layer and for layers
+  /// registered later. A layer not built here records no a and g (its record callback is told
+  /// false), builds and decomposes no factors and allocates no factor or decomposition memory
+  /// (set the strategy before the first step: factors already built are kept but no longer
+  /// updated), and is preconditioned here only when the strategy shares gradients.
+  void set_strategy(strategy_type *strategy) {
+    strategy_ = strategy;
     const bool next = needs_curvature();
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       Entry &l = *layers_[i];
-      l.owned = !owned_ || owned_(i);
+      l.owned = this->strategy().builds_factors(i);
       if (!l.owned) {
         l.ready = false;
       }
       tell_record(l, next);
     }
   }
-  /// Whether this process owns registered layer i (see set_owned()).
+  /// The strategy this process follows (a KFACLocalStrategy unless set_strategy() set another).
+  const strategy_type &strategy() const {
+    static const KFACLocalStrategy<KFAC> local{};
+    if (strategy_ != nullptr) {
+      return *strategy_;
+    }
+    return local;
+  }
+  /// strategy().report(): what the strategy communicates and stores on this process.
+  KFACStrategyReport strategy_report() const { return strategy().report(); }
+  /// Whether this process builds the factors of registered layer i
+  /// (KFACStrategy::builds_factors()).
   bool owned(std::size_t i) const { return layers_.at(i)->owned; }
-
-  /// Sets which factors of the owned layers this process decomposes (empty function: all, the
-  /// default). `owned(i, 'A')` / `owned(i, 'G')` is asked on every decomposition. A factor
-  /// this process does not decompose gets no decomposition here (and allocates none): a
-  /// decomposition hook must supply it (kat::distributed::KAISA broadcasts it from the rank that
-  /// decomposes it), or, with a precondition hook, the layer counts as having none (P = ∇ is
-  /// handed to the hook, which must supply the layer's P). Layers not owned (set_owned())
-  /// are never decomposed whatever this says.
-  void set_decomposition_owned(DecompositionOwnership owned) {
-    decomposition_owned_ = std::move(owned);
-  }
-
-  /// Installs (or, with an empty function, removes) a hook on the decompositions. On every
-  /// step that decomposes, after this process computed the decompositions it owns
-  /// (set_decomposition_owned()) and the processes agreed on failures
-  /// (set_decomposition_agreement()), for each owned registered layer that is decomposed
-  /// (every owned layer with factors on an inv_update_steps step; see step()), in
-  /// registration order, it is called with 'A' and then 'G', except for a factor whose
-  /// decomposition failed (possible only with keep_previous_on_failure: every process then
-  /// keeps the previous one), and before the layer's readiness is decided. The hook may fill
-  /// the factor's decomposition through KroneckerFactor::receive_eigen() and
-  /// commit_received_eigen() (eigen method) or receive_inverse() and
-  /// commit_received_inverse() (inverse method). It should enqueue its work on the given
-  /// execution space or fence it; it is collective for kat::distributed::KAISA, and step() calls it
-  /// in the same order on every process that registers the same layers and holds the same factors.
-  /// Without a hook (the default) nothing changes.
-  void set_decomposition_hook(DecompositionHook hook) { decomposition_hook_ = std::move(hook); }
-  /// The installed hook (empty if none).
-  const DecompositionHook &decomposition_hook() const { return decomposition_hook_; }
-
-  /// Installs (or, with an empty function, removes) the agreement on decomposition failures.
-  /// When decompositions are split among processes (set_decomposition_owned()), one that
-  /// fails is known only to the process that computed it; the others would go on to wait for
-  /// it in a collective. On every step that decomposes, after this process computed the
-  /// decompositions it owns and before any decomposition hook, `agree(space, failures)` is
-  /// called with what this process found; it must replace `failures.failed` by the
-  /// element-wise maximum over the processes and `failures.message` by the message of the
-  /// first failed factor as the process that computed it wrote it (kat::distributed::KAISA and
-  /// kat::distributed::DPKFAC all-reduce and broadcast). Then, without keep_previous_on_failure,
-  /// every process throws the same NumericalError; with it, every process keeps the previous
-  /// decomposition of each failed factor. The agreement is collective: it runs on every
-  /// process on every inv_update_steps step and in load_state(), whether or not the process
-  /// decomposes anything itself. (The decompositions that a layer whose first factors came
-  /// late gets between those steps need none: such a layer exists only with
-  /// keep_previous_on_failure, under which nothing throws.) Without an agreement (the
-  /// default) each process acts on its own failures.
-  void set_decomposition_agreement(DecompositionAgreement agree) {
-    decomposition_agreement_ = std::move(agree);
-  }
-  /// The installed agreement (empty if none).
-  const DecompositionAgreement &decomposition_agreement() const { return decomposition_agreement_; }
-
-  /// Installs (or, with an empty function, removes) a hook on the preconditioned gradients.
-  /// With a hook, every step() first computes P for each owned layer that has a
-  /// decomposition (an owned layer without one, possible only after a failed decomposition
-  /// with keep_previous_on_failure, gets P = ∇), then calls the hook once per registered
-  /// layer, in registration order, with that layer's P buffer (out x (in+1), InverseScalar,
-  /// LayoutLeft, contiguous): the buffer holds this process's P for an owned layer and
-  /// unspecified values for a layer not owned, and the hook must leave the layer's P in it
-  /// (kat::distributed::DPKFAC broadcasts it from the owner). Then every layer counts as
-  /// preconditioned: ν of the KL clip is computed from Σ over all layers of P ⊙ ∇, and every
-  /// layer's ν·P is written over its gradient. The hook should enqueue its work on the given
-  /// execution space or fence it; it is collective for DPKFAC, and step() calls it in the
-  /// same order on every process that registers the same layers. Without a hook (the
-  /// default) only owned layers with a decomposition are preconditioned.
-  void set_precondition_hook(PreconditionHook hook) { precondition_hook_ = std::move(hook); }
-  /// The installed hook (empty if none).
-  const PreconditionHook &precondition_hook() const { return precondition_hook_; }
 
   /// Bytes of memory the K-FAC state holds now on this process: every layer's factors and
   /// batch buffers, decompositions (with their double buffers) and preconditioned-gradient
   /// buffer, plus the shared work and conversion buffers. Buffers are allocated on first use
   /// (the decompositions' second buffers at the second decomposition), so this grows during
-  /// the first steps and is constant afterwards. A layer not owned (set_owned()) holds only
-  /// its preconditioned-gradient buffer.
+  /// the first steps and is constant afterwards. A layer not built here
+  /// (KFACStrategy::builds_factors()) holds only its preconditioned-gradient buffer.
   std::size_t state_bytes() const {
     std::size_t bytes = (work_.capacity() + cast_.capacity() + factored_a_.capacity() +
                          factored_g_.capacity() + factored_u_.capacity() + factored_v_.capacity()) *
@@ -763,7 +666,7 @@ private:
     inverse_matrix_type p;  // this step's preconditioned gradient, before the KL scale
     bool ready = false;     // has a decomposition to precondition with
     bool applied = false;   // preconditioned in this step
-    bool owned = true;      // builds its factors here (set_owned)
+    bool owned = true;      // builds its factors here (KFACStrategy::builds_factors)
     record_type current;    // views() of this step
     bool asked = false;     // what the record callback was last told (this step's recording)
     bool every_step = true; // factored_preconditioning: record on every step (see wants_record)
@@ -788,14 +691,14 @@ private:
   std::size_t verdict_slot(std::size_t layer) const { return 2 + 2 * layers_.size() + layer; }
   std::size_t check_slot(std::size_t layer) const { return 2 + 3 * layers_.size() + 2 * layer; }
 
-  /// The factor hook as KroneckerFactor::stage_update's batch hook (a named type: nvcc does
-  /// not accept a function-local lambda type there).
+  /// KFACStrategy::reduce_factor as KroneckerFactor::stage_update's batch hook (a named type:
+  /// nvcc does not accept a function-local lambda type there).
   struct BatchHook {
-    KFAC *kfac;
+    strategy_type *strategy;
     std::size_t index;
     char which;
     void operator()(const execution_space &space, const factor_matrix_type &batch) const {
-      kfac->factor_hook_(space, batch, index, which);
+      strategy->reduce_factor(space, batch, index, which);
     }
   };
 
@@ -927,17 +830,17 @@ private:
     }
   }
 
-  /// factor.stage_update into the factor's status slot, through the factor hook when one is
-  /// installed.
+  /// factor.stage_update into the factor's status slot, through the strategy's
+  /// reduce_factor() when it reduces factors.
   template <class XView>
   void stage_factor(const execution_space &space, factor_type &factor, const XView &x, double scale,
                     double decay, std::size_t index, char which) {
     const auto bad = Kokkos::subview(status_, factor_slot(index, which));
-    if (!factor_hook_) {
+    if (strategy_ == nullptr || !strategy_->reduces_factors()) {
       factor.stage_update(space, x, scale, decay, bad);
       return;
     }
-    factor.stage_update(space, x, scale, decay, bad, BatchHook{this, index, which});
+    factor.stage_update(space, x, scale, decay, bad, BatchHook{strategy_, index, which});
   }
 
   /// Whether decompose(space, damping, only_missing) would decompose some layer once the
@@ -1008,8 +911,9 @@ private:
   }
 
   /// Decomposes every layer's factors, or with `only_missing` those of layers that have
-  /// factors but no decomposition yet: first the decompositions this process owns (failures
-  /// collected), then the agreement on failures, then the decomposition hooks.
+  /// factors but no decomposition yet: first the decompositions this process computes
+  /// (failures collected), then the strategy's agreement on failures, then its
+  /// share_decomposition() for each decomposed factor.
   /// @throws NumericalError (the same on every process with an agreement) if a decomposition
   ///   failed, unless keep_previous_on_failure.
   void decompose(const execution_space &space, double damping, bool only_missing = false) {
@@ -1023,7 +927,8 @@ private:
     }
     // With an agreement every process takes part on every full decomposition step, whether or
     // not it decomposes anything itself (DP-KFAC: a rank that owns no layer).
-    if (due.empty() && (only_missing || !decomposition_agreement_)) {
+    const bool agrees = strategy().agrees_on_failures();
+    if (due.empty() && (only_missing || !agrees)) {
       return;
     }
     DecompositionFailures failures;
@@ -1046,7 +951,7 @@ private:
         dg = root / pi;
       }
       for (const char which : {'A', 'G'}) {
-        if (decomposition_owned_ && !decomposition_owned_(index, which)) {
+        if (!strategy().computes_decomposition(index, which)) {
           continue;
         }
         factor_type &f = which == 'A' ? l.A : l.G;
@@ -1064,14 +969,14 @@ private:
           if (failures.message.empty()) {
             failures.message = local[k];
           }
-          if (!decomposition_agreement_ && !opt_.keep_previous_on_failure) {
+          if (!agrees && !opt_.keep_previous_on_failure) {
             throw NumericalError("kat::precond::KFAC: " + failures.message);
           }
         }
       }
     }
-    if (decomposition_agreement_ && !only_missing) {
-      decomposition_agreement_(space, failures);
+    if (agrees && !only_missing) {
+      strategy_->agree_on_failures(space, failures);
     }
     if (!failures.message.empty()) {
       if (!opt_.keep_previous_on_failure) {
@@ -1094,10 +999,10 @@ private:
     }
     for (const std::size_t index : due) {
       Entry &l = *layers_[index];
-      if (decomposition_hook_) {
+      if (strategy_ != nullptr) {
         for (const char which : {'A', 'G'}) {
           if (failures.failed[2 * index + (which == 'G' ? 1 : 0)] == 0) {
-            decomposition_hook_(space, index, which, which == 'A' ? l.A : l.G);
+            strategy_->share_decomposition(space, index, which, which == 'A' ? l.A : l.G);
           }
         }
       }
@@ -1110,12 +1015,12 @@ private:
   /// ∇ = ν·P, all enqueued on `space` (finish_step() reads the outcome back).
   void precondition(const execution_space &space, const Values &v) {
     ScopedRegion region("kat::precond::KFAC::precondition");
-    const bool hooked = static_cast<bool>(precondition_hook_);
+    const bool shared = strategy().shares_gradients();
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       Entry &l = *layers_[index];
       l.applied = false;
       l.factored = false;
-      if (!hooked && !(l.owned && l.ready)) {
+      if (!shared && !(l.owned && l.ready)) {
         continue; // left to the base optimizer
       }
       const matrix_type grad = l.current.weight_gradient;
@@ -1135,13 +1040,13 @@ private:
           precondition_inverse(space, l, grad);
         }
       } else if (l.owned) {
-        kat::detail::convert(space, grad, l.p); // hooked, no decomposition: P = ∇
+        kat::detail::convert(space, grad, l.p); // shared, no decomposition: P = ∇
       }
       l.applied = true;
     }
-    if (hooked) {
+    if (shared) {
       for (std::size_t i = 0; i < layers_.size(); ++i) {
-        precondition_hook_(space, i, layers_[i]->p);
+        strategy_->share_gradient(space, i, layers_[i]->p);
       }
     }
     const std::size_t chunks = update_segments(space);
@@ -1418,12 +1323,7 @@ private:
   }
 
   Options opt_;
-  FactorHook factor_hook_;
-  PreconditionHook precondition_hook_;
-  DecompositionHook decomposition_hook_;
-  Ownership owned_;
-  DecompositionOwnership decomposition_owned_;
-  DecompositionAgreement decomposition_agreement_;
+  strategy_type *strategy_ = nullptr; // nullptr: the local strategy
   std::vector<std::unique_ptr<Entry>> layers_;
   Workspace<InverseScalar, MemorySpace> work_{"kat::precond::KFAC::work"};
   Workspace<InverseScalar, MemorySpace> cast_{"kat::precond::KFAC::cast"};

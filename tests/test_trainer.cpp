@@ -365,5 +365,5 @@ TEST_CASE("registry: names and lookups and typed options", "[train][registry]") 
   c.set("layers", "");
   CHECK(c.list("layers").empty());
   CHECK_FALSE(c.flag("nesterov"));
-  CHECK_THROWS_MATCHES(c.text("momentum"), ValueError, MessageContains("--momentum has no value"));
+  CHECK_THROWS_MATCHES(c.text("momentum"), ValueError, MessageContains("--momentum is needed here and has no default"));
 }

@@ -38,6 +38,8 @@ public:
   /// in place, with the work enqueued on `space`. `params` is the flat parameter vector.
   virtual void transform(const execution_space &space, const vector_type &params,
                          const vector_type &grads) = 0;
+  /// What it does and how it is configured, for logs (one or more lines).
+  virtual std::string summary() const { return name(); }
   /// See TransformStats.
   virtual TransformStats stats() const { return {}; }
   /// State a checkpoint must hold to continue bit-identically (kat/core/state.hpp).

@@ -38,7 +38,7 @@ public:
   const std::string &text(const std::string &name) const {
     const auto it = values_.find(name);
     if (it == values_.end()) {
-      throw ValueError("option --" + name + " has no value");
+      throw ValueError("option --" + name + " is needed here and has no default: give it");
     }
     return it->second;
   }
@@ -66,9 +66,12 @@ public:
   }
   /// Option `name` as a flag ("true"/"false"; a missing flag is false).
   bool flag(const std::string &name) const { return has(name) && text(name) == "true"; }
-  /// Option `name` split at commas ("" is the empty list).
+  /// Option `name` split at commas (no value or "" is the empty list).
   std::vector<std::string> list(const std::string &name) const {
     std::vector<std::string> out;
+    if (!has(name)) {
+      return out;
+    }
     const std::string &t = text(name);
     for (std::size_t start = 0; !t.empty() && start <= t.size();) {
       const std::size_t comma = std::min(t.find(',', start), t.size());

@@ -483,6 +483,56 @@ TEST_CASE("kfac: a strategy's reduce_factor sees every batch estimate and may mo
   CHECK(hooked.strategy().name() == "local");
 }
 
+namespace {
+// A strategy that builds the factors of the layers `built` says and computes the
+// decompositions `computed` says (and is otherwise local).
+template <class K> struct PartialStrategy : KFACStrategy<K> {
+  std::function<bool(std::size_t)> built;
+  std::function<bool(std::size_t, char)> computed;
+  bool builds_factors(std::size_t layer) const override { return built(layer); }
+  bool computes_decomposition(std::size_t layer, char factor) const override {
+    return computed(layer, factor);
+  }
+};
+} // namespace
+
+TEST_CASE("kfac: a strategy decides which factors are built and decomposed here", "[kfac]") {
+  // Without shared gradients, a layer whose factors are not built here, or that lacks a
+  // decomposition, is left to the base optimizer; the others are preconditioned as always
+  // (no KL clip, so layers do not interact).
+  const auto x = random_matrix<double>(6, 5, 41);
+  const auto dy = random_matrix<double>(6, 3, 42);
+  SmallMLP plain_net;
+  KFAC<double, Mem> plain(exact_options(ComputeMethod::eigen, 0.01));
+  plain.register_model(plain_net.model);
+  plain_net.run(x, dy);
+  const HostMat raw1 = flatten(to_host(plain_net.model.layer(2).curvature().weight_gradient));
+  plain.step(Space());
+  const HostMat want0 = flatten(to_host(plain_net.model.layer(0).curvature().weight_gradient));
+  for (const bool build_second : {false, true}) {
+    INFO((build_second ? "layer 1 built, its G not decomposed" : "layer 1 not built"));
+    SmallMLP net;
+    KFAC<double, Mem> kfac(exact_options(ComputeMethod::eigen, 0.01));
+    kfac.register_model(net.model);
+    PartialStrategy<KFAC<double, Mem>> partial;
+    partial.built = [&](std::size_t layer) { return layer == 0 || build_second; };
+    partial.computed = [](std::size_t layer, char factor) { return layer == 0 || factor == 'A'; };
+    kfac.set_strategy(&partial);
+    CHECK(kfac.owned(0));
+    CHECK(kfac.owned(1) == build_second);
+    CHECK(kfac.wants_curvature(1) == build_second);
+    net.run(x, dy);
+    kfac.step(Space());
+    CHECK(flatten(to_host(net.model.layer(0).curvature().weight_gradient)) == want0);
+    CHECK(flatten(to_host(net.model.layer(2).curvature().weight_gradient)) == raw1);
+    CHECK(kfac.factor_g(1).updates() == (build_second ? 1u : 0u));
+    CHECK(kfac.factor_a(1).has_eigen() == build_second);
+    CHECK(!kfac.factor_g(1).has_eigen());
+    CHECK(kfac.state_bytes() < plain.state_bytes());
+    CHECK(kfac.strategy_report().total().bytes == 0);
+  }
+}
+
 TEST_CASE("kfac: the KL clip scale matches its formula", "[kfac]") {
   auto x = random_matrix<double>(8, 5, 11);
   auto dy = random_matrix<double>(8, 3, 12);

@@ -1,6 +1,9 @@
 #pragma once
 /// @file
-/// @brief K-FAC: Kronecker-factored approximate curvature preconditioning of layer gradients.
+/// @brief K-FAC: Kronecker-factored approximate curvature preconditioning of layer gradients
+/// (kat::precond::KFAC). Including it gives the whole K-FAC API: its options, hyperparameter
+/// values and state (kfac_options.hpp), the strategy interface (kfac_strategy.hpp) and the
+/// factors (kronecker_factor.hpp).
 
 #include "kat/core/blas.hpp"
 #include "kat/core/curvature.hpp"
@@ -14,6 +17,7 @@
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/precond/detail/kfac_kernels.hpp"
+#include "kat/precond/kfac_options.hpp"
 #include "kat/precond/kfac_strategy.hpp"
 #include "kat/precond/kronecker_factor.hpp"
 
@@ -35,90 +39,6 @@
 #include <vector>
 
 namespace kat::precond {
-
-/// How K-FAC turns the factors into a preconditioner (docs/algorithms.md section 1).
-enum class ComputeMethod {
-  eigen,  ///< eigendecompositions; damping added to the Kronecker product of eigenvalues
-  inverse ///< Cholesky inverses of the factors with Tikhonov damping split between them
-};
-
-/// How the loss reduces over the batch; decides the scale of G.
-enum class LossReduction {
-  mean, ///< the loss is a batch mean, so backpropagated g carries a 1/N (KAT's losses)
-  sum   ///< the loss is a batch sum
-};
-
-/// Hyperparameters, named as in kfac-pytorch; each may be a constant or a function of the
-/// step (kat::Hyperparameter). Defaults are kfac-pytorch's.
-struct KFACOptions {
-  /// Steps between factor updates, >= 1.
-  Hyperparameter<std::int64_t> factor_update_steps = std::int64_t(1);
-  /// Steps between decompositions, >= 1; should be a multiple of factor_update_steps
-  /// (a warning is logged otherwise).
-  Hyperparameter<std::int64_t> inv_update_steps = std::int64_t(1);
-  /// Damping λ > 0 (Tikhonov regularization of the curvature).
-  Hyperparameter<double> damping = 0.001;
-  /// Running-average decay α of the factors, in [0, 1).
-  Hyperparameter<double> factor_decay = 0.95;
-  /// KL clip κ >= 0 (trust region on the preconditioned step); 0 disables it.
-  Hyperparameter<double> kl_clip = 0.001;
-  /// The base optimizer's learning rate as seen by the KL clip, >= 0.
-  Hyperparameter<double> lr = 0.1;
-  ComputeMethod compute_method = ComputeMethod::eigen;
-  /// π-corrected damping split (inverse path only).
-  bool pi_correction = false;
-  /// Layers to leave to the base optimizer, by registered name or by type ("Conv2d"),
-  /// case-insensitive.
-  std::vector<std::string> skip_layers;
-  LossReduction loss_reduction = LossReduction::mean;
-  /// false (default): a factor or decomposition with NaN/Inf, or a failed decomposition,
-  /// throws NumericalError naming the layer and factor. true: the previous factor or
-  /// decomposition is kept and a warning is written to `log`.
-  bool keep_previous_on_failure = false;
-  /// Where warnings go (never null).
-  std::ostream *log = &std::cerr;
-  /// Computes P from the layer's recorded batch instead of from ∇ where that costs fewer
-  /// flops (default false). For a layer whose weight gradient is exactly the batch product
-  /// ∇ = gᵀa of the recorded a (rows x (in+1)) and g (rows x out), the inverse path's
-  /// P = G⁻¹ ∇ A⁻¹ (Martens & Grosse 2015: (A ⊗ G)⁻¹ vec(∇) = vec(G⁻¹ ∇ A⁻¹), here with the
-  /// damped factors) equals (G⁻¹gᵀ)(aA⁻¹) = G⁻¹(gᵀa)A⁻¹ by associativity, and the eigen
-  /// path's Q_Gᵀ ∇ Q_A equals (Q_Gᵀgᵀ)(aQ_A). With out x cols = out x (in+1) the first half costs
-  /// 2·out·cols·(out + cols) flops directly and 2·rows·(out² + cols² + out·cols) factored;
-  /// each step, each layer takes the cheaper form (KFAC::factored_flops(), direct_flops()):
-  /// Dense layers with a batch smaller than their dimensions gain, Conv2d (rows = N·H·W) and
-  /// narrow layers stay direct. This needs a and g on every step, not only on factor-update
-  /// steps: K-FAC asks the layers to record them (wants_curvature()).
-  ///
-  /// It is exact only when ∇ is the recorded batch's gᵀa: not with gradients accumulated over
-  /// several batches, averaged over data-parallel ranks (kat::distributed strategies must not use
-  /// it), clipped, weight-decayed or otherwise modified before KFAC::step. Each step checks
-  /// this for every factored layer (Freivalds' test with a fixed random vector v:
-  /// ‖∇v − gᵀ(av)‖₂ <= (rows·ε + 2(rows + cols)·ε_double)·‖|g|ᵀ(|a||v|)‖₂, ε the machine
-  /// epsilon of the model's Scalar, a bound no rounding of ∇ = gᵀa can exceed) and throws
-  /// ValueError otherwise (docs/kfac.md, "Factored preconditioning").
-  bool factored_preconditioning = false;
-};
-
-/// Values of the hyperparameters at one step (what state() records).
-struct KFACValues {
-  std::int64_t factor_update_steps, inv_update_steps;
-  double damping, factor_decay, kl_clip, lr;
-};
-
-/// Host copy of what a checkpoint needs: the step counter, the hyperparameter values at
-/// that step and every factor (column-major, double). Decompositions are not stored; they
-/// are recomputed by load_state().
-struct KFACState {
-  struct Layer {
-    std::string name;
-    std::size_t a_dim = 0, g_dim = 0;
-    std::size_t a_updates = 0, g_updates = 0;
-    std::vector<double> A, G;
-  };
-  std::int64_t steps = 0;
-  KFACValues values{};
-  std::vector<Layer> layers;
-};
 
 /// K-FAC preconditioner (Martens & Grosse 2015, "Optimizing Neural Networks with
 /// Kronecker-factored Approximate Curvature"; Grosse & Martens 2016 for convolutions), in the
@@ -193,23 +113,23 @@ public:
     Values v{};
     if (opt_.factor_update_steps.is_constant()) {
       v.factor_update_steps = opt_.factor_update_steps.value();
-      check_steps("factor_update_steps", v.factor_update_steps, -1);
+      kat::detail::kfac_check_steps("factor_update_steps", v.factor_update_steps, -1);
     }
     if (opt_.inv_update_steps.is_constant()) {
       v.inv_update_steps = opt_.inv_update_steps.value();
-      check_steps("inv_update_steps", v.inv_update_steps, -1);
+      kat::detail::kfac_check_steps("inv_update_steps", v.inv_update_steps, -1);
     }
     if (opt_.factor_update_steps.is_constant() && opt_.inv_update_steps.is_constant()) {
       warn_if_not_multiple(v.factor_update_steps, v.inv_update_steps);
     }
     if (opt_.damping.is_constant())
-      check_damping(opt_.damping.value(), -1);
+      kat::detail::kfac_check_damping(opt_.damping.value(), -1);
     if (opt_.factor_decay.is_constant())
-      check_decay(opt_.factor_decay.value(), -1);
+      kat::detail::kfac_check_decay(opt_.factor_decay.value(), -1);
     if (opt_.kl_clip.is_constant())
-      check_nonnegative("kl_clip", opt_.kl_clip.value(), -1);
+      kat::detail::kfac_check_nonnegative("kl_clip", opt_.kl_clip.value(), -1);
     if (opt_.lr.is_constant())
-      check_nonnegative("lr", opt_.lr.value(), -1);
+      kat::detail::kfac_check_nonnegative("lr", opt_.lr.value(), -1);
   }
 
   KFAC(const KFAC &) = delete;
@@ -354,7 +274,7 @@ public:
   /// forward/backward before it.
   bool needs_curvature() const {
     const std::int64_t every = opt_.factor_update_steps(steps_);
-    check_steps("factor_update_steps", every, steps_);
+    kat::detail::kfac_check_steps("factor_update_steps", every, steps_);
     return steps_ % every == 0;
   }
 
@@ -411,6 +331,18 @@ public:
   /// needs to know that the new factors are finite). Everything else is enqueued on `space`.
   /// A step that throws changes no factor and no gradient, and steps() does not advance.
   ///
+  /// In order, with the strategy's part (KFACStrategy) in brackets:
+  /// 1. stage_factors(): on a factor-update step, each layer's batch estimates
+  ///    (KroneckerFactor::stage_update) [builds_factors, reduce_factor], committed by
+  ///    resolve_factors() once known finite;
+  /// 2. decompose(): on a decomposition step (or for a layer with factors but none yet), the
+  ///    eigendecompositions or inverses [computes_decomposition, agree_on_failures,
+  ///    share_decomposition];
+  /// 3. precondition(): each layer's P, Σ P ⊙ ∇, ν and ∇ ← ν·P in fused kernels
+  ///    [shares_gradients, share_gradient];
+  /// 4. read_status() and finish_step(): the one read-back; throws the step's first failure
+  ///    or commits.
+  ///
   /// @throws ValueError if a callable hyperparameter returns a value out of range (naming it
   ///   and the step); ShapeError if a layer's a, g or weight_gradient do not match its
   ///   registration or a and g are missing on a factor-update step; NumericalError if a
@@ -459,22 +391,7 @@ public:
   }
 
   /// The hyperparameters evaluated (and validated) at `step`.
-  Values values(std::int64_t step) const {
-    Values v;
-    v.factor_update_steps = opt_.factor_update_steps(step);
-    check_steps("factor_update_steps", v.factor_update_steps, step);
-    v.inv_update_steps = opt_.inv_update_steps(step);
-    check_steps("inv_update_steps", v.inv_update_steps, step);
-    v.damping = opt_.damping(step);
-    check_damping(v.damping, step);
-    v.factor_decay = opt_.factor_decay(step);
-    check_decay(v.factor_decay, step);
-    v.kl_clip = opt_.kl_clip(step);
-    check_nonnegative("kl_clip", v.kl_clip, step);
-    v.lr = opt_.lr(step);
-    check_nonnegative("lr", v.lr, step);
-    return v;
-  }
+  Values values(std::int64_t step) const { return kat::detail::kfac_values(opt_, step); }
 
   /// Step counter, hyperparameter values and factors, copied to the host.
   State state() const {
@@ -566,12 +483,7 @@ public:
     if (steps < 0) {
       throw ValueError(kat::detail::concat(where, ": steps must be >= 0, got ", steps));
     }
-    check_steps("factor_update_steps", v.factor_update_steps, steps);
-    check_steps("inv_update_steps", v.inv_update_steps, steps);
-    check_damping(v.damping, steps);
-    check_decay(v.factor_decay, steps);
-    check_nonnegative("kl_clip", v.kl_clip, steps);
-    check_nonnegative("lr", v.lr, steps);
+    kat::detail::kfac_check_values(v, steps);
     restore_constants(v);
     steps_ = steps;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -606,12 +518,7 @@ public:
       kat::detail::require_extent(where, "A entries", in.a_dim * in.a_dim, in.A.size());
       kat::detail::require_extent(where, "G entries", in.g_dim * in.g_dim, in.G.size());
     }
-    check_steps("factor_update_steps", s.values.factor_update_steps, s.steps);
-    check_steps("inv_update_steps", s.values.inv_update_steps, s.steps);
-    check_damping(s.values.damping, s.steps);
-    check_decay(s.values.factor_decay, s.steps);
-    check_nonnegative("kl_clip", s.values.kl_clip, s.steps);
-    check_nonnegative("lr", s.values.lr, s.steps);
+    kat::detail::kfac_check_values(s.values, s.steps);
     if (s.steps < 0) {
       throw ValueError(kat::detail::concat(where, ": steps must be >= 0, got ", s.steps));
     }
@@ -743,33 +650,6 @@ private:
     return false;
   }
 
-  static std::string at_step(std::int64_t step) {
-    return step < 0 ? std::string() : kat::detail::concat(" at step ", step);
-  }
-  static void check_steps(const char *what, std::int64_t v, std::int64_t step) {
-    if (v < 1) {
-      throw ValueError(kat::detail::concat("kat::precond::KFAC: ", what, " must be >= 1, got ", v,
-                                           at_step(step)));
-    }
-  }
-  static void check_damping(double v, std::int64_t step) {
-    if (!(std::isfinite(v) && v > 0.0)) {
-      throw ValueError(kat::detail::concat(
-          "kat::precond::KFAC: damping must be finite and > 0, got ", v, at_step(step)));
-    }
-  }
-  static void check_decay(double v, std::int64_t step) {
-    if (!(std::isfinite(v) && v >= 0.0 && v < 1.0)) {
-      throw ValueError(kat::detail::concat(
-          "kat::precond::KFAC: factor_decay must be in [0, 1), got ", v, at_step(step)));
-    }
-  }
-  static void check_nonnegative(const char *what, double v, std::int64_t step) {
-    if (!(std::isfinite(v) && v >= 0.0)) {
-      throw ValueError(kat::detail::concat("kat::precond::KFAC: ", what,
-                                           " must be finite and >= 0, got ", v, at_step(step)));
-    }
-  }
   void warn_if_not_multiple(std::int64_t factor_every, std::int64_t inv_every) {
     if (!warned_multiple_ && inv_every % factor_every != 0) {
       warned_multiple_ = true;

@@ -47,9 +47,9 @@ struct Setup {
 #ifdef KAT_ENABLE_MPI
   kat::distributed::Communicator *comm = nullptr; // for distributed K-FAC; null on one rank
 #endif
-  std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> optimizer;
+  std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> optimizer{};
   kat::Hyperparameter<double> lr = 0.0;
-  std::vector<std::shared_ptr<kat::train::GradientTransform<Scalar, Mem>>> transforms;
+  std::vector<std::shared_ptr<kat::train::GradientTransform<Scalar, Mem>>> transforms{};
 };
 
 using Optimizers = kat::train::Registry<std::function<void(Setup &)>>;

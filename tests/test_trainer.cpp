@@ -11,7 +11,10 @@
 #include <kat/optim/adam.hpp>
 #include <kat/optim/lr_schedule.hpp>
 #include <kat/optim/sgd.hpp>
+#include <kat/precond/kfac.hpp>
 #include <kat/train/checkpointer.hpp>
+#include <kat/train/kfac_transform.hpp>
+#include <kat/train/lr_schedules.hpp>
 #include <kat/train/metrics_writer.hpp>
 #include <kat/train/registry.hpp>
 #include <kat/train/trainer.hpp>
@@ -53,12 +56,12 @@ data::Dataset toy_data(std::size_t n = 50) {
   return d;
 }
 
-Model toy_model() {
-  Model m(FeatureShape{6, 1, 1});
-  m.add<nn::Flatten>();
-  m.add<nn::Dense>(6, 8);
-  m.add<nn::ReLU>();
-  m.add<nn::Dense>(8, 3);
+template <class Scalar = float> nn::Sequential<Scalar, Mem> toy_model() {
+  nn::Sequential<Scalar, Mem> m(FeatureShape{6, 1, 1});
+  m.template add<nn::Flatten>();
+  m.template add<nn::Dense>(6, 8);
+  m.template add<nn::ReLU>();
+  m.template add<nn::Dense>(8, 3);
   m.compile(Space(), 3);
   return m;
 }
@@ -365,5 +368,168 @@ TEST_CASE("registry: names and lookups and typed options", "[train][registry]") 
   c.set("layers", "");
   CHECK(c.list("layers").empty());
   CHECK_FALSE(c.flag("nesterov"));
-  CHECK_THROWS_MATCHES(c.text("momentum"), ValueError, MessageContains("--momentum is needed here and has no default"));
+  CHECK_THROWS_MATCHES(c.text("momentum"), ValueError,
+                       MessageContains("--momentum is needed here and has no default"));
 }
+
+TEST_CASE("trainer: K-FAC as a transform equals kfac.step in a hand-written loop",
+          "[train][kfac]") {
+  using KFAC = precond::KFAC<float, Mem>;
+  const Space space;
+  const auto data = toy_data();
+  precond::KFACOptions k;
+  k.factor_update_steps = 2;
+  k.inv_update_steps = 4;
+  k.damping = 0.01;
+  k.lr = 0.1;
+  // The loop of docs/guide.md with K-FAC.
+  Model ref = toy_model();
+  optim::SGD<float, Mem> ref_opt(ref.parameter_count(), sgd_options());
+  KFAC ref_kfac(k);
+  REQUIRE(ref_kfac.register_model(ref) == 2);
+  Loader ref_loader(data, 8, true, 5);
+  nn::SoftmaxCrossEntropy<float, Mem> ce;
+  Matrix<float, Mem> x;
+  Vector<std::int32_t, Mem> y;
+  ref_loader.start_epoch(0);
+  while (ref_loader.next(space, x, y)) {
+    const auto &logits = ref.forward(space, x);
+    Matrix<float, Mem> dlogits("dlogits", x.extent(0), 3);
+    ce.forward_backward(space, logits, y, dlogits);
+    ref.backward(space, dlogits, Model::Gradients::overwrite);
+    ref_kfac.step(space);
+    ref_opt.step(space, ref.parameters(), ref.gradients());
+  }
+
+  Model model = toy_model();
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  auto kfac = std::make_shared<KFAC>(k);
+  kfac->register_model(model);
+  auto transform = std::make_shared<train::KFACTransform<KFAC>>(kfac);
+  CHECK(transform->stats().next_updates_curvature); // step 0 updates the factors
+  Loader loader(data, 8, true, 5);
+  Trainer trainer(model, opt, loader);
+  trainer.add_transform(transform);
+  trainer.fit(space, 1);
+  CHECK(params_of(model) == params_of(ref));
+  CHECK(kfac->steps() == 7);
+  const auto stats = transform->stats();
+  CHECK_FALSE(stats.next_updates_curvature); // step 7: 7 % 2 != 0
+  CHECK(stats.bytes == 0);                   // the local strategy communicates nothing
+  CHECK(stats.state_bytes == kfac->state_bytes());
+  CHECK(transform->summary() ==
+        "K-FAC on 2 layers (eigen path; factors float, decompositions double): "
+        "factor_update_steps 2, inv_update_steps 4, damping 0.01, factor_decay 0.95, "
+        "kl_clip 0.001");
+  // Its state is the KFAC's, saved under "kfac.".
+  CHECK(trainer.state_dict().sub("kfac").entries().size() == kfac->state_dict().entries().size());
+}
+
+TEST_CASE("trainer: K-FAC's and the schedules' registry options", "[train][registry]") {
+  train::Config c;
+  for (const auto &o : train::kfac_option_specs()) {
+    if (!o.default_value.empty()) {
+      c.set(o.name, o.default_value);
+    }
+  }
+  const precond::KFACOptions k = train::kfac_options(c, 0.5);
+  CHECK(k.factor_update_steps.value() == 10);
+  CHECK(k.inv_update_steps.value() == 100);
+  CHECK(k.damping.value() == 0.01);
+  CHECK(k.kl_clip.value() == 1e-4);
+  CHECK(k.compute_method == precond::ComputeMethod::inverse);
+  CHECK(k.skip_layers.empty());
+  CHECK(k.lr(1000) == 0.5);
+  c.set("compute-method", "cholesky");
+  CHECK_THROWS_MATCHES(
+      train::kfac_options(c, 0.5), ValueError,
+      MessageContains("--compute-method must be eigen or inverse, got 'cholesky'"));
+
+  const auto schedules = train::lr_schedules();
+  CHECK(schedules.names() == std::vector<std::string>{"constant", "cosine", "step"});
+  train::Config s;
+  s.set("step-size", "3");
+  s.set("gamma", "0.5");
+  const auto step = schedules.at("step").make(s, 0.1, 100);
+  CHECK(step(2) == 0.1);
+  CHECK(step(3) == 0.05);
+  CHECK(schedules.at("cosine").make(s, 0.1, 100)(100) == Approx(0.0).margin(1e-15));
+  CHECK(schedules.at("constant").make(s, 0.1, 100).is_constant());
+}
+
+#ifdef KAT_ENABLE_MPI
+
+#include "mpi_test_helpers.hpp"
+
+#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/distributed_sampler.hpp>
+#include <kat/distributed/process_group.hpp>
+
+TEST_CASE("trainer: MPIProcessGroup's sums and minima and gathers", "[mpi][train]") {
+  auto comm = distributed::Communicator::world();
+  INFO(rank_of(comm));
+  const distributed::MPIProcessGroup group(comm);
+  const int p = group.size(), r = group.rank();
+  CHECK(p == comm.size());
+  std::vector<double> v{double(r + 1), 2.0};
+  group.sum(v);
+  CHECK(v == std::vector<double>{p * (p + 1) / 2.0, 2.0 * p});
+  CHECK(group.min(10 - r) == 10 - (p - 1));
+  const auto all = group.gather({double(r), double(r * r)});
+  REQUIRE(all.size() == std::size_t(p));
+  for (int q = 0; q < p; ++q) {
+    CHECK(all[std::size_t(q)] == std::vector<double>{double(q), double(q * q)});
+  }
+  group.barrier();
+}
+
+TEST_CASE("trainer: data parallel over the ranks equals one process on the global batch",
+          "[mpi][train]") {
+  using DModel = nn::Sequential<double, Mem>;
+  auto comm = distributed::Communicator::world();
+  INFO(rank_of(comm));
+  const Space space;
+  const auto data = toy_data(48);
+  const std::size_t global = 8, local = global / std::size_t(comm.size());
+  optim::SGD<double, Mem>::Options o;
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  struct Result {
+    std::vector<double> params;
+    double train_loss = 0;
+  };
+  struct Keep : train::Callback<double, Mem> {
+    double loss = 0;
+    std::string name() const override { return "keep"; }
+    void on_epoch_end(train::Trainer<double, Mem> &, train::EpochSummary &s) override {
+      loss = s.train_loss;
+    }
+  };
+  const auto run = [&](bool parallel) {
+    DModel model = toy_model<double>();
+    optim::SGD<double, Mem> opt(model.parameter_count(), o);
+    data::DataLoader<double, Mem> loader(data, parallel ? local : global, true, 9);
+    train::Trainer<double, Mem> trainer(model, opt, loader);
+    auto keep = std::make_shared<Keep>();
+    trainer.add_callback(keep);
+    auto group = std::make_shared<distributed::MPIProcessGroup>(comm);
+    const distributed::DistributedSampler sampler(data.size(), comm.rank(), comm.size(), 9);
+    if (parallel) {
+      trainer.set_process_group(group);
+      trainer.set_gradient_sync(
+          std::make_shared<distributed::DataParallel<double, Mem>>(comm, model));
+      trainer.set_epoch_order([&sampler](std::size_t e) { return sampler.indices(e); });
+    }
+    trainer.fit(space, 2);
+    const auto h = to_host(model.parameters());
+    return Result{std::vector<double>(h.data(), h.data() + h.extent(0)), keep->loss};
+  };
+  const Result one = run(false), many = run(true);
+  REQUIRE(one.params.size() == many.params.size());
+  for (std::size_t i = 0; i < one.params.size(); ++i) {
+    CHECK(many.params[i] == Approx(one.params[i]).epsilon(1e-12).margin(1e-14));
+  }
+  CHECK(many.train_loss == Approx(one.train_loss).epsilon(1e-12));
+}
+
+#endif

@@ -19,11 +19,15 @@ namespace kat::train {
 
 /// One option of a registered component, as a command line offers it ("--damping").
 struct OptionSpec {
-  std::string name;          ///< without dashes: "damping", "factor-update-steps"
-  std::string help;          ///< one sentence; the default and the choices are added by the UI
-  std::string default_value; ///< as text; "" for none
-  std::vector<std::string> choices = {}; ///< the values allowed; empty: any
-  bool is_flag = false;                  ///< takes no value: "true" when given, "false" otherwise
+  OptionSpec(std::string name_, std::string help_, std::string default_value_ = "",
+             std::vector<std::string> choices_ = {}, bool is_flag_ = false)
+      : name(std::move(name_)), help(std::move(help_)), default_value(std::move(default_value_)),
+        choices(std::move(choices_)), is_flag(is_flag_) {}
+  std::string name;                 ///< without dashes: "damping", "factor-update-steps"
+  std::string help;                 ///< one sentence; the UI adds the default and the choices
+  std::string default_value;        ///< as text; "" for none
+  std::vector<std::string> choices; ///< the values allowed; empty: any
+  bool is_flag = false;             ///< takes no value: "true" when given, absent otherwise
 };
 
 /// Option values by name, as text (what a command line gives), with typed reads whose

@@ -214,9 +214,12 @@ TEST_CASE("trainer: request_stop ends training after the epoch", "[train]") {
     }
   };
   trainer.add_callback(std::make_shared<Stopper>());
+  int hooked = 0; // without a gradient sync, the trainer leaves the caller's hook alone
+  model.set_backward_hook([&hooked](std::size_t) { ++hooked; });
   trainer.fit(Space(), 5);
   CHECK(trainer.position().epoch == 3);
   CHECK(trainer.position().step == 4);
+  CHECK(hooked == 4 * 4); // 4 steps, 4 layers each
 }
 
 TEST_CASE("trainer: a run resumed from a checkpoint inside an epoch ends bit-identical",

@@ -280,18 +280,25 @@ public:
   }
 
 private:
-  // Installs the gradient sync as the model's backward hook for the duration of fit().
+  // Installs the gradient sync (if any) as the model's backward hook for the duration of
+  // fit(); without one, a hook the caller installed is left alone.
   struct HookGuard {
     HookGuard(Trainer &t, const execution_space &space) : model(t.model_) {
       if (auto sync = t.sync_) {
         model->set_backward_hook(
             [sync, space](std::size_t layer) { sync->on_gradients_ready(space, layer); });
+        installed = true;
       }
     }
     HookGuard(const HookGuard &) = delete;
     HookGuard &operator=(const HookGuard &) = delete;
-    ~HookGuard() { model->clear_backward_hook(); }
+    ~HookGuard() {
+      if (installed) {
+        model->clear_backward_hook();
+      }
+    }
     model_type *model;
+    bool installed = false;
   };
 
   static void require_non_null(const void *p, const char *member, const char *argument) {

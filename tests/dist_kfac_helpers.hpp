@@ -13,6 +13,7 @@
 #include <kat/nn/softmax_cross_entropy.hpp>
 #include <kat/optim/sgd.hpp>
 #include <kat/precond/kfac.hpp>
+#include <kat/precond/kfac_strategy.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -227,5 +228,74 @@ template <class Strategy> struct FaultyRun {
     return f.has_inverse() ? values_of(f.inverse()) : std::vector<double>();
   }
 };
+
+// One layer given by views, a float model with double inverses, a factor and a decomposition
+// on every step, and the same (already averaged) gradient on every rank: the precision test of
+// the strategies that broadcast P. a and g are shifted by `shift` (DP-KFAC: only the owner's
+// must matter); `install(kfac)` may install a strategy, returned to be kept alive. Returns
+// each step's preconditioned gradient (host, column-major) and the strategy's report.
+struct FloatRun {
+  std::vector<std::vector<float>> gradients;
+  precond::KFACStrategyReport report;
+};
+using KFACf = KFAC<float, Mem, double>;
+template <class Install>
+FloatRun float_layer(double shift, ComputeMethod method, const Install &install) {
+  constexpr std::size_t out = 3, cols = 4, rows = 5;
+  KFACOptions o;
+  o.factor_update_steps = 1;
+  o.inv_update_steps = 1;
+  o.damping = 0.1;
+  o.lr = 0.1;
+  o.compute_method = method;
+  KFACf kfac(o);
+  const auto a = matrix_of<float>(rows, cols, [&](std::size_t i, std::size_t j) {
+    return j + 1 == cols ? 1.0 : std::sin(1.0 + i + 2.0 * j + 7.0 * shift);
+  });
+  const auto g = matrix_of<float>(rows, out, [&](std::size_t i, std::size_t j) {
+    return 0.2 * std::cos(3.0 * i + j + 5.0 * shift);
+  });
+  Matrix<float, Mem> grad("grad", out, cols);
+  kfac.register_layer("dense", [&] {
+    KFACf::record_type rec;
+    rec.a = a;
+    rec.g = g;
+    rec.weight_gradient = grad;
+    rec.samples = rows;
+    return rec;
+  });
+  const auto strategy = install(kfac);
+  FloatRun run;
+  for (int s = 0; s < 3; ++s) {
+    Kokkos::deep_copy(grad, matrix_of<float>(out, cols, [&](std::size_t i, std::size_t j) {
+                        return 0.1 * (s + 1) * std::sin(0.5 + i - 1.5 * j);
+                      }));
+    kfac.step(Space());
+    auto h = to_host(grad);
+    run.gradients.emplace_back(h.data(), h.data() + h.size());
+  }
+  run.report = kfac.strategy_report();
+  return run;
+}
+
+// Every rank's float gradients are `run`'s bit for bit, and equal `plain`'s (one process,
+// double P) up to rounding P to float first when `narrow`.
+inline void check_same_p_everywhere(dist::Communicator &comm, const FloatRun &run,
+                                    const FloatRun &plain, bool narrow) {
+  for (std::size_t s = 0; s < run.gradients.size(); ++s) {
+    const std::vector<float> &mine = run.gradients[s];
+    Vector<float, Mem> local("local", mine.size()), all("all", mine.size() * comm.size());
+    Kokkos::deep_copy(local,
+                      Kokkos::View<const float *, Kokkos::HostSpace>(mine.data(), mine.size()));
+    comm.allgather(Space(), local, all);
+    const auto h = to_host(all);
+    for (std::size_t k = 0; k < h.size(); ++k) {
+      CHECK(h(k) == mine[k % mine.size()]);
+    }
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      CHECK(mine[k] == Approx(plain.gradients[s][k]).epsilon(narrow ? 1e-6 : 1e-7).margin(1e-9));
+    }
+  }
+}
 
 } // namespace kat::test::dist_kfac

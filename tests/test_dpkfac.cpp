@@ -348,90 +348,22 @@ TEST_CASE("dpkfac: on one rank DP-KFAC equals plain K-FAC exactly", "[mpi][dist]
   }
 }
 
-namespace {
-// One layer given by views, float model and double inverses, every step a factor and
-// decomposition step; returns each step's preconditioned gradient (host, column-major) and,
-// with DP-KFAC, the broadcast bytes.
-struct FloatRun {
-  std::vector<std::vector<float>> gradients;
-  std::uint64_t bytes = 0, analytic = 0;
-};
-FloatRun float_layer(Communicator *comm, bool model_precision) {
-  using KFACf = KFAC<float, Mem, double>;
-  constexpr std::size_t out = 3, cols = 4, rows = 5;
-  KFACOptions o;
-  o.factor_update_steps = 1;
-  o.inv_update_steps = 1;
-  o.damping = 0.1;
-  o.lr = 0.1;
-  KFACf kfac(o);
-  // The owner (rank 0) builds the factors from its own a and g; the others' must not matter.
-  const double r = comm != nullptr ? comm->rank() : 0;
-  const auto a = matrix_of<float>(rows, cols, [&](std::size_t i, std::size_t j) {
-    return j + 1 == cols ? 1.0 : std::sin(1.0 + i + 2.0 * j + 7.0 * r);
-  });
-  const auto g = matrix_of<float>(rows, out, [&](std::size_t i, std::size_t j) {
-    return 0.2 * std::cos(3.0 * i + j + 5.0 * r);
-  });
-  Matrix<float, Mem> grad("grad", out, cols);
-  kfac.register_layer("dense", [&] {
-    KFACf::record_type rec;
-    rec.a = a;
-    rec.g = g;
-    rec.weight_gradient = grad;
-    rec.samples = rows;
-    return rec;
-  });
-  std::unique_ptr<dist::DPKFAC<KFACf>> dp;
-  if (comm != nullptr) {
-    dist::DPKFACOptions d;
-    d.model_precision_broadcast = model_precision;
-    dp = std::make_unique<dist::DPKFAC<KFACf>>(*comm, kfac, d);
-  }
-  FloatRun run;
-  for (int s = 0; s < 3; ++s) {
-    // The same (already averaged) gradient on every rank.
-    Kokkos::deep_copy(grad, matrix_of<float>(out, cols, [&](std::size_t i, std::size_t j) {
-                        return 0.1 * (s + 1) * std::sin(0.5 + i - 1.5 * j);
-                      }));
-    kfac.step(Space());
-    auto h = to_host(grad);
-    run.gradients.emplace_back(h.data(), h.data() + h.size());
-  }
-  if (dp) {
-    run.bytes = dp->stats().broadcast.bytes;
-    run.analytic = dp->bytes_per_step();
-  }
-  return run;
-}
-} // namespace
-
 TEST_CASE("dpkfac: P in the model precision halves the bytes and every rank applies the same P",
           "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
   INFO(rank_of(comm));
-  const FloatRun plain = float_layer(nullptr, true); // rank 0's data, no DP-KFAC
+  // The owner (rank 0) builds the factors from its own a and g; the others' must not matter.
+  const FloatRun plain = float_layer(0, ComputeMethod::eigen, [](KFACf &) { return nullptr; });
   for (const bool narrow : {true, false}) {
     INFO("model_precision_broadcast " << narrow);
-    const FloatRun run = float_layer(&comm, narrow);
-    CHECK(run.analytic == 12 * (narrow ? sizeof(float) : sizeof(double)));
-    CHECK(run.bytes == 3 * run.analytic);
-    for (std::size_t s = 0; s < run.gradients.size(); ++s) {
-      const std::vector<float> &mine = run.gradients[s];
-      // Every rank holds rank 0's update, bit for bit.
-      Vector<float, Mem> local("local", mine.size()), all("all", mine.size() * comm.size());
-      Kokkos::deep_copy(local,
-                        Kokkos::View<const float *, Kokkos::HostSpace>(mine.data(), mine.size()));
-      comm.allgather(Space(), local, all);
-      const auto h = to_host(all);
-      for (std::size_t k = 0; k < h.size(); ++k) {
-        CHECK(h(k) == mine[k % mine.size()]);
-      }
-      // And it is plain K-FAC's on rank 0's data, up to rounding P to float first.
-      for (std::size_t k = 0; k < mine.size(); ++k) {
-        CHECK(mine[k] == Approx(plain.gradients[s][k]).epsilon(narrow ? 1e-6 : 1e-7).margin(1e-9));
-      }
-    }
+    const FloatRun run = float_layer(comm.rank(), ComputeMethod::eigen, [&](KFACf &kfac) {
+      dist::DPKFACOptions d;
+      d.model_precision_broadcast = narrow;
+      return std::make_unique<dist::DPKFAC<KFACf>>(comm, kfac, d);
+    });
+    CHECK(run.report.bytes_per_step == 12 * (narrow ? sizeof(float) : sizeof(double)));
+    CHECK(run.report.gradient_sharing.bytes == 3 * run.report.bytes_per_step);
+    check_same_p_everywhere(comm, run, plain, narrow); // rank 0's P everywhere
   }
 }
 

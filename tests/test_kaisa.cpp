@@ -622,60 +622,6 @@ TEST_CASE("kaisa: a first decomposition that fails is never marked valid on any 
   }
 }
 
-namespace {
-// One layer given by views, float model and double inverses, factors and decompositions
-// every step, the same a, g and (averaged) gradient on every rank; returns each step's
-// preconditioned gradient and, with KAISA, its report.
-struct FloatRun {
-  std::vector<std::vector<float>> gradients;
-  precond::KFACStrategyReport report;
-};
-FloatRun float_layer(Communicator *comm, double fraction, ComputeMethod method,
-                     bool model_precision) {
-  using KFACf = KFAC<float, Mem, double>;
-  constexpr std::size_t out = 3, cols = 4, rows = 5;
-  KFACOptions o;
-  o.factor_update_steps = 1;
-  o.inv_update_steps = 1;
-  o.damping = 0.1;
-  o.lr = 0.1;
-  o.compute_method = method;
-  KFACf kfac(o);
-  const auto a = matrix_of<float>(rows, cols, [&](std::size_t i, std::size_t j) {
-    return j + 1 == cols ? 1.0 : std::sin(1.0 + i + 2.0 * j);
-  });
-  const auto g = matrix_of<float>(
-      rows, out, [&](std::size_t i, std::size_t j) { return 0.2 * std::cos(3.0 * i + j); });
-  Matrix<float, Mem> grad("grad", out, cols);
-  kfac.register_layer("dense", [&] {
-    KFACf::record_type rec;
-    rec.a = a;
-    rec.g = g;
-    rec.weight_gradient = grad;
-    rec.samples = rows;
-    return rec;
-  });
-  std::unique_ptr<dist::KAISA<KFACf>> kaisa;
-  if (comm != nullptr) {
-    dist::KAISAOptions k;
-    k.grad_worker_fraction = fraction;
-    k.model_precision_broadcast = model_precision;
-    kaisa = std::make_unique<dist::KAISA<KFACf>>(*comm, kfac, k);
-  }
-  FloatRun run;
-  for (int s = 0; s < 3; ++s) {
-    Kokkos::deep_copy(grad, matrix_of<float>(out, cols, [&](std::size_t i, std::size_t j) {
-                        return 0.1 * (s + 1) * std::sin(0.5 + i - 1.5 * j);
-                      }));
-    kfac.step(Space());
-    auto h = to_host(grad);
-    run.gradients.emplace_back(h.data(), h.data() + h.size());
-  }
-  run.report = kfac.strategy_report();
-  return run;
-}
-} // namespace
-
 TEST_CASE("kaisa: MEM-OPT broadcasts P in the model precision and every rank applies the same P",
           "[mpi][dist][kfac]") {
   auto comm = Communicator::world();
@@ -683,33 +629,22 @@ TEST_CASE("kaisa: MEM-OPT broadcasts P in the model precision and every rank app
   const double mem_opt = 1.0 / comm.size(); // COMM-OPT on one rank: no P is broadcast
   for (const ComputeMethod method : {ComputeMethod::eigen, ComputeMethod::inverse}) {
     INFO((method == ComputeMethod::eigen ? "eigen" : "inverse"));
-    const FloatRun plain = float_layer(nullptr, 1.0, method, true);
+    const FloatRun plain = float_layer(0, method, [](KFACf &) { return nullptr; });
     for (const bool narrow : {true, false}) {
       INFO("model_precision_broadcast " << narrow);
-      const FloatRun run = float_layer(&comm, mem_opt, method, narrow);
+      const FloatRun run = float_layer(0, method, [&](KFACf &kfac) {
+        dist::KAISAOptions k;
+        k.grad_worker_fraction = mem_opt;
+        k.model_precision_broadcast = narrow;
+        return std::make_unique<dist::KAISA<KFACf>>(comm, kfac, k);
+      });
       const std::size_t per_step =
           comm.size() == 1 ? 0 : 12 * (narrow ? sizeof(float) : sizeof(double));
       CHECK(run.report.bytes_per_step == per_step);
       CHECK(run.report.gradient_sharing.bytes == 3 * per_step);
       // The staging buffer: a 3 x 4 float P, only when P is narrowed.
       CHECK(run.report.workspace_bytes >= (narrow && comm.size() > 1 ? 12 * sizeof(float) : 0));
-      for (std::size_t s = 0; s < run.gradients.size(); ++s) {
-        const std::vector<float> &mine = run.gradients[s];
-        // Every rank holds the gradient worker's update, bit for bit.
-        Vector<float, Mem> local("local", mine.size()), all("all", mine.size() * comm.size());
-        Kokkos::deep_copy(local,
-                          Kokkos::View<const float *, Kokkos::HostSpace>(mine.data(), mine.size()));
-        comm.allgather(Space(), local, all);
-        const auto h = to_host(all);
-        for (std::size_t k = 0; k < h.size(); ++k) {
-          CHECK(h(k) == mine[k % mine.size()]);
-        }
-        // And it is plain K-FAC's, up to rounding P to float first.
-        for (std::size_t k = 0; k < mine.size(); ++k) {
-          CHECK(mine[k] ==
-                Approx(plain.gradients[s][k]).epsilon(narrow ? 1e-6 : 1e-7).margin(1e-9));
-        }
-      }
+      check_same_p_everywhere(comm, run, plain, narrow); // the gradient worker's P everywhere
     }
   }
 }

@@ -362,10 +362,10 @@ int main(int argc, char **argv) {
                   model.summary().c_str(), setup.transforms.empty() ? "" : "K-FAC + ",
                   setup.optimizer->name().c_str(), setup.optimizer->lr(), batch_size, epochs,
                   static_cast<unsigned long long>(seed));
-      if (group.size() > 1) {
-        std::printf("data parallel on %d ranks: global batch %d (%zu per rank), %zu samples per "
-                    "rank and epoch\n",
-                    group.size(), batch_size, local_batch, sampler.per_rank());
+      if (trainer.gradient_sync()) {
+        std::printf("%s; global batch %d (%zu per rank), %zu samples per rank and epoch\n",
+                    trainer.gradient_sync()->summary().c_str(), batch_size, local_batch,
+                    sampler.per_rank());
       }
       for (const auto &t : setup.transforms) {
         std::printf("%s\n", t->summary().c_str());

@@ -264,7 +264,8 @@ FloatRun float_layer(double shift, ComputeMethod method, const Install &install)
     rec.samples = rows;
     return rec;
   });
-  const auto strategy = install(kfac);
+  const auto strategy = install(kfac); // kept alive until the end of the run
+  (void)strategy;
   FloatRun run;
   for (int s = 0; s < 3; ++s) {
     Kokkos::deep_copy(grad, matrix_of<float>(out, cols, [&](std::size_t i, std::size_t j) {

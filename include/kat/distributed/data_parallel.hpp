@@ -267,6 +267,13 @@ public:
 
   /// kat::train::GradientSync: "data_parallel".
   std::string name() const override { return "data_parallel"; }
+  /// kat::train::GradientSync: "data parallel on P ranks: B gradient bucket(s) of at most N
+  /// bytes".
+  std::string summary() const override {
+    return kat::detail::concat("data parallel on ", comm_->size(), " ranks: ", buckets_.size(),
+                               " gradient bucket", buckets_.size() == 1 ? "" : "s", " of at most ",
+                               options_.bucket_bytes, " bytes");
+  }
   /// kat::train::GradientSync: layer_done(space, layer).
   void on_gradients_ready(const execution_space &space, std::size_t layer) override {
     layer_done(space, layer);

@@ -18,10 +18,11 @@ namespace kat::train {
 ///     epoch  3  0.873 s     68724 samples/s  train loss 0.2809  test loss 0.3336  test
 ///     accuracy 88.03%
 ///
-/// followed by EpochSummary::note on the same line and EpochSummary::lines below it (callbacks
-/// added before this one fill them). With `live`, a progress bar on the current line is
-/// redrawn at most ten times a second during the epoch (for a terminal). Only the process
-/// constructed with `enabled` prints; pass false on the others.
+/// followed, with a gradient sync, by "  exposed communication <s> s" (this process's
+/// SyncStats::exposed_seconds), then EpochSummary::note on the same line and
+/// EpochSummary::lines below it (callbacks added before this one fill them). With `live`, a
+/// progress bar on the current line is redrawn at most ten times a second during the epoch (for a
+/// terminal). Only the process constructed with `enabled` prints; pass false on the others.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class ConsoleLogger : public Callback<Scalar, MemorySpace> {
 public:
@@ -61,18 +62,23 @@ public:
     std::fflush(out_);
   }
 
-  void on_epoch_end(trainer_type &, EpochSummary &s) override {
+  void on_epoch_end(trainer_type &trainer, EpochSummary &s) override {
     if (!enabled_) {
       return;
+    }
+    char exposed[64] = "";
+    if (trainer.gradient_sync()) {
+      std::snprintf(exposed, sizeof exposed, "  exposed communication %.3f s",
+                    trainer.gradient_sync()->sync_stats().exposed_seconds);
     }
     if (live_) {
       std::fprintf(out_, "\r\033[K");
     }
     std::fprintf(out_,
                  "epoch %2lld  %.3f s  %8.0f samples/s  train loss %.4f  test loss %.4f  "
-                 "test accuracy %.2f%%%s\n",
+                 "test accuracy %.2f%%%s%s\n",
                  static_cast<long long>(s.epoch), s.wall_seconds, s.samples_per_second,
-                 s.train_loss, s.test_loss, 100 * s.test_accuracy, s.note.c_str());
+                 s.train_loss, s.test_loss, 100 * s.test_accuracy, exposed, s.note.c_str());
     for (const auto &line : s.lines) {
       std::fprintf(out_, "%s\n", line.c_str());
     }

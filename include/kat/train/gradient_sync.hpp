@@ -46,6 +46,8 @@ public:
   virtual void before_step(const execution_space &space) = 0;
   /// After the optimizer updated the parameters.
   virtual void after_step(const execution_space &space) { (void)space; }
+  /// What it does and how it is configured, for logs.
+  virtual std::string summary() const { return name(); }
   /// What was communicated since the last reset_stats().
   virtual SyncStats sync_stats() const { return {}; }
   /// Starts counting sync_stats() anew (the trainer calls it at the start of every epoch).

@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace kat {
 namespace optim {
@@ -139,6 +140,9 @@ public:
 
   /// Second moment v (PyTorch's `exp_avg_sq`), length n, in squared gradient units.
   const vector_type &exp_avg_sq() const { return v_; }
+
+  /// exp_avg and exp_avg_sq.
+  std::vector<vector_type> state_buffers() const override { return {m_, v_}; }
 
   /// "steps", "lr", "exp_avg" and "exp_avg_sq" (Scalar, [n] each).
   StateDict state_dict() const override {

@@ -86,6 +86,12 @@ public:
   /// Length n of the parameter vector this optimizer was built for.
   std::size_t size() const { return size_; }
 
+  /// The per-parameter state vectors (each of length size(), entry i belonging to parameter
+  /// i): SGD's momentum buffer, Adam's two moments. Components that constrain parameters
+  /// keep these consistent with them: a sparse mask (kat/sparse) zeroes the state of masked
+  /// weights. Empty for a stateless optimizer. The views alias the optimizer's own buffers.
+  virtual std::vector<vector_type> state_buffers() const { return {}; }
+
   /// The optimizer's state (kat/core/state.hpp): "steps" (int64), "lr" (float64) and the
   /// subclass's buffers (host copies; fences).
   virtual StateDict state_dict() const {

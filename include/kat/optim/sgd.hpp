@@ -114,6 +114,11 @@ public:
   /// checkpoint can restore it (together with set_steps()).
   const vector_type &momentum_buffer() const { return buf_; }
 
+  /// The momentum buffer, when momentum != 0.
+  std::vector<vector_type> state_buffers() const override {
+    return buf_.extent(0) > 0 ? std::vector<vector_type>{buf_} : std::vector<vector_type>{};
+  }
+
   /// "steps", "lr" and, with momentum, "momentum_buffer" (Scalar, [n]).
   StateDict state_dict() const override {
     StateDict s = Base::state_dict();

@@ -98,6 +98,7 @@ struct Recorder : train::Callback<float, Mem>, train::GradientSync<float, Mem> {
     log.push_back("epoch_begin " + std::to_string(t.position().epoch));
   }
   void on_step_begin(Trainer &) override { log.push_back("step_begin"); }
+  void on_after_backward(Trainer &) override { log.push_back("after_backward"); }
   void on_step_end(Trainer &t) override {
     log.push_back("step_end " + std::to_string(t.position().step));
   }
@@ -188,8 +189,8 @@ TEST_CASE("trainer: roles and callbacks run in the documented order", "[train]")
   trainer.fit(Space(), 1);
   // Dense layers are blocks 1 and 3 of the flat buffer; backward reports every layer, last
   // first.
-  const std::vector<std::string> step{"step_begin", "ready 3",     "ready 2",   "ready 1",
-                                      "ready 0",    "before_step", "after_step"};
+  const std::vector<std::string> step{"step_begin", "ready 3",     "ready 2",        "ready 1",
+                                      "ready 0",    "before_step", "after_backward", "after_step"};
   std::vector<std::string> expected{"train_begin", "reset_stats", "epoch_begin 1"};
   for (int s = 1; s <= 2; ++s) {
     expected.insert(expected.end(), step.begin(), step.end());
@@ -197,6 +198,39 @@ TEST_CASE("trainer: roles and callbacks run in the documented order", "[train]")
   }
   expected.insert(expected.end(), {"epoch_end 1", "train_end"});
   CHECK(rec->log == expected);
+}
+
+TEST_CASE("trainer: a skipped optimizer step runs no transform and keeps the parameters",
+          "[train]") {
+  const auto data = toy_data(16);
+  Model model = toy_model();
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  Loader loader(data, 8, false, 0);
+  Trainer trainer(model, opt, loader);
+  auto doubler = std::make_shared<Doubler>();
+  trainer.add_transform(doubler);
+  struct SkipFirst : train::Callback<float, Mem> {
+    std::vector<float> before, after;
+    std::string name() const override { return "skip_first"; }
+    void on_after_backward(Trainer &t) override {
+      if (t.position().step == 0) {
+        before = params_of(t.model());
+        t.skip_optimizer_step();
+      }
+    }
+    void on_step_end(Trainer &t) override {
+      if (t.position().step == 1) {
+        after = params_of(t.model());
+      }
+    }
+  };
+  auto skip = std::make_shared<SkipFirst>();
+  trainer.add_callback(skip);
+  trainer.fit(Space(), 1);
+  CHECK(skip->after == skip->before);
+  CHECK(doubler->calls == 1);
+  CHECK(opt.steps() == 1);
+  CHECK(trainer.position().step == 2); // the skipped step still counts
 }
 
 TEST_CASE("trainer: request_stop ends training after the epoch", "[train]") {

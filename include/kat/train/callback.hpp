@@ -52,8 +52,11 @@ struct EpochSummary {
 ///
 ///     on_train_begin                       once, after a resume was applied
 ///       on_epoch_begin                     each epoch (also a resumed one)
-///         on_step_begin, on_step_end       each step, around forward, backward, the
-///                                          gradient sync and transforms and the optimizer
+///         on_step_begin                    each step, before forward
+///           on_after_backward              after backward and the gradient sync, before
+///                                          the transforms and the optimizer; may call
+///                                          Trainer::skip_optimizer_step()
+///         on_step_end                      after the optimizer step
 ///       on_epoch_end                       after the epoch's evaluation
 ///     on_train_end                         once, also after request_stop()
 ///
@@ -69,6 +72,7 @@ public:
   virtual void on_train_begin(trainer_type &trainer) { (void)trainer; }
   virtual void on_epoch_begin(trainer_type &trainer) { (void)trainer; }
   virtual void on_step_begin(trainer_type &trainer) { (void)trainer; }
+  virtual void on_after_backward(trainer_type &trainer) { (void)trainer; }
   virtual void on_step_end(trainer_type &trainer) { (void)trainer; }
   virtual void on_epoch_end(trainer_type &trainer, EpochSummary &summary) {
     (void)trainer;

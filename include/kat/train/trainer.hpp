@@ -48,8 +48,11 @@ struct Evaluation {
 ///     callbacks' on_step_begin
 ///     model.forward → loss → model.backward   (GradientSync::on_gradients_ready per layer)
 ///     GradientSync::before_step               (the gradients agree over the processes)
+///     callbacks' on_after_backward            (sparse masks: mask updates, masked gradients)
 ///     each GradientTransform::transform       (in the order added: preconditioners, ...)
 ///     Optimizer::set_lr(lr(step)), Optimizer::step
+///                                             (both skipped when a callback called
+///                                             skip_optimizer_step(); the step still counts)
 ///     GradientSync::after_step
 ///     callbacks' on_step_end                  (progress, checkpoints, mask updates, ...)
 ///
@@ -133,6 +136,13 @@ public:
   std::int64_t epochs() const { return epochs_; }
   /// Ends fit() after the current epoch's on_epoch_end().
   void request_stop() { stop_ = true; }
+  /// Called from on_after_backward(): this step runs neither the gradient transforms nor the
+  /// optimizer (RigL and SET skip the optimizer step at a mask update); position().step still
+  /// advances, so learning-rate schedules keep counting steps.
+  void skip_optimizer_step() { skip_ = true; }
+  /// The execution space of the fit() or train_step() in progress (a default instance
+  /// before the first), for callbacks that launch work.
+  const execution_space &space() const { return space_; }
 
   /// Trains until epoch `epochs` (1-based, inclusive) is done, starting from position():
   /// a fresh run at epoch 1, a resumed run inside or after the epoch it was saved in.
@@ -145,6 +155,7 @@ public:
     }
     epochs_ = epochs;
     stop_ = false;
+    space_ = space;
     HookGuard hook(*this, space);
     for (auto &c : callbacks_) {
       c->on_train_begin(*this);
@@ -162,6 +173,7 @@ public:
   double train_step(const execution_space &space, const typename model_type::matrix_type &x,
                     const Vector<std::int32_t, MemorySpace> &y) {
     const std::size_t n = x.extent(0);
+    space_ = space;
     const auto &logits = model_->forward(space, x);
     const auto dlogits = dlogits_.matrix(n, logits.extent(1));
     const double loss = loss_.forward_backward(space, logits, y, dlogits);
@@ -169,11 +181,19 @@ public:
     if (sync_) {
       sync_->before_step(space);
     }
-    for (auto &t : transforms_) {
-      t->transform(space, model_->parameters(), model_->gradients());
+    skip_ = false;
+    for (auto &c : callbacks_) {
+      c->on_after_backward(*this);
     }
-    optimizer_->set_lr(lr_(position_.step++));
-    optimizer_->step(space, model_->parameters(), model_->gradients());
+    const double lr = lr_(position_.step++);
+    if (!skip_) {
+      for (auto &t : transforms_) {
+        t->transform(space, model_->parameters(), model_->gradients());
+      }
+      optimizer_->set_lr(lr);
+      optimizer_->step(space, model_->parameters(), model_->gradients());
+    }
+    skip_ = false;
     if (sync_) {
       sync_->after_step(space);
     }
@@ -414,6 +434,8 @@ private:
   Position position_;
   std::int64_t epochs_ = 0;
   bool stop_ = false;
+  bool skip_ = false;
+  execution_space space_{};
   nn::SoftmaxCrossEntropy<Scalar, MemorySpace> loss_;
   Workspace<Scalar, MemorySpace> dlogits_{"kat::train::Trainer::dlogits"};
 };

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -229,10 +230,15 @@ int main(int argc, char **argv) {
   app.add_option("--keep-checkpoints", keep_checkpoints, "How many of the newest to keep")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  // Sparse training (kat::sparse) works with every optimizer: its options are one group.
+  kat::train::Registry<int> sparse_registry("sparse training");
+  sparse_registry.add("sparse", "Sparse training: masks, SET, RigL (docs/sparse.md)",
+                      kat::sparse::sparse_option_specs(), 0);
   std::vector<Flag> flags;
   flags.reserve(64); // add_flags keeps references into it
   add_flags(app, optimizer_registry, flags);
   add_flags(app, schedule_registry, flags);
+  add_flags(app, sparse_registry, flags);
   app.allow_extras(); // --kokkos-* go on to Kokkos
   try {
     app.parse(argc, argv);
@@ -248,11 +254,20 @@ int main(int argc, char **argv) {
       throw CLI::ValidationError("--resume", "takes latest with more than one rank");
     }
     // A registered option given on the command line must be one of the chosen components'.
+    const auto sparsity_flag = std::find_if(flags.begin(), flags.end(),
+                                            [](const Flag &f) { return f.name == "sparsity"; });
+    const bool sparse = std::strtod(sparsity_flag->value.c_str(), nullptr) > 0.0;
     for (const auto &f : flags) {
       const auto declares = [&](const auto &entry) {
         return std::any_of(entry.options.begin(), entry.options.end(),
                            [&](const Opt &o) { return o.name == f.name; });
       };
+      if (f.option->count() > 0 && declares(sparse_registry.at("sparse"))) {
+        if (f.name != "sparsity" && !sparse) {
+          throw CLI::ValidationError("--" + f.name, "needs --sparsity > 0");
+        }
+        continue;
+      }
       if (f.option->count() > 0 && !declares(optimizer_registry.at(optimizer_name)) &&
           !declares(schedule_registry.at(schedule_name))) {
         throw CLI::ValidationError("--" + f.name, "is not an option of --optimizer " +
@@ -317,7 +332,8 @@ int main(int argc, char **argv) {
                           {"optimizer", optimizer_name},
                           {"seed", std::to_string(seed)},
                           {"batch_size", std::to_string(batch_size)},
-                          {"ranks", std::to_string(group.size())}});
+                          {"ranks", std::to_string(group.size())},
+                          {"sparsity", config.text("sparsity")}});
     for (const auto &t : setup.transforms) {
       trainer.add_transform(t);
     }
@@ -332,14 +348,25 @@ int main(int argc, char **argv) {
       trainer.set_epoch_order([&sampler](std::size_t e) { return sampler.indices(e); });
     }
 #endif
+    std::vector<std::string> extra_columns;
+    std::shared_ptr<kat::sparse::SparseTraining<Scalar, Mem>> sparse;
+    if (config.number("sparsity") > 0) {
+      sparse = std::make_shared<kat::sparse::SparseTraining<Scalar, Mem>>(
+          model, kat::sparse::sparse_training_options(config, seed));
+      sparse->set_profile(profile);
+      trainer.add_callback(sparse); // before the logger and writer, which print its note
+      extra_columns = {"density", "mask_update_s"};
+    }
     if (profile) {
       trainer.add_callback(std::make_shared<kat::train::Profiler<Scalar, Mem>>());
+      for (const auto &c : kat::train::Profiler<Scalar, Mem>::columns()) {
+        extra_columns.push_back(c);
+      }
     }
     trainer.add_callback(std::make_shared<kat::train::ConsoleLogger<Scalar, Mem>>(
         root, progress == "always" || (progress == "auto" && isatty(fileno(stdout)))));
     trainer.add_callback(std::make_shared<kat::train::MetricsWriter<Scalar, Mem>>(
-        root ? metrics : std::string(),
-        profile ? kat::train::Profiler<Scalar, Mem>::columns() : std::vector<std::string>{}));
+        root ? metrics : std::string(), extra_columns));
     std::shared_ptr<kat::train::Checkpointer<Scalar, Mem>> checkpointer;
     if (!checkpoint_dir.empty()) {
       checkpointer = std::make_shared<kat::train::Checkpointer<Scalar, Mem>>(
@@ -369,6 +396,9 @@ int main(int argc, char **argv) {
       }
       for (const auto &t : setup.transforms) {
         std::printf("%s\n", t->summary().c_str());
+      }
+      if (sparse) {
+        std::printf("%s\n", sparse->summary().c_str());
       }
     }
     if (!resume.empty()) {

@@ -62,6 +62,11 @@
 #include "kat/train/registry.hpp"
 #include "kat/train/trainer.hpp"
 
+#include "kat/sparse/density.hpp"
+#include "kat/sparse/mask.hpp"
+#include "kat/sparse/options.hpp"
+#include "kat/sparse/sparse_training.hpp"
+
 // DistributedSampler needs no MPI; the rest of kat::distributed does (KAT configured with
 // -DKAT_ENABLE_MPI=ON).
 #include "kat/distributed/distributed_sampler.hpp"

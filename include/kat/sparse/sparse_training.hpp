@@ -162,6 +162,8 @@ public:
   const MaskUpdate &last_update() const { return last_; }
   /// Mask updates so far.
   std::int64_t updates() const { return updates_; }
+  /// With `on`, the epoch's console note also gives the seconds spent in mask updates.
+  void set_profile(bool on) { profile_ = on; }
   /// Host seconds spent in mask updates (fenced) since reset_update_seconds().
   double update_seconds() const { return update_seconds_; }
   void reset_update_seconds() { update_seconds_ = 0; }
@@ -364,8 +366,7 @@ public:
   }
   void on_epoch_begin(trainer_type &trainer) override {
     // The loader knows this process's share of an epoch only once the epoch has started.
-    set_total_steps(trainer.epochs() *
-                    static_cast<std::int64_t>(trainer.train_loader().batches()));
+    set_total_steps(trainer.epochs() * static_cast<std::int64_t>(trainer.train_loader().batches()));
     reset_update_seconds();
   }
   void on_step_begin(trainer_type &trainer) override { begin_step(trainer.position().step); }
@@ -382,7 +383,10 @@ public:
     (void)trainer;
     std::ostringstream os;
     os << std::fixed << std::setprecision(4) << "density " << mask_.density();
-    summary.note += summary.note.empty() ? os.str() : ", " + os.str();
+    if (profile_) {
+      os << std::setprecision(3) << ", mask updates " << update_seconds_ << " s";
+    }
+    summary.note += "  " + os.str();
     summary.metrics.push_back({"density", mask_.density(), 6});
     summary.metrics.push_back({"mask_update_s", update_seconds_, 4});
   }
@@ -436,6 +440,7 @@ private:
   std::int64_t total_steps_ = 0;
   std::int64_t updates_ = 0;
   double update_seconds_ = 0;
+  bool profile_ = false;
   MaskUpdate last_;
 };
 

@@ -352,10 +352,10 @@ public:
   /// What the latest refresh() of this object found (not part of the state).
   const AGENTRefresh &last_refresh() const { return last_refresh_; }
 
-  /// "AGENT gradient correction: gamma <γ>, rho <ρ>, tau <τ> (<k> refreshes)".
+  /// "AGENT gradient correction: gamma <γ>, rho <ρ>, tau <τ>, refreshes <k>".
   std::string summary() const override {
     return kat::detail::concat("AGENT gradient correction: gamma ", options_.gamma, ", rho ",
-                               options_.rho, ", tau ", tau_, " (", refreshes_, " refreshes)");
+                               options_.rho, ", tau ", tau_, ", refreshes ", refreshes_);
   }
 
   /// The bytes refresh() handed to `group`'s all-reduces on several processes (the

@@ -111,8 +111,8 @@ void agent_correct(const ExecutionSpace &space, const View &grads, const View &m
 ///
 /// Differences from the reference code (`StevenBoys/AGENT`, A-ITOP/main.py): μ̃ is the
 /// sample-weighted mean (the reference divides a sum of batch gradients by the batch count),
-/// and the first refresh keeps τ = tau0 (the reference estimates τ_new = 1 from the identical
-/// losses of its initial snapshot and the model).
+/// and the first refresh keeps τ = tau0 (the reference already estimates τ_new on its first
+/// pass, from a snapshot equal to the initial model: 1 for a deterministic network).
 ///
 /// Memory: snapshot θ̃, full gradient μ̃ and a scratch gradient, n Scalars each; during
 /// refresh() also n doubles in MemorySpace and n + 6 doubles on the host.
@@ -175,9 +175,9 @@ public:
   /// n + 6 doubles on the host (once per epoch, next to a full pass over the data).
   ///
   /// Collective over `group`: every process calls it at the same point of its loop. If
-  /// anything throws, AGENT is unchanged; the errors AGENT raises itself are raised after the
-  /// all-reduce, on every process alike. An exception from `for_each_batch` or an evaluator
-  /// leaves the other processes waiting in the all-reduce.
+  /// anything throws, AGENT is unchanged; the errors AGENT raises itself (but the ShapeError,
+  /// checked first) are raised after the all-reduce, on every process alike. An exception from
+  /// `for_each_batch` or an evaluator leaves the other processes waiting in the all-reduce.
   ///
   /// @param space     where the accumulation and the snapshot copy are enqueued
   /// @param params    θ, the flat parameter vector (length n)

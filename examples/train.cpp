@@ -234,6 +234,8 @@ int main(int argc, char **argv) {
   kat::train::Registry<int> sparse_registry("sparse training");
   sparse_registry.add("sparse", "Sparse training: masks, SET, RigL (docs/sparse.md)",
                       kat::sparse::sparse_option_specs(), 0);
+  sparse_registry.add("agent", "Adaptive gradient correction, with any optimizer",
+                      kat::sparse::agent_option_specs(), 0);
   std::vector<Flag> flags;
   flags.reserve(64); // add_flags keeps references into it
   add_flags(app, optimizer_registry, flags);
@@ -257,6 +259,8 @@ int main(int argc, char **argv) {
     const auto sparsity_flag = std::find_if(flags.begin(), flags.end(),
                                             [](const Flag &f) { return f.name == "sparsity"; });
     const bool sparse = std::strtod(sparsity_flag->value.c_str(), nullptr) > 0.0;
+    const auto agent_flag =
+        std::find_if(flags.begin(), flags.end(), [](const Flag &f) { return f.name == "agent"; });
     for (const auto &f : flags) {
       const auto declares = [&](const auto &entry) {
         return std::any_of(entry.options.begin(), entry.options.end(),
@@ -265,6 +269,12 @@ int main(int argc, char **argv) {
       if (f.option->count() > 0 && declares(sparse_registry.at("sparse"))) {
         if (f.name != "sparsity" && !sparse) {
           throw CLI::ValidationError("--" + f.name, "needs --sparsity > 0");
+        }
+        continue;
+      }
+      if (f.option->count() > 0 && declares(sparse_registry.at("agent"))) {
+        if (f.name != "agent" && !agent_flag->option->count()) {
+          throw CLI::ValidationError("--" + f.name, "needs --agent");
         }
         continue;
       }
@@ -333,7 +343,41 @@ int main(int argc, char **argv) {
                           {"seed", std::to_string(seed)},
                           {"batch_size", std::to_string(batch_size)},
                           {"ranks", std::to_string(group.size())},
-                          {"sparsity", config.text("sparsity")}});
+                          {"sparsity", config.text("sparsity")},
+                          {"agent", config.flag("agent") ? "on" : "off"}});
+    // AGENT corrects the gradient before any preconditioner sees it; its probe is a second
+    // network of the same architecture, and its refresh pass reads this rank's shard.
+    std::shared_ptr<kat::sparse::AGENT<Scalar, Mem>> agent;
+    std::unique_ptr<Model> probe;
+    std::unique_ptr<kat::data::DataLoader<Scalar, Mem>> refresh_loader;
+    std::shared_ptr<kat::sparse::AGENTProbe<Scalar, Mem>> agent_probe;
+    if (config.flag("agent")) {
+      agent = std::make_shared<kat::sparse::AGENT<Scalar, Mem>>(model.parameter_count(),
+                                                                kat::sparse::agent_options(config));
+      probe = std::make_unique<Model>(
+          kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape, train_set.classes));
+      probe->compile(space, seed);
+      refresh_loader =
+          std::make_unique<kat::data::DataLoader<Scalar, Mem>>(train_set, local_batch, false, 0);
+      std::vector<std::size_t> shard;
+      kat::sparse::AGENTProbe<Scalar, Mem>::Average average;
+#ifdef KAT_ENABLE_MPI
+      if (group.size() > 1) {
+        for (std::size_t i = static_cast<std::size_t>(group.rank()); i < train_set.size();
+             i += static_cast<std::size_t>(group.size())) {
+          shard.push_back(i);
+        }
+        // As DataParallel averages the step's gradient, on a communicator of its own.
+        average = [agent_comm = std::make_shared<kat::distributed::Communicator>(comm.dup())](
+                      const Space &s, const kat::Vector<Scalar, Mem> &g) {
+          agent_comm->average(s, g);
+        };
+      }
+#endif
+      agent_probe = std::make_shared<kat::sparse::AGENTProbe<Scalar, Mem>>(
+          agent, *probe, *refresh_loader, shard, average);
+      trainer.add_transform(agent);
+    }
     for (const auto &t : setup.transforms) {
       trainer.add_transform(t);
     }
@@ -356,6 +400,11 @@ int main(int argc, char **argv) {
       sparse->set_profile(profile);
       trainer.add_callback(sparse); // before the logger and writer, which print its note
       extra_columns = {"density", "mask_update_s"};
+    }
+    if (agent_probe) {
+      trainer.add_callback(agent_probe); // after the mask's on_train_begin: θ̃ is masked
+      extra_columns.push_back("agent_tau");
+      extra_columns.push_back("agent_refresh_s");
     }
     if (profile) {
       trainer.add_callback(std::make_shared<kat::train::Profiler<Scalar, Mem>>());
@@ -399,6 +448,9 @@ int main(int argc, char **argv) {
       }
       if (sparse) {
         std::printf("%s\n", sparse->summary().c_str());
+      }
+      if (agent) {
+        std::printf("%s\n", agent->summary().c_str());
       }
     }
     if (!resume.empty()) {

@@ -10,6 +10,8 @@
 #include <kat/nn/sequential.hpp>
 #include <kat/optim/adam.hpp>
 #include <kat/optim/sgd.hpp>
+#include <kat/sparse/agent.hpp>
+#include <kat/sparse/agent_probe.hpp>
 #include <kat/sparse/density.hpp>
 #include <kat/sparse/mask.hpp>
 #include <kat/sparse/sparse_training.hpp>
@@ -437,6 +439,76 @@ TEST_CASE("sparse: state round trip and refused states", "[sparse]") {
   o.drop_fraction = 1.5;
   CHECK_THROWS_MATCHES((sparse::SparseTraining<float, Mem>(40, tensors, o)), Error,
                        MessageContains("drop_fraction must be in [0, 1], got 1.5"));
+}
+
+TEST_CASE("sparse: AGENT in a Trainer corrects the first step as the closed form",
+          "[sparse][agent][train]") {
+  // Right after the refresh θ = θ̃, so the first step's corrected gradient is
+  // ∇L_b + γτ0(μ̃ − ∇L_b) with ∇L_b and μ̃ computed here by a separate model.
+  const Space space;
+  const auto data = sparse_toy_data();
+  using DModel = nn::Sequential<double, Mem>;
+  using DLoader = data::DataLoader<double, Mem>;
+  sparse::AGENTOptions ao;
+  ao.gamma = 0.5;
+  ao.tau0 = 0.8;
+
+  DModel model = sparse_toy_model<double>(), probe = sparse_toy_model<double>();
+  optim::SGD<double, Mem> sgd(model.parameter_count());
+  DLoader loader(data, 8, true, 1), refresh_loader(data, 16, false, 0);
+  train::Trainer<double, Mem> trainer(model, sgd, loader);
+  auto agent = std::make_shared<sparse::AGENT<double, Mem>>(model.parameter_count(), ao);
+  trainer.add_callback(
+      std::make_shared<sparse::AGENTProbe<double, Mem>>(agent, probe, refresh_loader));
+  trainer.add_transform(agent);
+  struct First : train::GradientTransform<double, Mem> {
+    std::vector<double> g;
+    std::string name() const override { return "first"; }
+    void transform(const Space &, const vector_type &, const vector_type &grads) override {
+      if (g.empty()) {
+        g = host_vector(grads);
+      }
+    }
+  };
+  auto first = std::make_shared<First>();
+  trainer.add_transform(first);
+  const auto theta = host_vector(model.parameters());
+  trainer.fit(space, 1);
+  CHECK(agent->refreshes() == 1);
+
+  // The reference: the same network at θ, its gradient on batch 0 of the shuffled loader and
+  // the sample-weighted mean gradient over all 60 samples.
+  DModel ref = sparse_toy_model<double>();
+  REQUIRE(host_vector(ref.parameters()) == theta);
+  nn::SoftmaxCrossEntropy<double, Mem> ce;
+  const auto gradient_of = [&](const Matrix<double, Mem> &x, const Vector<std::int32_t, Mem> &y) {
+    const auto &logits = ref.forward(space, x);
+    Matrix<double, Mem> dl("dl", x.extent(0), logits.extent(1));
+    ce.forward_backward(space, logits, y, dl);
+    ref.backward(space, dl, DModel::Gradients::overwrite);
+    return host_vector(ref.gradients());
+  };
+  Matrix<double, Mem> x;
+  Vector<std::int32_t, Mem> y;
+  DLoader batches(data, 8, true, 1);
+  batches.start_epoch(0);
+  REQUIRE(batches.next(space, x, y));
+  const auto g0 = gradient_of(x, y);
+  std::vector<double> mu(g0.size(), 0.0);
+  DLoader all(data, 7, false, 0); // other batches than the refresh's: only the mean matters
+  all.start_epoch(0);
+  while (all.next(space, x, y)) {
+    const auto g = gradient_of(x, y);
+    for (std::size_t i = 0; i < mu.size(); ++i) {
+      mu[i] += g[i] * double(x.extent(0)) / 60.0;
+    }
+  }
+  const double c = 0.5 * 0.8;
+  REQUIRE(first->g.size() == g0.size());
+  for (std::size_t i = 0; i < g0.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(first->g[i] == Approx(g0[i] + c * (mu[i] - g0[i])).epsilon(1e-10).margin(1e-13));
+  }
 }
 
 #ifdef KAT_ENABLE_MPI

@@ -43,8 +43,6 @@
 #include "kat/precond/kfac.hpp"
 #include "kat/precond/kronecker_factor.hpp"
 
-#include "kat/sparse/agent.hpp"
-
 #include "kat/data/data_loader.hpp"
 #include "kat/data/dataset.hpp"
 #include "kat/data/idx.hpp"
@@ -64,6 +62,8 @@
 #include "kat/train/registry.hpp"
 #include "kat/train/trainer.hpp"
 
+#include "kat/sparse/agent.hpp"
+#include "kat/sparse/agent_probe.hpp"
 #include "kat/sparse/density.hpp"
 #include "kat/sparse/mask.hpp"
 #include "kat/sparse/options.hpp"

@@ -3,6 +3,7 @@
 /// @brief Sparse training's options as registered command-line options (kat::train::Registry).
 
 #include "kat/core/error.hpp"
+#include "kat/sparse/agent.hpp"
 #include "kat/sparse/density.hpp"
 #include "kat/sparse/sparse_training.hpp"
 #include "kat/train/registry.hpp"
@@ -53,6 +54,27 @@ inline SparseTrainingOptions sparse_training_options(const train::Config &c, std
     o.t_end = c.number("t-end");
   }
   o.seed = seed;
+  return o;
+}
+
+/// AGENT's options as kat_train's flags: "agent" (a flag: on), "agent-gamma", "agent-rho".
+inline std::vector<train::OptionSpec> agent_option_specs() {
+  return {{"agent", "Adaptive gradient correction (AGENT, docs/sparse.md)", "", {}, true},
+          {"agent-gamma", "AGENT's gamma: weight of the correction", "0.1"},
+          {"agent-rho", "AGENT's rho: moving-average rate of tau", "0.3"}};
+}
+
+/// AGENTOptions from `c` (agent_option_specs() names; missing ones take their defaults).
+/// @throws ValueError naming the option if it is not a number; AGENT's own checks apply on
+///   construction.
+inline AGENTOptions agent_options(const train::Config &c) {
+  AGENTOptions o;
+  if (c.has("agent-gamma")) {
+    o.gamma = c.number("agent-gamma");
+  }
+  if (c.has("agent-rho")) {
+    o.rho = c.number("agent-rho");
+  }
   return o;
 }
 

@@ -140,6 +140,11 @@ public:
   /// optimizer (RigL and SET skip the optimizer step at a mask update); position().step still
   /// advances, so learning-rate schedules keep counting steps.
   void skip_optimizer_step() { skip_ = true; }
+  /// The batch of the train_step() in progress (inputs, batch x features; labels): for
+  /// components that evaluate it again (AGENT's gradient at its snapshot). Empty before the
+  /// first step.
+  const typename model_type::matrix_type &batch_inputs() const { return batch_x_; }
+  const Vector<std::int32_t, MemorySpace> &batch_labels() const { return batch_y_; }
   /// The execution space of the fit() or train_step() in progress (a default instance
   /// before the first), for callbacks that launch work.
   const execution_space &space() const { return space_; }
@@ -174,6 +179,8 @@ public:
                     const Vector<std::int32_t, MemorySpace> &y) {
     const std::size_t n = x.extent(0);
     space_ = space;
+    batch_x_ = x;
+    batch_y_ = y;
     const auto &logits = model_->forward(space, x);
     const auto dlogits = dlogits_.matrix(n, logits.extent(1));
     const double loss = loss_.forward_backward(space, logits, y, dlogits);
@@ -436,6 +443,8 @@ private:
   bool stop_ = false;
   bool skip_ = false;
   execution_space space_{};
+  typename model_type::matrix_type batch_x_;
+  Vector<std::int32_t, MemorySpace> batch_y_;
   nn::SoftmaxCrossEntropy<Scalar, MemorySpace> loss_;
   Workspace<Scalar, MemorySpace> dlogits_{"kat::train::Trainer::dlogits"};
 };

@@ -512,7 +512,7 @@ TEST_CASE("sparse: AGENT in a Trainer corrects the first step as the closed form
 }
 
 #ifdef KAT_ENABLE_MPI
-TEST_CASE("sparse: RigL with data parallel gives the same mask and weights on every rank",
+TEST_CASE("sparse: RigL and SET with data parallel give the same mask and weights everywhere",
           "[mpi][sparse]") {
   auto comm = distributed::Communicator::world();
   INFO(rank_of(comm));
@@ -540,8 +540,29 @@ TEST_CASE("sparse: RigL with data parallel gives the same mask and weights on ev
     o.seed = 11;
     auto sp = std::make_shared<sparse::SparseTraining<double, Mem>>(model, o);
     trainer.add_callback(sp);
+    // RigL also with AGENT: its refresh over the rank's shard, its per-step gradient averaged.
+    auto probe = sparse_toy_model<double>();
+    std::vector<std::size_t> shard;
+    for (std::size_t i = std::size_t(comm.rank()); i < data.size(); i += std::size_t(comm.size())) {
+      shard.push_back(i);
+    }
+    data::DataLoader<double, Mem> refresh_loader(data, local, false, 0);
+    auto agent_comm = std::make_shared<distributed::Communicator>(comm.dup());
+    auto agent = std::make_shared<sparse::AGENT<double, Mem>>(model.parameter_count());
+    if (method == SparseMethod::rigl) {
+      trainer.add_callback(std::make_shared<sparse::AGENTProbe<double, Mem>>(
+          agent, probe, refresh_loader, shard,
+          [agent_comm](const Space &s, const Vector<double, Mem> &g) {
+            agent_comm->average(s, g);
+          }));
+      trainer.add_transform(agent);
+    }
     trainer.fit(space, 3); // 12 steps: updates at 3, 6
     CHECK(sp->updates() == 2);
+    if (method == SparseMethod::rigl) {
+      CHECK(agent->refreshes() == 3);
+      CHECK(agent->last_refresh().samples == 64); // the shards cover the data set once
+    }
     // Bit for bit: the bytes of the mask and of the parameters agree over the ranks.
     const auto p = host_vector(model.parameters());
     const auto &m = sp->mask().host();

@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+namespace test_activation {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -88,3 +90,5 @@ TEST_CASE("flatten: keeps data and flattens the shape", "[flatten][gradcheck]") 
   CHECK(layer.output_shape(FeatureShape{2, 3, 4}) == FeatureShape{24});
   check_layer_gradients(layer, FeatureShape{2, 3, 4}, 3, 5);
 }
+
+} // namespace test_activation

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <vector>
 
+namespace test_batch_norm {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -417,3 +419,5 @@ TEST_CASE("batchnorm: several blocks per channel match the host formulas", "[bat
     CHECK(max_dx < 1e-12);
   }
 }
+
+} // namespace test_batch_norm

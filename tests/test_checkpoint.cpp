@@ -30,6 +30,8 @@
 #include <unistd.h>
 #include <vector>
 
+namespace test_checkpoint {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -501,3 +503,5 @@ TEST_CASE("state: a data loader resumes the rest of its epoch", "[state]") {
   bad.set("order", std::vector<std::uint64_t>{3, 10});
   CHECK_THROWS_WITH(b.load_state_dict(bad), Catch::Contains("order[1] = 10 must be < size() = 10"));
 }
+
+} // namespace test_checkpoint

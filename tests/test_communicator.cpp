@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+namespace test_communicator {
+
 using namespace kat;
 using namespace kat::test;
 using kat::distributed::Communicator;
@@ -470,5 +472,7 @@ TEST_CASE("communicator: an MPI error becomes MPIError naming the collective and
   CHECK_THROWS_AS(comm.broadcast(Space(), v, P), kat::Error); // MPIError is a kat::Error
   comm.barrier();
 }
+
+} // namespace test_communicator
 
 #endif // KAT_ENABLE_MPI

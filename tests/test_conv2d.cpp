@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <vector>
 
+namespace test_conv2d {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -455,3 +457,5 @@ TEST_CASE("conv2d: an empty batch", "[conv2d]") {
   for (std::size_t k = 0; k < g.extent(0); ++k)
     REQUIRE(g(k) == 0.0);
 }
+
+} // namespace test_conv2d

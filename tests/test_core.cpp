@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <numeric>
 
+namespace test_core {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -121,3 +123,5 @@ TEST_CASE("core: host shuffle is a seeded permutation", "[core][random]") {
   for (int h : hits)
     CHECK(h > 800);
 }
+
+} // namespace test_core

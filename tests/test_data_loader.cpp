@@ -11,6 +11,8 @@
 #include <set>
 #include <vector>
 
+namespace test_data_loader {
+
 namespace {
 
 using kat::data::DataLoader;
@@ -272,3 +274,5 @@ TEST_CASE("data: DataLoader serves a given order", "[data][loader]") {
   CHECK(loader.batches() == 0);
   CHECK_FALSE(loader.next(space, x, y));
 }
+
+} // namespace test_data_loader

@@ -17,6 +17,24 @@
 #include <utility>
 #include <vector>
 
+#ifdef KAT_ENABLE_MPI
+#include "mpi_test_helpers.hpp"
+
+#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/data_parallel.hpp>
+#include <kat/nn/activation.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
+#include <kat/nn/sequential.hpp>
+#include <kat/nn/softmax_cross_entropy.hpp>
+#include <kat/optim/sgd.hpp>
+
+#include <cmath>
+#include <string>
+#endif
+
+namespace test_data_parallel {
+
 using kat::distributed::DistributedSampler;
 
 TEST_CASE("sampler: shards of one process are strided slices of the shared permutation",
@@ -70,20 +88,6 @@ TEST_CASE("sampler: one rank reproduces the DataLoader shuffle", "[dist][sampler
 }
 
 #ifdef KAT_ENABLE_MPI
-
-#include "mpi_test_helpers.hpp"
-
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/data_parallel.hpp>
-#include <kat/nn/activation.hpp>
-#include <kat/nn/dense.hpp>
-#include <kat/nn/flatten.hpp>
-#include <kat/nn/sequential.hpp>
-#include <kat/nn/softmax_cross_entropy.hpp>
-#include <kat/optim/sgd.hpp>
-
-#include <cmath>
-#include <string>
 
 using namespace kat;
 using namespace kat::test;
@@ -405,3 +409,5 @@ TEST_CASE("data parallel: broadcast_parameters makes differently initialized rep
 }
 
 #endif // KAT_ENABLE_MPI
+
+} // namespace test_data_parallel

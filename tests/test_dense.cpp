@@ -8,6 +8,8 @@
 
 #include <cmath>
 
+namespace test_dense {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -112,3 +114,5 @@ TEST_CASE("dense: bad arguments name the argument and values", "[dense][errors]"
   Matrix<float, Mem> x("x", 3, 5), y("y", 3, 2);
   CHECK_THROWS_AS(layer.forward(Space(), x, y), ShapeError);
 }
+
+} // namespace test_dense

@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+namespace test_dkfac {
+
 using namespace kat;
 using namespace kat::precond;
 using namespace kat::test;
@@ -280,5 +282,7 @@ TEST_CASE("dkfac: the strategies refuse factored preconditioning and leave the l
   CHECK(kfac.strategy().name() == "local");
   CHECK(kfac.owned(0));
 }
+
+} // namespace test_dkfac
 
 #endif // KAT_ENABLE_MPI

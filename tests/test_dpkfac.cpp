@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+namespace test_dpkfac {
+
 using namespace kat;
 using namespace kat::precond;
 using namespace kat::test;
@@ -401,5 +403,7 @@ TEST_CASE("dpkfac: a decomposition failing on its owner makes every rank throw t
     }
   }
 }
+
+} // namespace test_dpkfac
 
 #endif // KAT_ENABLE_MPI

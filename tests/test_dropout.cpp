@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+namespace test_dropout {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -80,3 +82,5 @@ TEST_CASE("dropout: p outside 0 <= p < 1 is rejected", "[dropout][errors]") {
   CHECK_THROWS_AS((nn::Dropout<float, Mem>(-0.1)), ValueError);
   CHECK_THROWS_AS((nn::Dropout<float, Mem>(std::nan(""))), ValueError);
 }
+
+} // namespace test_dropout

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+namespace test_host_sync {
+
 using namespace kat;
 using namespace kat::precond;
 using namespace kat::test;
@@ -129,3 +131,5 @@ TEST_CASE("host sync: an SGD step and a K-FAC step synchronize a pinned number o
   CHECK(decompose.kat_fences == 2);
   CHECK(decompose.reductions == 26);
 }
+
+} // namespace test_host_sync

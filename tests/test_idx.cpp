@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+namespace test_idx {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -346,3 +348,5 @@ TEST_CASE("data: real Fashion-MNIST test split", "[data][idx][real]") {
     CHECK(count == 1000);
   }
 }
+
+} // namespace test_idx

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+namespace test_kaisa {
+
 using namespace kat;
 using namespace kat::precond;
 using namespace kat::test;
@@ -648,5 +650,7 @@ TEST_CASE("kaisa: MEM-OPT broadcasts P in the model precision and every rank app
     }
   }
 }
+
+} // namespace test_kaisa
 
 #endif // KAT_ENABLE_MPI

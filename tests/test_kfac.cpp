@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+namespace test_kfac {
+
 using namespace kat;
 using namespace kat::precond;
 using namespace kat::test;
@@ -1205,3 +1207,5 @@ TEST_CASE("kfac: a weight gradient with a leading dimension above out is precond
     layer.backward(Space(), dy, Matrix<double, Mem>()); // a fresh gradient for the next method
   }
 }
+
+} // namespace test_kfac

@@ -11,6 +11,8 @@
 #include <type_traits>
 #include <vector>
 
+namespace test_linalg {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -383,3 +385,5 @@ TEST_CASE("linalg: the portable Jacobi solver reports non-convergence", "[linalg
                     Catch::Contains("portable cyclic Jacobi") &&
                         Catch::Contains("failed to converge in 1 sweeps"));
 }
+
+} // namespace test_linalg

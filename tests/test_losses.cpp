@@ -9,6 +9,8 @@
 #include <cmath>
 #include <limits>
 
+namespace test_losses {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -111,3 +113,5 @@ TEST_CASE("metrics: count_correct uses argmax with lowest-index ties", "[metrics
   CHECK(nn::count_correct(Space(), z, Vector<const std::int32_t, Mem>(labels_of({1, 0, 0}))) == 3);
   CHECK(nn::count_correct(Space(), z, Vector<const std::int32_t, Mem>(labels_of({1, 1, 2}))) == 1);
 }
+
+} // namespace test_losses

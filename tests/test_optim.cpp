@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+namespace test_optim {
+
 namespace {
 
 using kat::DefaultMemorySpace;
@@ -621,3 +623,5 @@ TEST_CASE("optim: schedules reject invalid arguments", "[optim][schedule][errors
   CHECK_THROWS_AS(cosine_lr(0.1, 10)(-5), ValueError);
   CHECK_THROWS_AS(linear_warmup(2, constant_lr(0.1))(-1), ValueError);
 }
+
+} // namespace test_optim

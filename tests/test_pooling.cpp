@@ -20,6 +20,8 @@
 #include <limits>
 #include <vector>
 
+namespace test_pooling {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -441,3 +443,5 @@ TEMPLATE_TEST_CASE("pool: ReLU after max pooling equals ReLU before it with grad
     space.fence();
   }
 }
+
+} // namespace test_pooling

@@ -11,6 +11,8 @@
 
 #include <memory>
 
+namespace test_residual {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -101,3 +103,5 @@ TEST_CASE("residual: shape errors say what to fix", "[residual][errors]") {
   CHECK_THROWS_WITH(block.output_shape(FeatureShape{5}),
                     Catch::Contains("input shape must be (4, 1, 1), got (5, 1, 1)"));
 }
+
+} // namespace test_residual

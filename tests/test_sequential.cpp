@@ -13,6 +13,8 @@
 
 #include <catch2/catch.hpp>
 
+namespace test_sequential {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -249,3 +251,5 @@ TEST_CASE("sequential: parameter specs name every tensor where the layers' views
   CHECK(at(6) == head.bias().data());
   CHECK(specs[6].role == ParameterRole::bias);
 }
+
+} // namespace test_sequential

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <thread>
 
+namespace test_thread_budget {
+
 using kat::distributed::Communicator;
 using kat::distributed::threads_per_rank;
 
@@ -54,5 +56,7 @@ TEST_CASE("thread_budget: the ranks of one node never ask for more threads than 
     CHECK(low == high);
   }
 }
+
+} // namespace test_thread_budget
 
 #endif // KAT_ENABLE_MPI

@@ -8,6 +8,8 @@
 
 #include <chrono>
 
+namespace test_tools {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -121,8 +123,7 @@ TEST_CASE("tools: region timer exclusive time and call paths", "[tools][profilin
   // total, and a region's exclusive time is its inclusive time minus its nested regions'.
   CHECK(paths[0].seconds + paths[3].seconds + paths[5].seconds ==
         Approx(timer.seconds("comm")).epsilon(1e-9));
-  CHECK(timer.self_seconds("factors") ==
-        Approx(paths[2].seconds - paths[3].seconds).epsilon(1e-9));
+  CHECK(timer.self_seconds("factors") == Approx(paths[2].seconds - paths[3].seconds).epsilon(1e-9));
   CHECK(paths[2].self_seconds == Approx(timer.self_seconds("factors")).epsilon(1e-9));
   // The exclusive times below "step" add up to its inclusive time; nothing counts twice.
   double self = 0;
@@ -142,3 +143,5 @@ TEST_CASE("tools: region timer exclusive time and call paths", "[tools][profilin
   CHECK(after[0].path == P{"open"});
   CHECK(after[0].seconds >= 0.005);
 }
+
+} // namespace test_tools

@@ -30,6 +30,16 @@
 #include <unistd.h>
 #include <vector>
 
+#ifdef KAT_ENABLE_MPI
+#include "mpi_test_helpers.hpp"
+
+#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/distributed_sampler.hpp>
+#include <kat/distributed/process_group.hpp>
+#endif
+
+namespace test_trainer {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -500,12 +510,6 @@ TEST_CASE("trainer: K-FAC's and the schedules' registry options", "[train][regis
 
 #ifdef KAT_ENABLE_MPI
 
-#include "mpi_test_helpers.hpp"
-
-#include <kat/distributed/data_parallel.hpp>
-#include <kat/distributed/distributed_sampler.hpp>
-#include <kat/distributed/process_group.hpp>
-
 TEST_CASE("trainer: MPIProcessGroup's sums and minima and gathers", "[mpi][train]") {
   auto comm = distributed::Communicator::world();
   INFO(rank_of(comm));
@@ -574,3 +578,5 @@ TEST_CASE("trainer: data parallel over the ranks equals one process on the globa
 }
 
 #endif
+
+} // namespace test_trainer

@@ -15,6 +15,8 @@
 #include <memory>
 #include <string>
 
+namespace test_training {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -123,3 +125,5 @@ TEST_CASE("training: CNN and ResNet steps allocate nothing in steady state", "[t
     CHECK(tracker.allocations() == 0);
   }
 }
+
+} // namespace test_training

@@ -25,6 +25,14 @@
 #include <utility>
 #include <vector>
 
+#ifdef KAT_ENABLE_MPI
+#include "mpi_test_helpers.hpp"
+
+#include <kat/distributed/process_group.hpp>
+#endif
+
+namespace test_agent {
+
 using namespace kat;
 using namespace kat::test;
 using kat::sparse::AGENT;
@@ -571,10 +579,6 @@ TEST_CASE("agent: bad options and calls out of order are refused", "[agent]") {
 
 #ifdef KAT_ENABLE_MPI
 
-#include "mpi_test_helpers.hpp"
-
-#include <kat/distributed/process_group.hpp>
-
 TEST_CASE("agent: full gradient and tau over the processes' shards equal one process over all "
           "batches",
           "[agent][mpi]") {
@@ -621,3 +625,5 @@ TEST_CASE("agent: full gradient and tau over the processes' shards equal one pro
 }
 
 #endif // KAT_ENABLE_MPI
+
+} // namespace test_agent

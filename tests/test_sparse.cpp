@@ -33,6 +33,8 @@
 #include <kat/distributed/process_group.hpp>
 #endif
 
+namespace test_sparse {
+
 using namespace kat;
 using namespace kat::test;
 
@@ -572,3 +574,5 @@ TEST_CASE("sparse: RigL and SET with data parallel give the same mask and weight
   }
 }
 #endif
+
+} // namespace test_sparse

@@ -78,16 +78,17 @@ KOKKOS_INLINE_FUNCTION Scalar unrolled_dot(const Scalar *a, const Scalar *b, std
   return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
-/// dW(r, c) (+)= Σ_i dy(i, r) x(i, c) for every entry (r, c) of a CSR structure over W's rows,
-/// one team per row r. dy: N x rows and x: N x cols, LayoutLeft with unit row stride (their
-/// columns are contiguous); dw: the flat, column-major W gradient, indexed by `flat`.
-template <class ExecSpace, class Scalar, class RowMap, class Entries, class Flat, class DY, class X,
-          class DW>
+/// dW(r, c) (+)= Σ_i dy(i, r) x(i, c) for every active (r, c), one team per column c of W,
+/// walking the CSR structure of Wᵀ (row c of Wᵀ lists the active r of W's column c). dy:
+/// N x rows and x: N x cols, LayoutLeft (their columns are contiguous); dw: rows x cols,
+/// contiguous column-major. Without `accumulate`, the team first zeroes its column of dW, so
+/// the inactive entries become 0 in the same pass over dW that writes the active ones (a
+/// separate memset of dW cost as much again at 1-2% density).
+template <class ExecSpace, class Scalar, class RowMap, class Entries, class DY, class X, class DW>
 struct SampledGradient {
   using member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
   RowMap row_map;
-  Entries cols;
-  Flat flat;
+  Entries rows_of;
   DY dy;
   X x;
   DW dw;
@@ -95,24 +96,35 @@ struct SampledGradient {
   bool accumulate;
 
   KOKKOS_INLINE_FUNCTION void operator()(const member &team) const {
-    const int r = team.league_rank();
-    const int begin = row_map(r), end = row_map(r + 1);
+    const int c = team.league_rank();
+    const int begin = row_map(c), end = row_map(c + 1);
+    const std::size_t rows = dw.extent(0);
+    Scalar *dw_c = dw.data() + std::size_t(c) * rows;
     if constexpr (is_host_space_v<ExecSpace>) {
-      const Scalar *dy_r = dy.data() + std::size_t(r) * dy.stride(1);
+      if (!accumulate) {
+        for (std::size_t r = 0; r < rows; ++r) {
+          dw_c[r] = Scalar(0);
+        }
+      }
+      const Scalar *x_c = x.data() + std::size_t(c) * x.stride(1);
       for (int k = begin; k < end; ++k) {
-        const Scalar *x_c = x.data() + std::size_t(cols(k)) * x.stride(1);
-        const Scalar s = unrolled_dot(dy_r, x_c, n);
-        dw(flat(k)) = accumulate ? dw(flat(k)) + s : s;
+        const int r = rows_of(k);
+        const Scalar s = unrolled_dot(dy.data() + std::size_t(r) * dy.stride(1), x_c, n);
+        dw_c[r] = accumulate ? dw_c[r] + s : s;
       }
     } else {
+      if (!accumulate) {
+        Kokkos::parallel_for(Kokkos::TeamVectorRange(team, rows),
+                             [&](const std::size_t r) { dw_c[r] = Scalar(0); });
+        team.team_barrier();
+      }
       Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const int k) {
-        const int c = cols(k);
+        const int r = rows_of(k);
         Scalar s = 0;
         Kokkos::parallel_reduce(
             Kokkos::ThreadVectorRange(team, n),
             [&](const std::size_t i, Scalar &part) { part += dy(i, r) * x(i, c); }, s);
-        Kokkos::single(Kokkos::PerThread(team),
-                       [&]() { dw(flat(k)) = accumulate ? dw(flat(k)) + s : s; });
+        Kokkos::single(Kokkos::PerThread(team), [&]() { dw_c[r] = accumulate ? dw_c[r] + s : s; });
       });
     }
   }
@@ -126,7 +138,8 @@ struct SampledGradient {
 ///
 /// The mask and W are column-major like KAT's flat parameter buffer: entry (r, c) is
 /// `r + rows * c`. build() records the structure (row pointers, column indices and each
-/// entry's flat index) of W over its rows and, on first need, of Wᵀ over W's columns. The
+/// entry's flat index) of W over its rows and, on first need (dx, dW), of Wᵀ over W's
+/// columns. The
 /// values are not stored between calls: every product gathers them from W first, O(nnz), so
 /// the flat parameter buffer stays the only copy of the weights an optimizer updates.
 ///
@@ -262,7 +275,9 @@ public:
   }
 
   /// The weight gradient dL/dW = dyᵀ x at the active entries only ("sampled" product,
-  /// O(N nnz)): dW(r, c) = Σ_i dy(i, r) x(i, c) for active (r, c).
+  /// O(N nnz)): dW(r, c) = Σ_i dy(i, r) x(i, c) for active (r, c). Builds Wᵀ's structure on
+  /// first use: the kernel walks W by columns, which keeps x's column in cache and dW's writes
+  /// contiguous.
   ///
   /// `accumulate` false: overwrites dW, inactive entries become 0 (dW = mask ⊙ dyᵀx).
   /// `accumulate` true: adds at the active entries and leaves the inactive ones as they were
@@ -279,36 +294,22 @@ public:
     kat::detail::require_extent(where, "x columns", cols_, x.extent(1));
     kat::detail::require_extent(where, "x rows", dy.extent(0), x.extent(0));
     require_flat("sampled_gradient", "dw", dw);
-    if (!accumulate) {
-      Kokkos::deep_copy(space, dw, Scalar(0));
-    }
-    if (nnz_ == 0) {
-      return;
-    }
-    Kokkos::View<Scalar *, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> dw_flat(
-        dw.data(), rows_ * cols_);
-    // LayoutLeft: the columns of dy and x are contiguous, as the host kernel reads them.
+    build_transposed(space);
     using functor =
-        detail::SampledGradient<execution_space, Scalar, decltype(matrix_.graph.row_map),
-                                decltype(matrix_.graph.entries), index_view,
+        detail::SampledGradient<execution_space, Scalar, decltype(transposed_.graph.row_map),
+                                decltype(transposed_.graph.entries),
                                 Matrix<const Scalar, MemorySpace>,
-                                Matrix<const Scalar, MemorySpace>, decltype(dw_flat)>;
-    const functor f{matrix_.graph.row_map,
-                    matrix_.graph.entries,
-                    flat_,
-                    dy,
-                    x,
-                    dw_flat,
-                    dy.extent(0),
-                    accumulate};
+                                Matrix<const Scalar, MemorySpace>, Matrix<Scalar, MemorySpace>>;
+    const functor f{
+        transposed_.graph.row_map, transposed_.graph.entries, dy, x, dw, dy.extent(0), accumulate};
     using policy = Kokkos::TeamPolicy<execution_space>;
     if constexpr (detail::is_host_space_v<execution_space>) {
-      Kokkos::parallel_for("kat::sparse::CsrWeight::sampled_gradient", policy(space, int(rows_), 1),
+      Kokkos::parallel_for("kat::sparse::CsrWeight::sampled_gradient", policy(space, int(cols_), 1),
                            f);
     } else {
-      // A thread per active entry of the row, 32 vector lanes over the batch.
+      // A thread per active entry of the column, 32 vector lanes over the batch.
       Kokkos::parallel_for("kat::sparse::CsrWeight::sampled_gradient",
-                           policy(space, int(rows_), Kokkos::AUTO, 32), f);
+                           policy(space, int(cols_), Kokkos::AUTO, 32), f);
     }
   }
 

@@ -40,23 +40,33 @@ void copy_with_ones_column(const ExecSpace &space, const XView &x, const AView &
 }
 
 /// The weight gradient of a masked layer on the dense path: dW = mask ⊙ g (`accumulate` false)
-/// or dW += mask ⊙ g (`accumulate` true), where g = dyᵀ x is already in `g` (out x in; g may
-/// be dW itself when overwriting).
+/// or dW += mask ⊙ g (`accumulate` true), where g = dyᵀ x is already in `g`. g and dW are
+/// contiguous column-major out x in matrices, indexed flat like the mask; g may be dW itself
+/// when overwriting; accumulating adds 0 at the inactive entries, which keeps their values.
+/// g is loaded unconditionally so that the compiler selects instead of branching: with the
+/// load inside the condition, a random half-dense 256 x 784 mask took 770-940 µs on the host
+/// (branch mispredictions) instead of 33-37 µs.
 template <class ExecSpace, class Mask, class G, class DW>
 void apply_weight_mask(const ExecSpace &space, const Mask &mask, const G &g, const DW &dw,
                        bool accumulate) {
   using value = typename DW::non_const_value_type;
-  const std::size_t rows = dw.extent(0);
-  Kokkos::parallel_for(
-      "kat::nn::Dense::mask_weight_gradient", matrix_policy(space, rows, dw.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t r, const std::size_t c) {
-        const bool active = mask(r + rows * c) != 0;
-        if (accumulate) {
-          dw(r, c) += active ? g(r, c) : value(0);
-        } else if (!active) {
-          dw(r, c) = value(0);
-        }
-      });
+  const std::uint8_t *m = mask.data();
+  const value *gp = g.data();
+  value *dp = dw.data();
+  const Kokkos::RangePolicy<ExecSpace> policy(space, 0, mask.extent(0));
+  if (accumulate) {
+    Kokkos::parallel_for(
+        "kat::nn::Dense::mask_weight_gradient", policy, KOKKOS_LAMBDA(const std::size_t k) {
+          const value gk = gp[k];
+          dp[k] += m[k] != 0 ? gk : value(0);
+        });
+  } else {
+    Kokkos::parallel_for(
+        "kat::nn::Dense::mask_weight_gradient", policy, KOKKOS_LAMBDA(const std::size_t k) {
+          const value gk = gp[k];
+          dp[k] = m[k] != 0 ? gk : value(0);
+        });
+  }
 }
 
 /// Number of nonzero entries of a 0/1 mask.
@@ -165,8 +175,8 @@ public:
   /// nonzero byte meaning active) and chooses the execution path: `path` sparse or dense as
   /// asked, automatic sparse exactly when the mask's density (active / (out * in)) is below
   /// sparse_crossover(). With the sparse path it builds the CSR structure of W on the device
-  /// (O(out * in) work, one host read-back); the structure of Wᵀ follows on the first backward
-  /// that needs dx. Call it again whenever the mask changes (a RigL/SET update): the layer
+  /// (O(out * in) work, one host read-back); the structure of Wᵀ follows on the first
+  /// backward. Call it again whenever the mask changes (a RigL/SET update): the layer
   /// never reads `active` after this call.
   ///
   /// From then on, with either path: forward uses W as stored (inactive weights must be 0 in
@@ -301,6 +311,14 @@ public:
         "kat::nn::Dense::forward_bias", matrix_policy(space, y.extent(0), out_),
         KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) = b(j); });
   }
+  /// y += b (every row), the end of the sparse forward. Public only because GPU compilers
+  /// require kernels in public members.
+  void add_bias(const execution_space &space, const matrix_type &y) const {
+    const auto b = bias_view_;
+    Kokkos::parallel_for(
+        "kat::nn::Dense::forward_add_bias", matrix_policy(space, y.extent(0), out_),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) += b(j); });
+  }
 
   void backward(const execution_space &space, const matrix_type &dy,
                 const matrix_type &dx) override {
@@ -382,10 +400,12 @@ private:
     if (this->recording_) {
       record_activations(space, x);
     }
+    // beta = 0 and the bias added afterwards: KK 3.4's spmv with beta = 1 (y prefilled with
+    // the bias) took 2.6x as long as with beta = 0 (784 -> 256, 5% density, batch 128).
+    sparse_->multiply(space, weight_, x, Scalar(0), y);
     if (bias_) {
-      fill_bias(space, y);
+      add_bias(space, y);
     }
-    sparse_->multiply(space, weight_, x, Scalar(bias_ ? 1 : 0), y);
   }
 
   std::size_t in_, out_;

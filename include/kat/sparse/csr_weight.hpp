@@ -139,9 +139,9 @@ struct SampledGradient {
 /// The mask and W are column-major like KAT's flat parameter buffer: entry (r, c) is
 /// `r + rows * c`. build() records the structure (row pointers, column indices and each
 /// entry's flat index) of W over its rows and, on first need (dx, dW), of Wᵀ over W's
-/// columns. The
-/// values are not stored between calls: every product gathers them from W first, O(nnz), so
-/// the flat parameter buffer stays the only copy of the weights an optimizer updates.
+/// columns. The values are not stored between calls: every product gathers them from W
+/// first, O(nnz), so the flat parameter buffer stays the only copy of the weights an optimizer
+/// updates.
 ///
 /// The products take activations batch-major and column-major (x: N x cols, LayoutLeft).
 /// Such an x is, in memory, xᵀ stored row-major (cols x N, LayoutRight), so y = x Wᵀ is
@@ -210,7 +210,7 @@ public:
   }
 
   /// Builds the structure of Wᵀ (cols x rows) if it is not there yet; multiply_transposed()
-  /// calls it. Public only because GPU compilers require kernels in public members.
+  /// and sampled_gradient() call it.
   void build_transposed(const execution_space &space) {
     require_built("build_transposed");
     if (transposed_built_) {

@@ -8,16 +8,21 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/sparse_products.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
+#include "kat/sparse/csr_weight.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace kat::nn {
+
+using kat::sparse::SparsePath;
 
 namespace detail {
 
@@ -34,6 +39,46 @@ void copy_with_ones_column(const ExecSpace &space, const XView &x, const AView &
       });
 }
 
+/// The weight gradient of a masked layer on the dense path: dW = mask ⊙ g (`accumulate` false)
+/// or dW += mask ⊙ g (`accumulate` true), where g = dyᵀ x is already in `g`. g and dW are
+/// contiguous column-major out x in matrices, indexed flat like the mask; g may be dW itself
+/// when overwriting; accumulating adds 0 at the inactive entries, which keeps their values.
+/// g is loaded unconditionally so that the compiler selects instead of branching: with the
+/// load inside the condition, a random half-dense 256 x 784 mask took 770-940 µs on the host
+/// (branch mispredictions) instead of 33-37 µs.
+template <class ExecSpace, class Mask, class G, class DW>
+void apply_weight_mask(const ExecSpace &space, const Mask &mask, const G &g, const DW &dw,
+                       bool accumulate) {
+  using value = typename DW::non_const_value_type;
+  const std::uint8_t *m = mask.data();
+  const value *gp = g.data();
+  value *dp = dw.data();
+  const Kokkos::RangePolicy<ExecSpace> policy(space, 0, mask.extent(0));
+  if (accumulate) {
+    Kokkos::parallel_for(
+        "kat::nn::Dense::mask_weight_gradient", policy, KOKKOS_LAMBDA(const std::size_t k) {
+          const value gk = gp[k];
+          dp[k] += m[k] != 0 ? gk : value(0);
+        });
+  } else {
+    Kokkos::parallel_for(
+        "kat::nn::Dense::mask_weight_gradient", policy, KOKKOS_LAMBDA(const std::size_t k) {
+          const value gk = gp[k];
+          dp[k] = m[k] != 0 ? gk : value(0);
+        });
+  }
+}
+
+/// Number of nonzero entries of a 0/1 mask.
+template <class ExecSpace, class Mask>
+std::size_t count_active(const ExecSpace &space, const Mask &m) {
+  std::size_t count = 0;
+  Kokkos::parallel_reduce(
+      "kat::nn::Dense::count_active", Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t k, std::size_t &sum) { sum += m(k) != 0 ? 1 : 0; }, count);
+  return count;
+}
+
 } // namespace detail
 
 /// Fully connected (Linear) layer: y = x Wᵀ + b, x: N x in, W: out x in, b: out, y: N x out.
@@ -47,6 +92,14 @@ void copy_with_ones_column(const ExecSpace &space, const XView &x, const AView &
 ///
 /// With record_curvature(true), forward stores a = [x 1] (N x (in+1)) and backward keeps
 /// g = dL/dy (N x out) as given, i.e. including the 1/N of a batch-mean loss.
+///
+/// **Sparse weights** (sparse training: SET, Mocanu et al. 2018; RigL, Evci et al. 2020).
+/// set_weight_mask() records which entries of W are active. The layer then treats the
+/// inactive weights as 0: the caller keeps them exactly 0 in the flat buffer (the mask
+/// component does), and backward writes a masked weight gradient. Below a crossover density
+/// the products run on the active weights only (kat::sparse::CsrWeight, O(N nnz) each)
+/// instead of dense GEMMs (O(N out in)); which path runs changes the time, not the result
+/// (beyond rounding). See docs/sparse.md.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Dense final : public Layer<Scalar, MemorySpace> {
   using base = Layer<Scalar, MemorySpace>;
@@ -57,7 +110,8 @@ public:
 
   /// @throws ValueError if either size is 0.
   Dense(std::size_t in_features, std::size_t out_features, bool bias = true)
-      : in_(in_features), out_(out_features), bias_(bias), a_("kat::nn::Dense::a") {
+      : in_(in_features), out_(out_features), bias_(bias), a_("kat::nn::Dense::a"),
+        grad_scratch_("kat::nn::Dense::masked_gradient") {
     if (in_ == 0 || out_ == 0) {
       throw ValueError(kat::detail::concat("kat::nn::Dense: in_features and out_features must be "
                                            "> 0, got in_features = ",
@@ -114,6 +168,115 @@ public:
   const matrix_type &weight_gradient() const { return grad_weight_; }
   const Vector<Scalar, MemorySpace> &bias_gradient() const { return grad_bias_; }
 
+  /// @name Sparse weights
+  /// @{
+
+  /// Records a snapshot of `active` (entry r + out * c says whether W(r, c) is active, any
+  /// nonzero byte meaning active) and chooses the execution path: `path` sparse or dense as
+  /// asked, automatic sparse exactly when the mask's density (active / (out * in)) is below
+  /// sparse_crossover(). With the sparse path it builds the CSR structure of W on the device
+  /// (O(out * in) work, one host read-back); the structure of Wᵀ follows on the first
+  /// backward. Call it again whenever the mask changes (a RigL/SET update): the layer
+  /// never reads `active` after this call.
+  ///
+  /// From then on, with either path: forward uses W as stored (inactive weights must be 0 in
+  /// the flat buffer: the sparse path skips them, the dense path multiplies them); backward
+  /// writes dW = mask ⊙ dyᵀx, or adds it in accumulate mode (inactive entries of the gradient
+  /// are left as they were), unless request_dense_weight_gradient() asked for the full dyᵀx.
+  /// The bias, dx and the curvature record are as without a mask.
+  ///
+  /// @param space   runs the copy, the count and the structure kernels
+  /// @param active  out * in flags, column-major like W
+  /// @throws ShapeError if active.extent(0) != out * in.
+  void set_weight_mask(const execution_space &space,
+                       const Kokkos::View<const std::uint8_t *, MemorySpace> &active,
+                       SparsePath path = SparsePath::automatic) {
+    kat::detail::require_extent("kat::nn::Dense::set_weight_mask", "active extent", out_ * in_,
+                                active.extent(0));
+    ScopedRegion region("kat::nn::Dense::set_weight_mask");
+    if (mask_.extent(0) != active.extent(0)) {
+      mask_ = Kokkos::View<std::uint8_t *, MemorySpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::nn::Dense::mask"),
+          active.extent(0));
+    }
+    Kokkos::deep_copy(space, mask_, active);
+    active_ = detail::count_active(space, mask_);
+    has_mask_ = true;
+    path_ = path;
+    // Created here, not in forward(): see detail::SparseProducts.
+    sparse_ = std::make_unique<detail::CsrProducts<Scalar, MemorySpace>>(out_, in_);
+    if (uses_sparse_path()) {
+      sparse_->build(space, mask_);
+    }
+  }
+
+  /// set_weight_mask(space, active, path) on the default execution space instance.
+  void set_weight_mask(const Kokkos::View<const std::uint8_t *, MemorySpace> &active,
+                       SparsePath path = SparsePath::automatic) {
+    set_weight_mask(execution_space(), active, path);
+  }
+
+  /// Back to a dense layer: no mask, dense products, full weight gradients.
+  void clear_weight_mask() {
+    has_mask_ = false;
+    active_ = 0;
+    path_ = SparsePath::automatic;
+    mask_ = Kokkos::View<std::uint8_t *, MemorySpace>();
+    sparse_.reset();
+  }
+
+  /// Whether a weight mask is set.
+  bool has_weight_mask() const { return has_mask_; }
+  /// The path asked for in set_weight_mask() (automatic without a mask).
+  SparsePath sparse_path() const { return path_; }
+  /// Number of active weights: out * in without a mask.
+  std::size_t active_weights() const { return has_mask_ ? active_ : out_ * in_; }
+  /// active_weights() / (out * in): 1 without a mask.
+  double weight_density() const { return double(active_weights()) / (double(out_) * double(in_)); }
+
+  /// Whether forward and backward run the sparse products: a mask is set and its path is
+  /// sparse, or automatic with weight_density() < sparse_crossover().
+  bool uses_sparse_path() const {
+    if (!has_mask_) {
+      return false;
+    }
+    switch (path_) {
+    case SparsePath::sparse:
+      return true;
+    case SparsePath::dense:
+      return false;
+    case SparsePath::automatic:
+    default:
+      return weight_density() < crossover_;
+    }
+  }
+
+  /// Density below which SparsePath::automatic runs the sparse products; defaults to
+  /// kat::sparse::default_sparse_crossover, measured on the development machine
+  /// (docs/benchmarks.md). Takes effect at once (the structure is built on the next forward).
+  /// @throws ValueError unless 0 <= crossover <= 1.
+  void set_sparse_crossover(double crossover) {
+    if (!(crossover >= 0.0 && crossover <= 1.0)) {
+      throw ValueError(kat::detail::concat(
+          "kat::nn::Dense::set_sparse_crossover: crossover must be in [0, 1], got ", crossover));
+    }
+    crossover_ = crossover;
+  }
+  double sparse_crossover() const { return crossover_; }
+
+  /// The next backward() computes the full dense weight gradient dyᵀx (or adds it, in
+  /// accumulate mode) instead of the masked one, whatever the path: RigL's growth step ranks
+  /// inactive weights by it. Applies to one backward(), which resets it.
+  void request_dense_weight_gradient() { dense_gradient_requested_ = true; }
+  /// Whether the next backward() computes the dense weight gradient.
+  bool dense_weight_gradient_requested() const { return dense_gradient_requested_; }
+
+  /// Whether the CSR structure of the current mask exists: built by set_weight_mask() or the
+  /// first forward() or backward() on the sparse path, dropped by the next mask change.
+  bool sparse_structure_built() const { return sparse_ && sparse_->built(); }
+
+  /// @}
+
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region("kat::nn::Dense::forward");
     const std::size_t n = x.extent(0);
@@ -121,6 +284,10 @@ public:
     kat::detail::require_extent("kat::nn::Dense::forward", "y rows", n, y.extent(0));
     kat::detail::require_extent("kat::nn::Dense::forward", "y columns", out_, y.extent(1));
     x_ = x;
+    if (uses_sparse_path()) {
+      forward_sparse(space, x, y);
+      return;
+    }
     if (this->recording_ && bias_) {
       // a = [x 1]; then y = a [W b]ᵀ is one GEMM that also adds the bias.
       record_activations(space, x);
@@ -131,12 +298,26 @@ public:
       record_activations(space, x);
     }
     if (bias_) {
-      const auto b = bias_view_;
-      Kokkos::parallel_for(
-          "kat::nn::Dense::forward_bias", matrix_policy(space, n, out_),
-          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) = b(j); });
+      fill_bias(space, y);
     }
     gemm(space, Trans::N, Trans::T, Scalar(1), x, weight_, Scalar(bias_ ? 1 : 0), y);
+  }
+
+  /// y = b (every row), the start of forward without the fused [x 1] GEMM. Public only because
+  /// GPU compilers require kernels in public members.
+  void fill_bias(const execution_space &space, const matrix_type &y) const {
+    const auto b = bias_view_;
+    Kokkos::parallel_for(
+        "kat::nn::Dense::forward_bias", matrix_policy(space, y.extent(0), out_),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) = b(j); });
+  }
+  /// y += b (every row), the end of the sparse forward. Public only because GPU compilers
+  /// require kernels in public members.
+  void add_bias(const execution_space &space, const matrix_type &y) const {
+    const auto b = bias_view_;
+    Kokkos::parallel_for(
+        "kat::nn::Dense::forward_add_bias", matrix_policy(space, y.extent(0), out_),
+        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) += b(j); });
   }
 
   void backward(const execution_space &space, const matrix_type &dy,
@@ -148,9 +329,29 @@ public:
     if (this->recording_) {
       g_ = dy;
     }
-    // dW (+)= dyᵀ x
     const bool accumulate = this->accumulate_;
-    gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(accumulate ? 1 : 0), grad_weight_);
+    const bool sparse = uses_sparse_path();
+    if (sparse) {
+      sparse_->build(space, mask_);
+    }
+    const bool dense_gradient = !has_mask_ || dense_gradient_requested_;
+    dense_gradient_requested_ = false;
+    if (dense_gradient) {
+      // dW (+)= dyᵀ x
+      gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(accumulate ? 1 : 0), grad_weight_);
+    } else if (sparse) {
+      // dW (+)= mask ⊙ dyᵀ x, computed at the active entries only.
+      sparse_->sampled_gradient(space, dy, x_, grad_weight_, accumulate);
+    } else if (accumulate) {
+      // dW += mask ⊙ dyᵀ x: the product goes to scratch first, inactive entries stay as they were.
+      const auto g = grad_scratch_.matrix(out_, in_);
+      gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0), g);
+      detail::apply_weight_mask(space, mask_, g, grad_weight_, true);
+    } else {
+      // dW = mask ⊙ dyᵀ x
+      gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0), grad_weight_);
+      detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
+    }
     if (bias_) {
       // db (+)= column sums of dy, one team per output feature.
       const auto db = grad_bias_;
@@ -172,7 +373,11 @@ public:
       kat::detail::require_extent("kat::nn::Dense::backward", "dx rows", n, dx.extent(0));
       kat::detail::require_extent("kat::nn::Dense::backward", "dx columns", in_, dx.extent(1));
       // dx = dy W
-      gemm(space, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0), dx);
+      if (sparse) {
+        sparse_->multiply_transposed(space, weight_, dy, dx);
+      } else {
+        gemm(space, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0), dx);
+      }
     }
   }
 
@@ -189,6 +394,20 @@ private:
     detail::copy_with_ones_column(space, x, a_view_);
   }
 
+  /// y = x Wᵀ + b over the active weights (the curvature record as on the dense path).
+  void forward_sparse(const execution_space &space, const matrix_type &x, const matrix_type &y) {
+    sparse_->build(space, mask_);
+    if (this->recording_) {
+      record_activations(space, x);
+    }
+    // beta = 0 and the bias added afterwards: KK 3.4's spmv with beta = 1 (y prefilled with
+    // the bias) took 2.6x as long as with beta = 0 (784 -> 256, 5% density, batch 128).
+    sparse_->multiply(space, weight_, x, Scalar(0), y);
+    if (bias_) {
+      add_bias(space, y);
+    }
+  }
+
   std::size_t in_, out_;
   bool bias_;
   matrix_type weight_bias_, grad_weight_bias_, weight_, grad_weight_;
@@ -196,6 +415,18 @@ private:
   matrix_type x_;
   Workspace<Scalar, MemorySpace> a_;
   matrix_type a_view_, g_;
+
+  // Sparse weights: the mask snapshot, its active count, the path asked for, the crossover,
+  // the CSR structure (built while the sparse path is in use) and scratch for the masked
+  // dense gradient in accumulate mode.
+  Kokkos::View<std::uint8_t *, MemorySpace> mask_;
+  std::size_t active_ = 0;
+  bool has_mask_ = false;
+  SparsePath path_ = SparsePath::automatic;
+  double crossover_ = kat::sparse::default_sparse_crossover;
+  bool dense_gradient_requested_ = false;
+  std::unique_ptr<detail::SparseProducts<Scalar, MemorySpace>> sparse_;
+  Workspace<Scalar, MemorySpace> grad_scratch_;
 };
 
 } // namespace kat::nn

@@ -398,6 +398,7 @@ int main(int argc, char **argv) {
       sparse = std::make_shared<kat::sparse::SparseTraining<Scalar, Mem>>(
           model, kat::sparse::sparse_training_options(config, seed));
       sparse->set_profile(profile);
+      sparse->attach(space, model); // Dense layers below the crossover density run sparse
       trainer.add_callback(sparse); // before the logger and writer, which print its note
       extra_columns = {"density", "mask_update_s"};
     }

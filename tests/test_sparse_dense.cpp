@@ -14,6 +14,8 @@
 #include <limits>
 #include <vector>
 
+namespace test_sparse_dense {
+
 using namespace kat;
 using namespace kat::test;
 using kat::nn::SparsePath;
@@ -419,3 +421,5 @@ TEST_CASE("sparse dense: finite-difference gradients in double on the sparse pat
   no_bias.set_weight_mask(Space(), mask_view(random_mask(3, 7, 0.5, 83)), SparsePath::sparse);
   check_layer_gradients(no_bias, FeatureShape{7}, 3, 84);
 }
+
+} // namespace test_sparse_dense

@@ -8,6 +8,7 @@
 #include "kat/core/random.hpp"
 #include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/dense.hpp"
 #include "kat/nn/layer.hpp"
 #include "kat/nn/sequential.hpp"
 #include "kat/optim/optimizer.hpp"
@@ -200,6 +201,39 @@ public:
            (1.0 + std::cos(pi * static_cast<double>(t) / static_cast<double>(end)));
   }
 
+  /// Binds the mask to `model`'s Dense layers (kat::nn::Dense::set_weight_mask), so those
+  /// below their crossover density multiply with the active weights only (CSR products) and
+  /// every bound layer writes masked weight gradients; rebinds after every mask update. The
+  /// Trainer calls it in on_train_begin(). Without it every layer computes densely with the
+  /// masked weights, with the same results up to rounding.
+  void attach(const execution_space &space, model_type &model) {
+    bound_.clear();
+    std::vector<nn::Dense<Scalar, MemorySpace> *> dense;
+    for (const auto &layer : model.layers()) {
+      collect(layer.get(), dense);
+    }
+    const Scalar *base = model.parameters().data();
+    for (auto *d : dense) {
+      const auto offset = static_cast<std::size_t>(d->weight().data() - base);
+      for (std::size_t t = 0; t < mask_.tensors().size(); ++t) {
+        if (mask_.tensors()[t].offset == offset &&
+            mask_.tensors()[t].size() == d->in_features() * d->out_features()) {
+          bound_.emplace_back(d, t);
+        }
+      }
+    }
+    rebind(space);
+  }
+
+  /// Dense layers bound by attach() that run the sparse products.
+  std::size_t sparse_layers() const {
+    std::size_t n = 0;
+    for (const auto &b : bound_) {
+      n += b.first->uses_sparse_path() ? 1 : 0;
+    }
+    return n;
+  }
+
   /// Zeroes the inactive weights and their optimizer state (once, before training).
   void begin(const execution_space &space, const vector_type &params,
              const optimizer_type *optimizer) const {
@@ -210,8 +244,15 @@ public:
     }
   }
 
-  /// Before step t's forward (nothing to do while every layer computes densely).
-  void begin_step(std::int64_t t) { (void)t; }
+  /// Before step t's forward: at a RigL update step, asks the layers bound by attach() for
+  /// the dense weight gradient that growth ranks (they write masked gradients otherwise).
+  void begin_step(std::int64_t t) {
+    if (opt_.method == SparseMethod::rigl && is_update_step(t)) {
+      for (auto &b : bound_) {
+        b.first->request_dense_weight_gradient();
+      }
+    }
+  }
 
   /// After step t's backward and gradient synchronization: updates the mask at an update
   /// step, then masks `grads`. Returns whether the optimizer (and the gradient transforms)
@@ -340,6 +381,7 @@ public:
     } else {
       mask_.apply(space, params);
     }
+    rebind(space);
     space.fence();
     ++updates_;
     last_ = std::move(report);
@@ -357,11 +399,16 @@ public:
       os << ", drop_fraction " << opt_.drop_fraction << " cosine, delta_t " << opt_.delta_t
          << ", t_end " << opt_.t_end;
     }
+    if (!bound_.empty()) {
+      os << ", sparse products in " << sparse_layers() << " of " << bound_.size()
+         << " Dense layers";
+    }
     return os.str();
   }
 
   // Callback: the Trainer's step.
   void on_train_begin(trainer_type &trainer) override {
+    attach(trainer.space(), trainer.model());
     begin(trainer.space(), trainer.model().parameters(), &trainer.optimizer());
   }
   void on_epoch_begin(trainer_type &trainer) override {
@@ -410,6 +457,7 @@ public:
           state.get_vector<std::uint8_t>("active", {static_cast<std::uint64_t>(mask_.size())}));
     mask_.load_state_dict(m);
     updates_ = updates;
+    rebind(execution_space());
   }
 
 private:
@@ -434,6 +482,22 @@ private:
     return o;
   }
 
+  static void collect(nn::Layer<Scalar, MemorySpace> *layer,
+                      std::vector<nn::Dense<Scalar, MemorySpace> *> &out) {
+    if (auto *d = dynamic_cast<nn::Dense<Scalar, MemorySpace> *>(layer)) {
+      out.push_back(d);
+    }
+    for (auto *sub : layer->sublayers()) {
+      collect(sub, out);
+    }
+  }
+
+  void rebind(const execution_space &space) {
+    for (auto &b : bound_) {
+      b.first->set_weight_mask(space, mask_.active(b.second));
+    }
+  }
+
   SparseTrainingOptions opt_;
   Mask<Scalar, MemorySpace> mask_;
   std::vector<double> densities_;
@@ -441,6 +505,7 @@ private:
   std::int64_t updates_ = 0;
   double update_seconds_ = 0;
   bool profile_ = false;
+  std::vector<std::pair<nn::Dense<Scalar, MemorySpace> *, std::size_t>> bound_;
   MaskUpdate last_;
 };
 

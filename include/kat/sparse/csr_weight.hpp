@@ -47,11 +47,12 @@ enum class SparsePath {
 /// Mask density below which SparsePath::automatic takes the sparse path.
 ///
 /// Measured for the Dense layers of the 784-256-256-10 MLP at batch 128, float, Serial backend
-/// with OpenBLAS (2 threads) on the 2-core development machine (`BM_SparseDenseStep` in
-/// bench/bench_sparse.cpp, docs/benchmarks.md "Sparse Dense layers"): the sparse forward +
-/// backward is faster than the dense one below about this density. Other machines, backends
-/// and batch sizes move it; layers take an override (kat::nn::Dense::set_sparse_crossover).
-inline constexpr double default_sparse_crossover = 0.05;
+/// with OpenBLAS on the 2-core development machine (`BM_SparseMLPLayers` in
+/// bench/bench_sparse.cpp, docs/benchmarks.md "The sparse execution path of Dense"): forward +
+/// backward on the sparse path takes 1.05x less time than the dense path at density 0.2 and
+/// 2.4x more at 0.5, so the paths cross just above 0.2. Other machines, backends and batch
+/// sizes move it; layers take an override (kat::nn::Dense::set_sparse_crossover).
+inline constexpr double default_sparse_crossover = 0.2;
 
 namespace detail {
 

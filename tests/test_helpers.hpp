@@ -3,6 +3,7 @@
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/core/random.hpp>
 #include <kat/core/views.hpp>
+#include <kat/data/dataset.hpp>
 
 #include <Kokkos_Core.hpp>
 #include <catch2/catch.hpp>
@@ -160,5 +161,22 @@ public:
 private:
   std::string needle_;
 };
+
+// n deterministic samples of 6 features in 3 classes (label i % 3; the label's feature is
+// raised by 120), from a linear congruential stream started at `state`.
+inline data::Dataset toy_dataset(std::size_t n, std::uint32_t state) {
+  data::Dataset d;
+  d.shape = {6, 1, 1};
+  d.classes = 3;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto label = static_cast<std::int32_t>(i % 3);
+    d.labels.push_back(label);
+    for (int f = 0; f < 6; ++f) {
+      state = state * 1664525u + 1013904223u;
+      d.images.push_back(static_cast<std::uint8_t>((state >> 24) / 2 + (f == label ? 120 : 0)));
+    }
+  }
+  return d;
+}
 
 } // namespace kat::test

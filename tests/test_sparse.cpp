@@ -50,21 +50,7 @@ template <class T> std::vector<T> host_vector(const Vector<T, Mem> &v) {
 }
 
 // 60 samples of 6 features in 3 classes, deterministic.
-data::Dataset sparse_toy_data(std::size_t n = 60) {
-  data::Dataset d;
-  d.shape = {6, 1, 1};
-  d.classes = 3;
-  std::uint32_t state = 777;
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto label = static_cast<std::int32_t>(i % 3);
-    d.labels.push_back(label);
-    for (int f = 0; f < 6; ++f) {
-      state = state * 1664525u + 1013904223u;
-      d.images.push_back(static_cast<std::uint8_t>((state >> 24) / 2 + (f == label ? 120 : 0)));
-    }
-  }
-  return d;
-}
+data::Dataset sparse_toy_data(std::size_t n = 60) { return toy_dataset(n, 777); }
 
 template <class Scalar> nn::Sequential<Scalar, Mem> sparse_toy_model() {
   nn::Sequential<Scalar, Mem> m(FeatureShape{6, 1, 1});

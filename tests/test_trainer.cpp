@@ -50,21 +50,7 @@ using Loader = data::DataLoader<float, Mem>;
 using Trainer = train::Trainer<float, Mem>;
 
 // 50 samples of 6 features in 3 classes, deterministic; 50 / 8 gives a short last batch.
-data::Dataset toy_data(std::size_t n = 50) {
-  data::Dataset d;
-  d.shape = {6, 1, 1};
-  d.classes = 3;
-  std::uint32_t state = 12345;
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto label = static_cast<std::int32_t>(i % 3);
-    d.labels.push_back(label);
-    for (int f = 0; f < 6; ++f) {
-      state = state * 1664525u + 1013904223u;
-      d.images.push_back(static_cast<std::uint8_t>((state >> 24) / 2 + (f == label ? 120 : 0)));
-    }
-  }
-  return d;
-}
+data::Dataset toy_data(std::size_t n = 50) { return toy_dataset(n, 12345); }
 
 template <class Scalar = float> nn::Sequential<Scalar, Mem> toy_model() {
   nn::Sequential<Scalar, Mem> m(FeatureShape{6, 1, 1});

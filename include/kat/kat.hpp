@@ -26,6 +26,7 @@
 #include "kat/nn/dropout.hpp"
 #include "kat/nn/flatten.hpp"
 #include "kat/nn/global_avg_pool2d.hpp"
+#include "kat/nn/hessian_vector_product.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
 #include "kat/nn/max_pool2d.hpp"

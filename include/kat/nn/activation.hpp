@@ -16,7 +16,8 @@ namespace kat::nn {
 
 namespace detail {
 
-// Each op gives f(x), and dL/dx from y = f(x) and dL/dy, so backward needs only the output.
+// Each op gives f(x), and dL/dx from y = f(x) and dL/dy, so backward needs only the output;
+// for the R-operator also R{y} = f'(x) R{x} and R{dx} = f'(x) R{dy} + f''(x) R{x} dy, from y.
 struct ReLUOp {
   static const char *name() { return "ReLU"; }
   template <class T> KOKKOS_INLINE_FUNCTION static T f(T x) { return x > T(0) ? x : T(0); }
@@ -25,6 +26,13 @@ struct ReLUOp {
   template <class T> KOKKOS_INLINE_FUNCTION static T backward(T y, T dy) {
     return y > T(0) ? dy : T(0);
   }
+  template <class T> KOKKOS_INLINE_FUNCTION static T forward_r(T y, T rx) {
+    return y > T(0) ? rx : T(0);
+  }
+  // f'' = 0 away from 0 (and taken as 0 at 0, as f' is).
+  template <class T> KOKKOS_INLINE_FUNCTION static T backward_r(T y, T /*rx*/, T /*dy*/, T rdy) {
+    return y > T(0) ? rdy : T(0);
+  }
 };
 
 struct TanhOp {
@@ -32,6 +40,13 @@ struct TanhOp {
   template <class T> KOKKOS_INLINE_FUNCTION static T f(T x) { return math::tanh(x); }
   template <class T> KOKKOS_INLINE_FUNCTION static T backward(T y, T dy) {
     return dy * (T(1) - y * y);
+  }
+  template <class T> KOKKOS_INLINE_FUNCTION static T forward_r(T y, T rx) {
+    return rx * (T(1) - y * y);
+  }
+  // f' = 1 − y², f'' = −2 y (1 − y²)
+  template <class T> KOKKOS_INLINE_FUNCTION static T backward_r(T y, T rx, T dy, T rdy) {
+    return (T(1) - y * y) * (rdy - T(2) * y * rx * dy);
   }
 };
 
@@ -47,6 +62,13 @@ struct SigmoidOp {
   }
   template <class T> KOKKOS_INLINE_FUNCTION static T backward(T y, T dy) {
     return dy * (y * (T(1) - y));
+  }
+  template <class T> KOKKOS_INLINE_FUNCTION static T forward_r(T y, T rx) {
+    return rx * (y * (T(1) - y));
+  }
+  // f' = y (1 − y), f'' = y (1 − y)(1 − 2y)
+  template <class T> KOKKOS_INLINE_FUNCTION static T backward_r(T y, T rx, T dy, T rdy) {
+    return (y * (T(1) - y)) * (rdy + (T(1) - T(2) * y) * rx * dy);
   }
 };
 
@@ -93,6 +115,47 @@ public:
         KOKKOS_LAMBDA(const std::size_t i) { dxp[i] = Op::backward(yp[i], dyp[i]); });
   }
 
+  /// R-operator (see Layer): R{y} = f'(x) R{x}, R{dx} = f'(x) R{dy} + f''(x) R{x} dy.
+  bool supports_r_operator() const override { return true; }
+
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region(std::string("kat::nn::") + Op::name() + "::forward_r");
+    require_same(y_, rx, "rx");
+    require_same(y_, ry, "ry");
+    rx_ = rx;
+    const std::size_t count = rx.span();
+    const Scalar *yp = y_.data();
+    const Scalar *rxp = rx.data();
+    Scalar *ryp = ry.data();
+    Kokkos::parallel_for(
+        "kat::nn::Activation::forward_r", Kokkos::RangePolicy<execution_space>(space, 0, count),
+        KOKKOS_LAMBDA(const std::size_t i) { ryp[i] = Op::forward_r(yp[i], rxp[i]); });
+  }
+
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region(std::string("kat::nn::") + Op::name() + "::backward_r");
+    if (rdx.extent(0) == 0) {
+      return;
+    }
+    require_same(y_, rx_, "rx (of forward_r)");
+    require_same(y_, dy, "dy");
+    require_same(y_, rdy, "rdy");
+    require_same(y_, rdx, "rdx");
+    const std::size_t count = dy.span();
+    const Scalar *yp = y_.data();
+    const Scalar *rxp = rx_.data();
+    const Scalar *dyp = dy.data();
+    const Scalar *rdyp = rdy.data();
+    Scalar *rdxp = rdx.data();
+    Kokkos::parallel_for(
+        "kat::nn::Activation::backward_r", Kokkos::RangePolicy<execution_space>(space, 0, count),
+        KOKKOS_LAMBDA(const std::size_t i) {
+          rdxp[i] = Op::backward_r(yp[i], rxp[i], dyp[i], rdyp[i]);
+        });
+  }
+
 private:
   // Element-wise over the raw span is valid only for contiguous matrices of equal extents.
   static void require_same(const matrix_type &ref, const matrix_type &v, const char *what) {
@@ -103,7 +166,7 @@ private:
     }
   }
 
-  matrix_type y_;
+  matrix_type y_, rx_;
 };
 
 /// Rectified linear unit, y = max(x, 0) (Nair & Hinton 2010); the derivative at 0 is 0, as

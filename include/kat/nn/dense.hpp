@@ -69,6 +69,25 @@ void apply_weight_mask(const ExecSpace &space, const Mask &mask, const G &g, con
   }
 }
 
+/// v(j) += Σ_i m(i, j) (column sums of m added to v), one team per column.
+template <class ExecSpace, class M, class V>
+void add_column_sums(const ExecSpace &space, const M &m, const V &v) {
+  using value = typename V::non_const_value_type;
+  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
+  using member = typename team_policy::member_type;
+  const std::size_t rows = m.extent(0);
+  Kokkos::parallel_for(
+      "kat::nn::add_column_sums", team_policy(space, m.extent(1), Kokkos::AUTO),
+      KOKKOS_LAMBDA(const member &team) {
+        const std::size_t j = team.league_rank();
+        value sum = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, rows),
+            [&](const std::size_t i, value &s) { s += m(i, j); }, sum);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { v(j) += sum; });
+      });
+}
+
 /// Number of nonzero entries of a 0/1 mask.
 template <class ExecSpace, class Mask>
 std::size_t count_active(const ExecSpace &space, const Mask &m) {
@@ -386,7 +405,88 @@ public:
     return {a_view_, g_, grad_weight_bias_, weight_bias_, x_.extent(0)};
   }
 
+  /// R-operator (see Layer): R{y} = R{x} Wᵀ + x Vᵀ + v_b for the direction [V v_b];
+  /// backward_r adds R{dW} = R{dy}ᵀ x + dyᵀ R{x} and R{db} = Σ_rows R{dy} to the product
+  /// buffer (masked like dW when a weight mask is set) and writes R{dx} = R{dy} W + dy V.
+  /// Dense products on either path (inactive weights are 0 in W; a direction's inactive
+  /// entries take part in R{y}, as they would in the dense layer).
+  bool supports_r_operator() const override { return true; }
+
+  void bind_direction(Scalar *v, Scalar *hv) override {
+    v_weight_ = matrix_type(v, out_, in_);
+    hv_weight_ = matrix_type(hv, out_, in_);
+    if (bias_) {
+      v_bias_ = Vector<Scalar, MemorySpace>(v + out_ * in_, out_);
+      hv_bias_ = Vector<Scalar, MemorySpace>(hv + out_ * in_, out_);
+    }
+  }
+
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::Dense::forward_r");
+    const std::size_t n = x_.extent(0);
+    require_direction("forward_r");
+    kat::detail::require_extent("kat::nn::Dense::forward_r", "ry rows", n, ry.extent(0));
+    kat::detail::require_extent("kat::nn::Dense::forward_r", "ry columns", out_, ry.extent(1));
+    rx_ = rx;
+    if (bias_) {
+      const auto b = v_bias_;
+      Kokkos::parallel_for(
+          "kat::nn::Dense::forward_r_bias", matrix_policy(space, n, out_),
+          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { ry(i, j) = b(j); });
+    }
+    gemm(space, Trans::N, Trans::T, Scalar(1), x_, v_weight_, Scalar(bias_ ? 1 : 0), ry);
+    if (rx.extent(0) != 0) {
+      kat::detail::require_extent("kat::nn::Dense::forward_r", "rx rows", n, rx.extent(0));
+      kat::detail::require_extent("kat::nn::Dense::forward_r", "rx columns", in_, rx.extent(1));
+      gemm(space, Trans::N, Trans::T, Scalar(1), rx, weight_, Scalar(1), ry);
+    }
+  }
+
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::Dense::backward_r");
+    const std::size_t n = x_.extent(0);
+    require_direction("backward_r");
+    kat::detail::require_extent("kat::nn::Dense::backward_r", "dy rows", n, dy.extent(0));
+    kat::detail::require_extent("kat::nn::Dense::backward_r", "dy columns", out_, dy.extent(1));
+    kat::detail::require_extent("kat::nn::Dense::backward_r", "rdy rows", n, rdy.extent(0));
+    kat::detail::require_extent("kat::nn::Dense::backward_r", "rdy columns", out_, rdy.extent(1));
+    const bool has_rx = rx_.extent(0) != 0;
+    if (has_mask_) {
+      // hv_W += mask ⊙ (R{dy}ᵀ x + dyᵀ R{x})
+      const auto g = grad_scratch_.matrix(out_, in_);
+      gemm(space, Trans::T, Trans::N, Scalar(1), rdy, x_, Scalar(0), g);
+      if (has_rx) {
+        gemm(space, Trans::T, Trans::N, Scalar(1), dy, rx_, Scalar(1), g);
+      }
+      detail::apply_weight_mask(space, mask_, g, hv_weight_, true);
+    } else {
+      gemm(space, Trans::T, Trans::N, Scalar(1), rdy, x_, Scalar(1), hv_weight_);
+      if (has_rx) {
+        gemm(space, Trans::T, Trans::N, Scalar(1), dy, rx_, Scalar(1), hv_weight_);
+      }
+    }
+    if (bias_) {
+      detail::add_column_sums(space, rdy, hv_bias_);
+    }
+    if (rdx.extent(0) != 0) {
+      kat::detail::require_extent("kat::nn::Dense::backward_r", "rdx rows", n, rdx.extent(0));
+      kat::detail::require_extent("kat::nn::Dense::backward_r", "rdx columns", in_, rdx.extent(1));
+      // R{dx} = R{dy} W + dy V
+      gemm(space, Trans::N, Trans::N, Scalar(1), rdy, weight_, Scalar(0), rdx);
+      gemm(space, Trans::N, Trans::N, Scalar(1), dy, v_weight_, Scalar(1), rdx);
+    }
+  }
+
 private:
+  void require_direction(const char *what) const {
+    if (v_weight_.extent(0) == 0) {
+      throw Error(
+          kat::detail::concat("kat::nn::Dense::", what, ": no direction bound (bind_direction)"));
+    }
+  }
+
   void record_activations(const execution_space &space, const matrix_type &x) {
     const std::size_t n = x.extent(0);
     const std::size_t cols = in_ + (bias_ ? 1 : 0);
@@ -415,6 +515,9 @@ private:
   matrix_type x_;
   Workspace<Scalar, MemorySpace> a_;
   matrix_type a_view_, g_;
+  // R-operator: the direction's and the product's blocks, and R{x} of the last forward_r.
+  matrix_type v_weight_, hv_weight_, rx_;
+  Vector<Scalar, MemorySpace> v_bias_, hv_bias_;
 
   // Sparse weights: the mask snapshot, its active count, the path asked for, the crossover,
   // the CSR structure (built while the sparse path is in use) and scratch for the masked

@@ -138,6 +138,48 @@ public:
   /// The recorded quantities (empty views unless recording and after a forward/backward).
   virtual CurvatureRecord<Scalar, MemorySpace> curvature() const { return {}; }
 
+  /// @name R-operator (Pearlmutter 1994, "Fast exact multiplication by the Hessian")
+  /// R{·} is the directional derivative d/dr ·(θ + r v)|_{r=0} along a parameter direction v.
+  /// A layer that supports it computes, after forward(x, y):
+  ///   forward_r:  R{y} = ∂y/∂x · R{x} + ∂y/∂θ · v
+  /// and, after backward(dy, dx), given dy and R{dy}:
+  ///   backward_r: R{dx} = R{∂L/∂x} and adds R{∂L/∂θ} to the product buffer hv.
+  /// Run through a whole model (kat::nn::hessian_vector_product) these give H v exactly, at
+  /// about the cost of two forward and backward passes.
+  /// @{
+
+  /// Whether forward_r() and backward_r() are implemented. false by default: a model holding
+  /// such a layer refuses Hessian-vector products with an error naming it.
+  virtual bool supports_r_operator() const { return false; }
+
+  /// Binds the layer's blocks of a parameter direction `v` and of the product buffer `hv`
+  /// (parameter_count() scalars each, device pointers laid out like bind()'s).
+  virtual void bind_direction(Scalar * /*v*/, Scalar * /*hv*/) {}
+
+  /// ry = R{y} (batch x out, preallocated) for the x of the last forward(), the bound
+  /// direction v and `rx` = R{x} (batch x in). An `rx` of extent 0 stands for R{x} = 0 (the
+  /// model's input does not depend on θ); only layers with parameters receive one. `rx` must
+  /// stay valid and unchanged until backward_r().
+  /// @throws Error if the layer has no R-operator.
+  virtual void forward_r(const execution_space & /*space*/, const matrix_type & /*rx*/,
+                         const matrix_type & /*ry*/) {
+    throw Error(kat::detail::concat("kat::nn::", name(),
+                                    "::forward_r: this layer has no R-operator, so no exact "
+                                    "Hessian-vector product can pass through it"));
+  }
+
+  /// After forward(), forward_r() and backward(dy, dx): given the same `dy` and `rdy` =
+  /// R{dy} (batch x out), adds R{∂L/∂θ} to the bound `hv` (always accumulates) and writes
+  /// `rdx` = R{dx} (batch x in; skipped when `rdx` has extent 0).
+  /// @throws Error if the layer has no R-operator.
+  virtual void backward_r(const execution_space & /*space*/, const matrix_type & /*dy*/,
+                          const matrix_type & /*rdy*/, const matrix_type & /*rdx*/) {
+    throw Error(kat::detail::concat("kat::nn::", name(),
+                                    "::backward_r: this layer has no R-operator, so no exact "
+                                    "Hessian-vector product can pass through it"));
+  }
+  /// @}
+
 protected:
   bool training_ = true;
   bool recording_ = false;

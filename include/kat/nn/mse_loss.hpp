@@ -62,6 +62,29 @@ public:
     return run(space, y, target, grad);
   }
 
+  /// rdy = ∇²_y L · ry = 2 ry / (N·D), the Hessian of the mean loss with respect to the
+  /// prediction applied to ry (the R-operator of dL/dy, Pearlmutter 1994); y, ry, rdy: N x D.
+  /// @throws ShapeError if ry or rdy is not N x D, or y is empty.
+  void hessian_product(const execution_space &space, const matrix_type &y, const matrix_type &ry,
+                       const matrix_type &rdy) const {
+    ScopedRegion region("kat::nn::MSELoss::hessian_product");
+    const char *who = "kat::nn::MSELoss::hessian_product";
+    kat::detail::require_extent(who, "ry rows", y.extent(0), ry.extent(0));
+    kat::detail::require_extent(who, "ry columns", y.extent(1), ry.extent(1));
+    kat::detail::require_extent(who, "rdy rows", y.extent(0), rdy.extent(0));
+    kat::detail::require_extent(who, "rdy columns", y.extent(1), rdy.extent(1));
+    const std::size_t count = y.extent(0) * y.extent(1);
+    if (count == 0) {
+      throw ShapeError("kat::nn::MSELoss::hessian_product: the prediction must not be empty");
+    }
+    const Scalar scale = Scalar(2) / static_cast<Scalar>(count);
+    const Scalar *r = ry.data();
+    Scalar *out = rdy.data();
+    Kokkos::parallel_for(
+        "kat::nn::MSELoss::hessian_product", Kokkos::RangePolicy<execution_space>(space, 0, count),
+        KOKKOS_LAMBDA(const std::size_t i) { out[i] = scale * r[i]; });
+  }
+
 private:
   double run(const execution_space &space, const matrix_type &y, const const_matrix_type &t,
              const matrix_type &grad) const {

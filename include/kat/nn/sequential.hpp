@@ -137,6 +137,77 @@ public:
   /// Whether a backward hook is installed.
   bool has_backward_hook() const { return chain_.has_backward_hook(); }
 
+  /// @name R-operator passes (Pearlmutter 1994), the parts of an exact Hessian-vector product
+  /// kat::nn::hessian_vector_product (kat/nn/hessian_vector_product.hpp) composes them with a
+  /// loss; most users want that. Each layer's R-operator is documented in Layer.
+  /// @{
+
+  /// The parameter direction v (length parameter_count(), laid out like parameters()) that
+  /// forward_r() differentiates along; allocated on first use, then reused. Fill it before
+  /// forward_r().
+  const vector_type &direction() {
+    require_compiled("direction");
+    ensure_direction();
+    return direction_;
+  }
+  /// The product buffer: after backward_r(), R{∂L/∂θ} for the direction (H v when dy is the
+  /// gradient of a loss L and rdy its R{dy}).
+  const vector_type &direction_product() {
+    require_compiled("direction_product");
+    ensure_direction();
+    return direction_product_;
+  }
+
+  /// Whether every layer has an R-operator (Layer::supports_r_operator()).
+  bool supports_r_operator() const { return chain_.first_without_r_operator() == nullptr; }
+
+  /// After forward(x): R{output} (batch x output size) along direction(), with R{x} = 0.
+  /// Valid until the next forward_r(); extent 0 if the model has no parameters.
+  /// @throws Error naming the first layer without an R-operator, or before forward().
+  const matrix_type &forward_r(const execution_space &space) {
+    require_compiled("forward_r");
+    require_r_operator("forward_r");
+    ensure_direction();
+    ScopedRegion region("kat::nn::Sequential::forward_r");
+    return chain_.forward_r(space, matrix_type());
+  }
+
+  /// After forward_r(): back-propagates dy and rdy = R{dy} together and overwrites
+  /// direction_product() with R{∂L/∂θ}. The parameter gradients of this pass go to a scratch
+  /// buffer: gradients() is left as it was, and no backward hook runs.
+  /// @throws Error naming the first layer without an R-operator, or before forward_r();
+  ///   ShapeError if dy or rdy is not batch x output size.
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy) {
+    require_compiled("backward_r");
+    require_r_operator("backward_r");
+    ensure_direction();
+    ScopedRegion region("kat::nn::Sequential::backward_r");
+    Kokkos::deep_copy(space, direction_product_, Scalar(0));
+    const GradientsRebound rebound(*this, scratch_gradients_);
+    chain_.backward_r(space, dy, rdy, matrix_type(), matrix_type(), /*accumulate=*/false);
+  }
+
+  /// After forward(): back-propagates `dy` (batch x output size) through the network
+  /// linearized at that forward and overwrites direction_product() with Jᵀ dy, J = ∂ output /
+  /// ∂θ (with dy = H_L J v from forward_r(), Jᵀ H_L J v: the Gauss-Newton product). Runs the
+  /// layers' ordinary backward; gradients() is left as it was, and no backward hook runs.
+  /// @throws Error before forward(); ShapeError if dy is not batch x output size.
+  void backward_to_direction_product(const execution_space &space, const matrix_type &dy) {
+    require_compiled("backward_to_direction_product");
+    ensure_direction();
+    ScopedRegion region("kat::nn::Sequential::backward_to_direction_product");
+    const GradientsRebound rebound(*this, direction_product_);
+    const BackwardHook hook = chain_.take_backward_hook();
+    try {
+      chain_.backward(space, dy, matrix_type(), /*accumulate=*/false);
+    } catch (...) {
+      chain_.set_backward_hook(hook);
+      throw;
+    }
+    chain_.set_backward_hook(hook);
+  }
+  /// @}
+
   /// Sets every gradient to zero.
   void zero_grad(const execution_space &space) {
     require_compiled("zero_grad");
@@ -223,6 +294,33 @@ private:
       throw Error(kat::detail::concat("kat::nn::Sequential::", what, ": call compile() first"));
     }
   }
+  void require_r_operator(const char *what) const {
+    if (const auto *layer = chain_.first_without_r_operator()) {
+      throw Error(kat::detail::concat("kat::nn::Sequential::", what, ": layer ", layer->name(),
+                                      " has no R-operator (Layer::supports_r_operator()), so "
+                                      "the model has no exact Hessian-vector product"));
+    }
+  }
+  void ensure_direction() {
+    if (direction_.extent(0) != parameter_count()) {
+      direction_ = vector_type("kat::nn::Sequential::direction", parameter_count());
+      direction_product_ = vector_type("kat::nn::Sequential::direction_product", parameter_count());
+      scratch_gradients_ = vector_type("kat::nn::Sequential::scratch_gradients", parameter_count());
+      chain_.bind_direction(direction_.data(), direction_product_.data());
+    }
+  }
+  // Binds the layers' gradients to `to` for its lifetime, then back to gradients().
+  struct GradientsRebound {
+    GradientsRebound(Sequential &m, const vector_type &to) : model(m) {
+      model.chain_.bind(model.buffer_.parameters().data(), to.data());
+    }
+    ~GradientsRebound() {
+      model.chain_.bind(model.buffer_.parameters().data(), model.buffer_.gradients().data());
+    }
+    GradientsRebound(const GradientsRebound &) = delete;
+    GradientsRebound &operator=(const GradientsRebound &) = delete;
+    Sequential &model;
+  };
   void set_training(bool on) {
     training_ = on;
     chain_.train(on);
@@ -230,6 +328,7 @@ private:
 
   detail::LayerChain<Scalar, MemorySpace> chain_;
   ParameterBuffer<Scalar, MemorySpace> buffer_;
+  vector_type direction_, direction_product_, scratch_gradients_;
   bool compiled_ = false;
   bool training_ = true;
 };

@@ -60,6 +60,37 @@ double softmax_cross_entropy_sum(const ExecSpace &space, const ZView &z, const L
   return total;
 }
 
+/// rdz(i, :) = inv_n (p_i ⊙ rz_i − p_i ⟨p_i, rz_i⟩) with p_i = softmax(z_i): the Hessian of
+/// the mean cross-entropy with respect to the logits applied to rz, row by row.
+template <class ExecSpace, class ZView>
+void softmax_cross_entropy_hessian_product(const ExecSpace &space, const ZView &z, const ZView &rz,
+                                           const ZView &rdz,
+                                           typename ZView::non_const_value_type inv_n) {
+  using Scalar = typename ZView::non_const_value_type;
+  const int classes = static_cast<int>(z.extent(1));
+  Kokkos::parallel_for(
+      "kat::nn::SoftmaxCrossEntropy::hessian_product",
+      Kokkos::RangePolicy<ExecSpace>(space, 0, z.extent(0)), KOKKOS_LAMBDA(const std::size_t i) {
+        Scalar zmax = z(i, 0);
+        for (int c = 1; c < classes; ++c) {
+          zmax = z(i, c) > zmax ? z(i, c) : zmax;
+        }
+        Scalar denom = 0;
+        Scalar dot = 0;
+        for (int c = 0; c < classes; ++c) {
+          const Scalar e = math::exp(z(i, c) - zmax);
+          denom += e;
+          dot += e * rz(i, c);
+        }
+        const Scalar inv_denom = Scalar(1) / denom;
+        const Scalar mean = dot * inv_denom; // ⟨p_i, rz_i⟩
+        for (int c = 0; c < classes; ++c) {
+          const Scalar p = math::exp(z(i, c) - zmax) * inv_denom;
+          rdz(i, c) = p * (rz(i, c) - mean) * inv_n;
+        }
+      });
+}
+
 /// The smallest i with labels(i) outside [0, classes), or labels.extent(0) if there is none.
 template <class ExecSpace, class LabelView>
 std::int64_t first_invalid_label(const ExecSpace &space, const LabelView &labels, int classes) {
@@ -107,6 +138,28 @@ public:
     kat::detail::require_extent("kat::nn::SoftmaxCrossEntropy", "grad columns", logits.extent(1),
                                 grad.extent(1));
     return run(space, logits, labels, grad);
+  }
+
+  /// rdz = ∇²_z L · rz, the Hessian of the mean loss with respect to the logits applied to
+  /// rz: rdz_i = (p_i ⊙ rz_i − p_i ⟨p_i, rz_i⟩) / N with p_i = softmax(z_i); it does not
+  /// depend on the labels and is positive semi-definite. The R-operator of dL/dz
+  /// (Pearlmutter 1994) that kat::nn::hessian_vector_product and
+  /// kat::nn::gauss_newton_vector_product use. logits, rz, rdz: N x C.
+  /// @throws ShapeError if rz or rdz is not N x C, or N = 0.
+  void hessian_product(const execution_space &space, const matrix_type &logits,
+                       const matrix_type &rz, const matrix_type &rdz) const {
+    ScopedRegion region("kat::nn::SoftmaxCrossEntropy::hessian_product");
+    const char *who = "kat::nn::SoftmaxCrossEntropy::hessian_product";
+    kat::detail::require_extent(who, "rz rows", logits.extent(0), rz.extent(0));
+    kat::detail::require_extent(who, "rz columns", logits.extent(1), rz.extent(1));
+    kat::detail::require_extent(who, "rdz rows", logits.extent(0), rdz.extent(0));
+    kat::detail::require_extent(who, "rdz columns", logits.extent(1), rdz.extent(1));
+    if (logits.extent(0) == 0) {
+      throw ShapeError("kat::nn::SoftmaxCrossEntropy::hessian_product: the batch must not be "
+                       "empty");
+    }
+    detail::softmax_cross_entropy_hessian_product(
+        space, logits, rz, rdz, Scalar(1) / static_cast<Scalar>(logits.extent(0)));
   }
 
 private:

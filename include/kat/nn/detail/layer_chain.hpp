@@ -47,6 +47,8 @@ public:
     layers_.push_back(std::move(layer));
     activations_.emplace_back(owner_ + "::activation");
     input_grads_.emplace_back(owner_ + "::input_gradient");
+    r_activations_.emplace_back(owner_ + "::r_activation");
+    r_input_grads_.emplace_back(owner_ + "::r_input_gradient");
     return *layers_.back();
   }
 
@@ -169,6 +171,8 @@ public:
   /// layer, with the layer's index, in decreasing order.
   void set_backward_hook(BackwardHook hook) { backward_hook_ = std::move(hook); }
   bool has_backward_hook() const { return static_cast<bool>(backward_hook_); }
+  /// Removes the hook and returns it (to be set again with set_backward_hook).
+  BackwardHook take_backward_hook() { return std::exchange(backward_hook_, BackwardHook()); }
 
   /// Back-propagates dy through the layers. The first layer writes its input gradient into
   /// `dx` (skipped when dx is empty). Parameter gradients are added or overwritten. After each
@@ -209,12 +213,117 @@ public:
       l->train(on);
   }
 
+  /// The first layer without an R-operator, or nullptr if every layer has one.
+  const layer_type *first_without_r_operator() const {
+    for (const auto &l : layers_) {
+      if (!l->supports_r_operator()) {
+        return l.get();
+      }
+    }
+    return nullptr;
+  }
+
+  /// Binds the layers to consecutive blocks of a direction v and a product buffer hv.
+  void bind_direction(Scalar *v, Scalar *hv) {
+    for (auto &l : layers_) {
+      l->bind_direction(v, hv);
+      v += l->parameter_count();
+      hv += l->parameter_count();
+    }
+  }
+
+  /// R-operator forward pass after forward(): R{output} for the bound direction and `rx` =
+  /// R{input} (extent 0: zero). While R{x} is zero, layers without parameters are skipped
+  /// (their R{y} is zero too); the result has extent 0 if it is zero (no layer has
+  /// parameters and rx was empty). Valid until the next forward_r.
+  const matrix_type &forward_r(const execution_space &space, const matrix_type &rx) {
+    if (outputs_.size() != layers_.size() || layers_.empty()) {
+      throw Error(owner_ + "::forward_r: call forward() first");
+    }
+    const std::size_t n = outputs_.back().extent(0);
+    r_input_ = rx;
+    r_outputs_.assign(layers_.size(), matrix_type());
+    const matrix_type *in = &r_input_;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const bool zero_in = in->extent(0) == 0;
+      if (zero_in && layers_[i]->parameter_count() == 0) {
+        // R{x} = 0 and no parameters: R{y} = 0. r_outputs_[i] stays empty.
+      } else if (layers_[i]->passes_through()) {
+        r_outputs_[i] = *in;
+      } else {
+        r_outputs_[i] = r_activations_[i].matrix(n, shapes_[i].size());
+        layers_[i]->forward_r(space, *in, r_outputs_[i]);
+      }
+      in = &r_outputs_[i];
+    }
+    return *in;
+  }
+
+  /// The backward pass of a Hessian-vector product, after forward() and forward_r(): for each
+  /// layer from the last, backward(dy, dx) as backward() does (parameter gradients added or
+  /// overwritten; no backward hook) and backward_r(dy, rdy, rdx), which adds R{∂L/∂θ} to the
+  /// bound product buffer. The first layer writes into `dx` and `rdx` (either skipped when
+  /// empty). Layers whose R{x} was zero in forward_r() are the first ones of the chain, have
+  /// no parameter below them, and are skipped, with dx and rdx (they are not needed).
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
+                  const matrix_type &dx, const matrix_type &rdx, bool accumulate) {
+    if (r_outputs_.size() != layers_.size() || layers_.empty()) {
+      throw Error(owner_ + "::backward_r: call forward() and forward_r() first");
+    }
+    const std::size_t n = outputs_.back().extent(0);
+    kat::detail::require_extent((owner_ + "::backward_r").c_str(), "rdy rows", n, rdy.extent(0));
+    kat::detail::require_extent((owner_ + "::backward_r").c_str(), "rdy columns",
+                                output_shape().size(), rdy.extent(1));
+    grad_views_.resize(layers_.size());
+    r_grad_views_.resize(layers_.size());
+    const matrix_type *grad_out = &dy;
+    const matrix_type *r_grad_out = &rdy;
+    for (std::size_t i = layers_.size(); i-- > 0;) {
+      const bool zero_in = (i == 0 ? r_input_ : r_outputs_[i - 1]).extent(0) == 0;
+      if (r_outputs_[i].extent(0) == 0) {
+        break; // this layer and all before it saw R{x} = 0 and have no parameters
+      }
+      // Below a layer whose R{x} was zero, nobody needs dx or R{dx}.
+      const bool need_dx = !zero_in;
+      if (layers_[i]->passes_through()) {
+        grad_views_[i] = i > 0 ? *grad_out : dx;
+        r_grad_views_[i] = i > 0 ? *r_grad_out : rdx;
+        if (i == 0) {
+          if (dx.extent(0) != 0) {
+            Kokkos::deep_copy(space, dx, *grad_out);
+          }
+          if (rdx.extent(0) != 0) {
+            Kokkos::deep_copy(space, rdx, *r_grad_out);
+          }
+        }
+      } else {
+        const std::size_t in_cols = i > 0 ? shapes_[i - 1].size() : input_shape_.size();
+        grad_views_[i] =
+            i == 0 ? dx : (need_dx ? input_grads_[i].matrix(n, in_cols) : matrix_type());
+        r_grad_views_[i] =
+            i == 0 ? rdx : (need_dx ? r_input_grads_[i].matrix(n, in_cols) : matrix_type());
+        layers_[i]->accumulate_gradients(accumulate);
+        layers_[i]->backward(space, *grad_out, grad_views_[i]);
+        layers_[i]->backward_r(space, *grad_out, *r_grad_out, r_grad_views_[i]);
+      }
+      if (!need_dx) {
+        break;
+      }
+      grad_out = &grad_views_[i];
+      r_grad_out = &r_grad_views_[i];
+    }
+  }
+
   /// (Re)allocations of the chain's activation workspaces so far.
   std::size_t workspace_allocations() const {
     std::size_t total = 0;
     for (const auto &w : activations_)
       total += w.allocations();
     for (const auto &w : input_grads_)
+      total += w.allocations();
+    for (const auto &w : r_activations_)
+      total += w.allocations();
+    for (const auto &w : r_input_grads_)
       total += w.allocations();
     return total;
   }
@@ -227,6 +336,10 @@ private:
   std::vector<Workspace<Scalar, MemorySpace>> activations_, input_grads_;
   std::vector<matrix_type> outputs_, grad_views_;
   matrix_type input_;
+  // The R-operator passes' workspaces and views (R{y}, R{dx} per layer; R{x} of the chain).
+  std::vector<Workspace<Scalar, MemorySpace>> r_activations_, r_input_grads_;
+  std::vector<matrix_type> r_outputs_, r_grad_views_;
+  matrix_type r_input_;
   BackwardHook backward_hook_;
 };
 

@@ -1,0 +1,154 @@
+#pragma once
+/// @file
+/// @brief Exact Hessian-vector and Gauss-Newton-vector products of a model's loss, through
+/// the layers' R-operator (Pearlmutter 1994).
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+#include "kat/nn/sequential.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstddef>
+
+namespace kat::nn {
+
+/// Which curvature matrix a product applies.
+enum class CurvatureProduct {
+  /// H = ∇²_θ L, the Hessian of the loss (indefinite in general).
+  hessian,
+  /// G = Jᵀ H_L J, the generalized Gauss-Newton matrix (Schraudolph 2002): J = ∂ output / ∂θ,
+  /// H_L = ∇² of the loss with respect to the output; positive semi-definite for convex losses.
+  gauss_newton
+};
+
+namespace detail {
+
+/// Restores a model's training mode when it goes out of scope.
+template <class Model> class EvalModeScope {
+public:
+  explicit EvalModeScope(Model &m) : model_(m), was_training_(m.training()) { model_.eval(); }
+  ~EvalModeScope() {
+    if (was_training_) {
+      model_.train();
+    }
+  }
+  EvalModeScope(const EvalModeScope &) = delete;
+  EvalModeScope &operator=(const EvalModeScope &) = delete;
+
+private:
+  Model &model_;
+  bool was_training_;
+};
+
+} // namespace detail
+
+/// Curvature-vector products of `loss(model(x), targets)` on one batch, with workspaces kept
+/// between calls (only the first call, or a larger batch, allocates).
+///
+/// The products are exact (no finite differences): the Hessian product runs forward,
+/// the R-operator forward (R{y} for the direction v), the loss's Hessian on R{output}, and one
+/// backward pass that carries dy and R{dy} together (Pearlmutter 1994, "Fast exact
+/// multiplication by the Hessian", sec. 3–4) — about two forward and backward passes. The
+/// Gauss-Newton product drops the layers' second-order terms: forward, R-operator forward,
+/// loss Hessian, one ordinary backward of H_L J v.
+///
+/// The model runs in evaluation mode for the product and is put back in the mode it had:
+/// BatchNorm uses its running statistics (frozen; the Hessian of the network that evaluation
+/// runs) and Dropout is the identity, so products are deterministic and symmetric. The
+/// model's gradients() are left unchanged, and a backward hook (data parallel) does not run.
+///
+/// @tparam Loss  SoftmaxCrossEntropy or MSELoss (anything with forward_backward(space,
+///               output, targets, grad) and hessian_product(space, output, r_output, out))
+template <class Scalar, class MemorySpace, class Loss> class CurvatureVectorProduct {
+public:
+  using execution_space = typename MemorySpace::execution_space;
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>;
+  using model_type = Sequential<Scalar, MemorySpace>;
+
+  explicit CurvatureVectorProduct(CurvatureProduct kind = CurvatureProduct::hessian)
+      : kind_(kind), dy_("kat::nn::CurvatureVectorProduct::dy"),
+        rdy_("kat::nn::CurvatureVectorProduct::rdy") {}
+
+  CurvatureProduct kind() const { return kind_; }
+
+  /// out = C v, C the Hessian or Gauss-Newton matrix of the mean loss of `model` on (x,
+  /// targets) at the model's current parameters. Returns the loss on the batch.
+  ///
+  /// @param x        N x input size
+  /// @param targets  what `loss` takes: labels (N) or a target matrix
+  /// @param v, out   length model.parameter_count(), laid out like model.parameters(); out
+  ///                 may not alias v
+  /// @throws Error naming the first layer without an R-operator, or if the model has no
+  ///   parameters; ShapeError if v or out has the wrong length (and as the loss does).
+  template <class Targets>
+  double apply(const execution_space &space, model_type &model, const Loss &loss,
+               const matrix_type &x, const Targets &targets, const vector_type &v,
+               const vector_type &out) {
+    ScopedRegion region(kind_ == CurvatureProduct::hessian
+                            ? "kat::nn::hessian_vector_product"
+                            : "kat::nn::gauss_newton_vector_product");
+    const char *who = kind_ == CurvatureProduct::hessian ? "kat::nn::hessian_vector_product"
+                                                         : "kat::nn::gauss_newton_vector_product";
+    const std::size_t n = model.parameter_count();
+    if (n == 0) {
+      throw Error(kat::detail::concat(who, ": the model has no parameters"));
+    }
+    kat::detail::require_extent(who, "v length", n, v.extent(0));
+    kat::detail::require_extent(who, "out length", n, out.extent(0));
+    if (!model.supports_r_operator()) {
+      (void)model.forward_r(space); // throws the error naming the layer
+    }
+    detail::EvalModeScope<model_type> eval(model);
+    const matrix_type &y = model.forward(space, x);
+    const matrix_type dy = dy_.matrix(y.extent(0), y.extent(1));
+    const matrix_type rdy = rdy_.matrix(y.extent(0), y.extent(1));
+    const double value = loss.forward_backward(space, y, targets, dy);
+    Kokkos::deep_copy(space, model.direction(), v);
+    const matrix_type &ry = model.forward_r(space);
+    loss.hessian_product(space, y, ry, rdy);
+    if (kind_ == CurvatureProduct::hessian) {
+      model.backward_r(space, dy, rdy);
+    } else {
+      model.backward_to_direction_product(space, rdy);
+    }
+    Kokkos::deep_copy(space, out, model.direction_product());
+    return value;
+  }
+
+private:
+  CurvatureProduct kind_;
+  Workspace<Scalar, MemorySpace> dy_, rdy_;
+};
+
+/// hv = H v, H = ∇²_θ of the mean `loss` of `model` on (x, targets), exact, through the
+/// layers' R-operator (Pearlmutter 1994). Returns the loss. Allocates its workspaces on every
+/// call: keep a CurvatureVectorProduct to reuse them. See CurvatureVectorProduct::apply for
+/// shapes, modes and errors.
+template <class Scalar, class MemorySpace, class Loss, class Targets>
+double hessian_vector_product(const typename MemorySpace::execution_space &space,
+                              Sequential<Scalar, MemorySpace> &model, const Loss &loss,
+                              const Matrix<Scalar, MemorySpace> &x, const Targets &targets,
+                              const Vector<Scalar, MemorySpace> &v,
+                              const Vector<Scalar, MemorySpace> &hv) {
+  CurvatureVectorProduct<Scalar, MemorySpace, Loss> product(CurvatureProduct::hessian);
+  return product.apply(space, model, loss, x, targets, v, hv);
+}
+
+/// gv = Jᵀ H_L J v, the generalized Gauss-Newton product (positive semi-definite for a convex
+/// loss): J = ∂ output / ∂θ, H_L the loss's Hessian in the output. Returns the loss. As
+/// hessian_vector_product otherwise.
+template <class Scalar, class MemorySpace, class Loss, class Targets>
+double gauss_newton_vector_product(const typename MemorySpace::execution_space &space,
+                                   Sequential<Scalar, MemorySpace> &model, const Loss &loss,
+                                   const Matrix<Scalar, MemorySpace> &x, const Targets &targets,
+                                   const Vector<Scalar, MemorySpace> &v,
+                                   const Vector<Scalar, MemorySpace> &gv) {
+  CurvatureVectorProduct<Scalar, MemorySpace, Loss> product(CurvatureProduct::gauss_newton);
+  return product.apply(space, model, loss, x, targets, v, gv);
+}
+
+} // namespace kat::nn

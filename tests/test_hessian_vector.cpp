@@ -25,7 +25,9 @@ using Catch::Matchers::Contains;
 
 Vector<double, Mem> random_vector(std::size_t n, std::uint64_t seed) {
   const auto m = random_matrix<double>(n, 1, seed);
-  return Vector<double, Mem>(m.data(), n);
+  Vector<double, Mem> v("v", n);
+  Kokkos::deep_copy(v, Kokkos::subview(m, Kokkos::ALL, 0));
+  return v;
 }
 
 double dot(const std::vector<double> &a, const std::vector<double> &b) {

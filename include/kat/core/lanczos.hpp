@@ -263,6 +263,9 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
 /// the iteration stops there, `iterations` tells how many were run, and
 /// `invariant_subspace` is set. If fewer than k + l Ritz pairs exist then, it throws.
 ///
+/// The m x m tridiagonal eigenproblem goes to LAPACK's DSTEV (kat::tridiagonal_eigen); pass
+/// kat::linalg::Portable{} for the portable solver.
+///
 /// Memory: the basis (n x m doubles) and two n-vectors in MemorySpace, plus the result.
 ///
 /// @tparam MemorySpace where the vectors live; the call spells it out
@@ -277,7 +280,6 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
 ///   n == 0, k + l == 0, m < k + l or m > n.
 /// @throws NumericalError if the operator returns a non-finite vector, or if the Krylov space
 ///   is invariant with fewer than k + l dimensions.
-/// The tridiagonal eigenproblem goes to LAPACK's DSTEV.
 template <class MemorySpace>
 LanczosResult<MemorySpace> lanczos(const typename MemorySpace::execution_space &space,
                                    const LinearOperator<MemorySpace> &op, std::size_t n,

@@ -7,6 +7,7 @@
 #include "kat/core/curvature.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/hyperparameter.hpp"
+#include "kat/core/lanczos.hpp"
 #include "kat/core/linalg.hpp"
 #include "kat/core/math.hpp"
 #include "kat/core/parameter_buffer.hpp"
@@ -15,6 +16,7 @@
 #include "kat/core/random.hpp"
 #include "kat/core/region_timer.hpp"
 #include "kat/core/state.hpp"
+#include "kat/core/tridiagonal.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 
@@ -38,6 +40,7 @@
 #include "kat/nn/softmax_cross_entropy.hpp"
 
 #include "kat/optim/adam.hpp"
+#include "kat/optim/fosi.hpp"
 #include "kat/optim/lr_schedule.hpp"
 #include "kat/optim/optimizer.hpp"
 #include "kat/optim/sgd.hpp"

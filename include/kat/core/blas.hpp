@@ -1,11 +1,13 @@
 #pragma once
 /// @file
-/// @brief KAT's entry point for dense matrix products, over Kokkos Kernels.
+/// @brief KAT's entry point for dense matrix-matrix and matrix-vector products, over Kokkos
+/// Kernels.
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 
 #include <KokkosBlas1_scal.hpp>
+#include <KokkosBlas2_gemv.hpp>
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
 
@@ -115,6 +117,54 @@ void gemm(const ExecSpace &space, Trans trans_a, Trans trans_b,
       KokkosBlas::scal(C, beta, C);
     } else {
       KokkosBlas::gemm(ta_s, tb_s, alpha, A, B, beta, C);
+    }
+  });
+#endif
+}
+
+/// `y = alpha * op(A) * x + beta * y` through `KokkosBlas::gemv` (the vendor BLAS xGEMV on host,
+/// cuBLAS/rocBLAS when Kokkos Kernels is built with them).
+///
+/// @param space  execution space instance the product runs on, with the same ordering rules as
+///               gemm() (passed through with Kokkos Kernels >= 4.1, fenced around otherwise).
+/// @param A  rank-2 LayoutLeft view; op(A) is m x k. A column range of a larger LayoutLeft
+///           matrix (a subview with leading dimension > rows) is fine.
+/// @param x  rank-1 view of length k.
+/// @param y  rank-1 view of length m; may not alias x.
+/// @throws ShapeError if the lengths do not match op(A).
+template <class ExecSpace, class AView, class XView, class YView>
+void gemv(const ExecSpace &space, Trans trans_a, typename YView::const_value_type alpha,
+          const AView &A, const XView &x, typename YView::const_value_type beta, const YView &y) {
+  static_assert(Kokkos::is_view<AView>::value && Kokkos::is_view<XView>::value &&
+                    Kokkos::is_view<YView>::value,
+                "kat::gemv: A, x and y must be Kokkos views");
+  static_assert(AView::rank == 2 && XView::rank == 1 && YView::rank == 1,
+                "kat::gemv: A must be rank 2, x and y rank 1");
+  const bool ta = trans_a == Trans::T;
+  const auto m = ta ? A.extent(1) : A.extent(0);
+  const auto k = ta ? A.extent(0) : A.extent(1);
+  if (x.extent(0) != k || y.extent(0) != m) {
+    throw ShapeError(detail::concat("kat::gemv: op(A) is ", m, "x", k, ", x has length ",
+                                    x.extent(0), ", y has length ", y.extent(0),
+                                    "; expected op(A) m x k, x of length k, y of length m"));
+  }
+  if (m == 0) {
+    return;
+  }
+  const char ta_s[2] = {static_cast<char>(trans_a), '\0'};
+  // BLAS leaves y untouched for k == 0 only when beta == 1, so y is scaled explicitly then.
+#if KAT_KOKKOSBLAS_HAS_SPACE_ARGUMENT
+  if (k == 0) {
+    KokkosBlas::scal(space, y, beta, y);
+  } else {
+    KokkosBlas::gemv(space, ta_s, alpha, A, x, beta, y);
+  }
+#else
+  detail::on_default_instance(space, [&] {
+    if (k == 0) {
+      KokkosBlas::scal(y, beta, y);
+    } else {
+      KokkosBlas::gemv(ta_s, alpha, A, x, beta, y);
     }
   });
 #endif

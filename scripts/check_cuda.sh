@@ -52,7 +52,7 @@ configure() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DCMAKE_PREFIX_PATH="$prefix" \
     -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_BENCHMARKS=ON \
-    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_DISCOVER_TESTS=OFF
+    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON
 }
 
 # Every object under the build's tests, examples and bench folders holds an sm_80 cubin.

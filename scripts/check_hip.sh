@@ -55,7 +55,7 @@ configure() { # configure DIR [extra cmake arguments]
   cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=hipcc \
     -DCMAKE_PREFIX_PATH="$prefix" -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON \
     -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_ROCSOLVER=OFF \
-    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF "$@"
+    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON "$@"
 }
 
 # The GPU targets of OBJECT's offload bundle (its .hip_fatbin section), one a line.

@@ -25,8 +25,11 @@ for backend in $backends; do
   build=$root/build/test-$backend
   # MPI on for every configuration: ctest then also runs the "[mpi]" tests under mpiexec at
   # 1, 2 and 4 ranks (tests mpi_ranks_*, one OpenMP thread per rank; see tests/CMakeLists.txt).
+  # Unity build (KAT_UNITY_BUILD): the test files compile 6 to a translation unit, so Kokkos,
+  # Catch2 and KAT are parsed and instantiated once per batch; 6 files took 59 s of CPU as one
+  # unit against 126 s apart (g++ -O3, 2026-11-25).
   args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON
-    -DKAT_ENABLE_MPI=ON)
+    -DKAT_ENABLE_MPI=ON -DKAT_UNITY_BUILD=ON)
   env=() # the configuration's environment for building (test discovery runs tests) and ctest
   skip=() # ctest -E: tests another configuration already covers
   case $backend in
@@ -55,7 +58,7 @@ for backend in $backends; do
       # exit (else their frames have no module name).
       flags="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
       args=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" -DKAT_ENABLE_TESTS=ON
-        -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DKAT_MPI_TEST_TIMEOUT=900)
+        -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DKAT_MPI_TEST_TIMEOUT=900 -DKAT_UNITY_BUILD=ON)
       env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
         LSAN_OPTIONS=suppressions=$root/tests/sanitizer/lsan.supp:print_suppressions=0

@@ -48,9 +48,15 @@ struct Setup {
 #ifdef KAT_ENABLE_MPI
   kat::distributed::Communicator *comm = nullptr; // for distributed K-FAC; null on one rank
 #endif
+  const kat::data::Dataset &train_set; // FOSI's curvature batch comes from it
+  std::size_t local_batch;
+  std::uint64_t seed;
+  bool profile;
   std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> optimizer{};
   kat::Hyperparameter<double> lr = 0.0;
   std::vector<std::shared_ptr<kat::train::GradientTransform<Scalar, Mem>>> transforms{};
+  std::vector<std::shared_ptr<kat::train::Callback<Scalar, Mem>>> callbacks{};
+  std::string description{}; // what the start-up line calls the optimizer, if not its name()
 };
 
 using Optimizers = kat::train::Registry<std::function<void(Setup &)>>;
@@ -58,11 +64,11 @@ using Optimizers = kat::train::Registry<std::function<void(Setup &)>>;
 // The base rate: --lr, or the optimizer's default.
 double base_lr(const Config &c, double fallback) { return c.has("lr") ? c.number("lr") : fallback; }
 
-void make_sgd(Setup &s) {
+void make_sgd(Setup &s, bool nesterov = false) {
   kat::optim::SGD<Scalar, Mem>::Options o;
   o.lr = base_lr(s.config, 0.05);
   o.momentum = s.config.number("momentum");
-  o.nesterov = s.config.flag("nesterov");
+  o.nesterov = nesterov || s.config.flag("nesterov");
   o.weight_decay = s.config.has("weight-decay") ? s.config.number("weight-decay") : 0.0;
   s.optimizer = std::make_unique<kat::optim::SGD<Scalar, Mem>>(s.model.parameter_count(), o);
   s.lr = s.schedule_from(o.lr);
@@ -104,6 +110,51 @@ void make_kfac(Setup &s) {
                  : (factor_double ? add_kfac<float, double>(s) : add_kfac<float, float>(s));
 }
 
+// FOSI (docs/fosi.md) around the base optimizer `base` already in s.optimizer: the curvature
+// is the loss's Hessian on one fixed batch, the first batch of the training set shuffled with
+// the run's seed (copied, so the loader's buffers can move on).
+void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum) {
+  if (s.group.size() > 1) {
+    throw kat::ValueError(kat::detail::concat(
+        "--optimizer fosi-* runs on one process (FOSI's curvature estimate is per process); got ",
+        s.group.size(), " ranks"));
+  }
+  const Space space;
+  kat::data::DataLoader<Scalar, Mem> loader(s.train_set, s.local_batch, true, s.seed);
+  loader.start_epoch(0);
+  kat::Matrix<Scalar, Mem> xb;
+  kat::Vector<std::int32_t, Mem> yb;
+  loader.next(space, xb, yb);
+  kat::Matrix<Scalar, Mem> x("kat_train::fosi_batch_x", xb.extent(0), xb.extent(1));
+  kat::Vector<std::int32_t, Mem> y("kat_train::fosi_batch_y", yb.extent(0));
+  Kokkos::deep_copy(space, x, xb);
+  Kokkos::deep_copy(space, y, yb);
+  const kat::Vector<const std::int32_t, Mem> labels = y;
+  auto curvature =
+      kat::nn::curvature_operator(s.model, kat::nn::SoftmaxCrossEntropy<Scalar, Mem>(), x, labels);
+  kat::optim::FOSI<Scalar, Mem>::Options o;
+  o.momentum = momentum;
+  o.k = static_cast<std::size_t>(s.config.integer("k"));
+  o.l = static_cast<std::size_t>(s.config.integer("l"));
+  o.alpha = s.config.number("alpha");
+  o.num_iters_to_approx_eigs = s.config.integer("num-iters-to-approx-eigs");
+  o.warmup_w = s.config.has("warmup-w") ? s.config.integer("warmup-w") : o.num_iters_to_approx_eigs;
+  if (s.config.has("learning-rate-clip")) {
+    o.learning_rate_clip = s.config.number("learning-rate-clip");
+  }
+  if (momentum != kat::optim::FOSIMomentum::adam) {
+    o.beta = s.config.number("momentum");
+  }
+  o.seed = s.seed;
+  auto fosi = std::make_unique<kat::optim::FOSI<Scalar, Mem>>(
+      s.model.parameter_count(), std::move(s.optimizer), std::move(curvature), o);
+  s.description = kat::detail::concat("FOSI-", kat::optim::to_string(momentum), " (k ", o.k, ", l ",
+                                      o.l, ", alpha ", o.alpha, ", T ", o.num_iters_to_approx_eigs,
+                                      ", W ", o.warmup_w, ") + ", fosi->base_optimizer().name());
+  s.callbacks.push_back(std::make_shared<kat::train::FOSIReport<Scalar, Mem>>(*fosi, s.profile));
+  s.optimizer = std::move(fosi);
+}
+
 // The registered optimizers and their options (each option a flag of the same name).
 Optimizers optimizers() {
   Optimizers r("optimizer");
@@ -114,7 +165,7 @@ Optimizers optimizers() {
                              {"momentum", "SGD momentum", "0.9"},
                              {"nesterov", "Nesterov momentum (sgd)", "", {}, true},
                              wd};
-  r.add("sgd", "SGD with momentum (PyTorch's torch.optim.SGD)", sgd, make_sgd);
+  r.add("sgd", "SGD with momentum (PyTorch's torch.optim.SGD)", sgd, [](Setup &s) { make_sgd(s); });
   r.add("adam", "Adam (Kingma & Ba 2015)", {lr, wd},
         [](Setup &s) { make_adam<kat::optim::Adam<Scalar, Mem>>(s, 0.0); });
   r.add("adamw", "AdamW (Loshchilov & Hutter 2019)", {lr, wd},
@@ -131,6 +182,35 @@ Optimizers optimizers() {
   }
 #endif
   r.add("kfac", "K-FAC preconditioning + SGD (docs/kfac.md)", kfac, make_kfac);
+  // FOSI (Sivan et al., ICLR 2024; docs/fosi.md): the reference code's option names.
+  const std::vector<Opt> fosi_options{
+      {"k", "FOSI: largest Hessian eigenpairs estimated", "5"},
+      {"l", "FOSI: smallest Hessian eigenpairs estimated", "0"},
+      {"alpha", "FOSI: Newton step size in the subspace", "0.1"},
+      {"num-iters-to-approx-eigs", "FOSI: steps T between curvature refreshes", "100"},
+      {"warmup-w", "FOSI: step W of the first refresh [default: T]"},
+      {"learning-rate-clip", "FOSI: upper bound of the complement scale c [default: 3, adam 1]"}};
+  std::vector<Opt> fosi_sgd = sgd;
+  fosi_sgd.erase(std::remove_if(fosi_sgd.begin(), fosi_sgd.end(),
+                                [](const Opt &o) { return o.name == "nesterov"; }),
+                 fosi_sgd.end());
+  fosi_sgd.insert(fosi_sgd.end(), fosi_options.begin(), fosi_options.end());
+  std::vector<Opt> fosi_adam{lr, wd};
+  fosi_adam.insert(fosi_adam.end(), fosi_options.begin(), fosi_options.end());
+  r.add("fosi-momentum", "FOSI around SGD with heavy-ball momentum (docs/fosi.md)", fosi_sgd,
+        [](Setup &s) {
+          make_sgd(s);
+          make_fosi(s, kat::optim::FOSIMomentum::heavy_ball);
+        });
+  r.add("fosi-nesterov", "FOSI around SGD with Nesterov momentum (docs/fosi.md)", fosi_sgd,
+        [](Setup &s) {
+          make_sgd(s, /*nesterov=*/true);
+          make_fosi(s, kat::optim::FOSIMomentum::nesterov);
+        });
+  r.add("fosi-adam", "FOSI around Adam (docs/fosi.md)", fosi_adam, [](Setup &s) {
+    make_adam<kat::optim::Adam<Scalar, Mem>>(s, 0.0);
+    make_fosi(s, kat::optim::FOSIMomentum::adam);
+  });
   return r;
 }
 
@@ -322,12 +402,20 @@ int main(int argc, char **argv) {
         kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape, train_set.classes);
     model.compile(space, seed);
     const auto steps = static_cast<std::int64_t>(sampler.batches(local_batch)) * epochs;
-    Setup setup{config, model,
+    Setup setup{config,
+                model,
                 [&](double lr) {
                   auto s = schedule_registry.at(schedule_name).make(config, lr, steps);
                   return warmup_steps > 0 ? kat::optim::linear_warmup(warmup_steps, s) : s;
                 },
-                group};
+                group,
+#ifdef KAT_ENABLE_MPI
+                nullptr,
+#endif
+                train_set,
+                local_batch,
+                seed,
+                profile};
 #ifdef KAT_ENABLE_MPI
     // K-FAC's strategies communicate on their own communicator (their own counters).
     auto kfac_comm = comm.dup();
@@ -407,6 +495,18 @@ int main(int argc, char **argv) {
       extra_columns.push_back("agent_tau");
       extra_columns.push_back("agent_refresh_s");
     }
+    for (const auto &c : setup.callbacks) {
+      trainer.add_callback(c); // before the logger and writer, which print their notes
+    }
+    if (std::dynamic_pointer_cast<kat::train::FOSIReport<Scalar, Mem>>(
+            setup.callbacks.empty() ? nullptr : setup.callbacks.front())) {
+      extra_columns.push_back("fosi_lambda_max");
+      extra_columns.push_back("fosi_c");
+      if (profile) {
+        extra_columns.push_back("fosi_lanczos_s");
+        extra_columns.push_back("fosi_projection_ms");
+      }
+    }
     if (profile) {
       trainer.add_callback(std::make_shared<kat::train::Profiler<Scalar, Mem>>());
       for (const auto &c : kat::train::Profiler<Scalar, Mem>::columns()) {
@@ -437,8 +537,9 @@ int main(int argc, char **argv) {
       );
       std::printf("%s\noptimizer %s%s, lr %g, batch %d, %d epochs, seed %llu\n",
                   model.summary().c_str(), setup.transforms.empty() ? "" : "K-FAC + ",
-                  setup.optimizer->name().c_str(), setup.optimizer->lr(), batch_size, epochs,
-                  static_cast<unsigned long long>(seed));
+                  setup.description.empty() ? setup.optimizer->name().c_str()
+                                            : setup.description.c_str(),
+                  setup.optimizer->lr(), batch_size, epochs, static_cast<unsigned long long>(seed));
       if (trainer.gradient_sync()) {
         std::printf("%s; global batch %d (%zu per rank), %zu samples per rank and epoch\n",
                     trainer.gradient_sync()->summary().c_str(), batch_size, local_batch,

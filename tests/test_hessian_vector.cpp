@@ -4,6 +4,8 @@
 #include "r_operator_check.hpp"
 #include "test_helpers.hpp"
 
+#include <kat/core/lanczos.hpp>
+#include <kat/core/linalg.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/hessian_vector_product.hpp>
@@ -372,6 +374,42 @@ TEST_CASE("hessian_vector_product in float follows the double product", "[hvp]")
   nn::hessian_vector_product(space, model_f, nn::SoftmaxCrossEntropy<float, Mem>(), xf, labels, vf,
                              hvf);
   CHECK(scaled_error(host_values(hvf), host_values(hvd)) < 1e-5);
+}
+
+TEST_CASE("curvature_operator: Lanczos on a small MLP's Hessian finds its extreme eigenvalues",
+          "[hvp]") {
+  const Space space;
+  auto model = small_mlp(23);
+  const nn::SoftmaxCrossEntropy<double, Mem> loss;
+  const auto x = random_matrix<double>(8, 4, 101, -2, 2);
+  const auto labels = labels_of({0, 1, 2, 0, 1, 2, 2, 1});
+  const std::size_t n = model->parameter_count();
+  // The explicit Hessian's spectrum, from LAPACK.
+  const auto hessian = explicit_hessian(*model, loss, x, labels);
+  Matrix<double, Mem> a("a", n, n);
+  auto ah = Kokkos::create_mirror_view(a);
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t i = 0; i < n; ++i)
+      ah(i, j) = 0.5 * (hessian[i + n * j] + hessian[j + n * i]);
+  Kokkos::deep_copy(a, ah);
+  Vector<double, Mem> w("w", n);
+  symmetric_eigen(space, a, w);
+  const auto wh = to_host(w); // ascending
+  // Lanczos with m = n through the exact product recovers the k largest and l smallest.
+  const auto op = nn::curvature_operator(*model, loss, x, labels);
+  LanczosOptions o;
+  o.m = n;
+  o.k = 3;
+  o.l = 2;
+  o.seed = 5;
+  const auto r = lanczos<Mem>(space, op, n, o);
+  REQUIRE(r.eigenvalues.size() == 5);
+  const double scale = std::max(std::abs(wh(0)), std::abs(wh(n - 1)));
+  CHECK(std::abs(r.eigenvalues[0] - wh(0)) < 1e-6 * scale);
+  CHECK(std::abs(r.eigenvalues[1] - wh(1)) < 1e-6 * scale);
+  for (int j = 0; j < 3; ++j)
+    CHECK(std::abs(r.eigenvalues[2 + j] - wh(n - 3 + j)) < 1e-6 * scale);
+  CHECK(wh(0) < 0); // the Hessian of this network is indefinite: l = 2 sees it
 }
 
 } // namespace test_hessian_vector

@@ -58,6 +58,7 @@
 #include "kat/train/callback.hpp"
 #include "kat/train/checkpointer.hpp"
 #include "kat/train/console_logger.hpp"
+#include "kat/train/fosi_report.hpp"
 #include "kat/train/gradient_sync.hpp"
 #include "kat/train/gradient_transform.hpp"
 #include "kat/train/kfac_transform.hpp"

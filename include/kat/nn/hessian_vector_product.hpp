@@ -4,6 +4,7 @@
 /// the layers' R-operator (Pearlmutter 1994).
 
 #include "kat/core/error.hpp"
+#include "kat/core/lanczos.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
@@ -12,6 +13,8 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <memory>
+#include <utility>
 
 namespace kat::nn {
 
@@ -42,6 +45,15 @@ private:
   Model &model_;
   bool was_training_;
 };
+
+/// to(i) = from(i) converted, over the common length.
+template <class ExecSpace, class From, class To>
+void convert_vector(const ExecSpace &space, const From &from, const To &to) {
+  using value = typename To::non_const_value_type;
+  Kokkos::parallel_for(
+      "kat::nn::convert_vector", Kokkos::RangePolicy<ExecSpace>(space, 0, to.extent(0)),
+      KOKKOS_LAMBDA(const std::size_t i) { to(i) = static_cast<value>(from(i)); });
+}
 
 } // namespace detail
 
@@ -123,6 +135,41 @@ private:
   CurvatureProduct kind_;
   Workspace<Scalar, MemorySpace> dy_, rdy_;
 };
+
+/// The curvature of `loss(model(x), targets)` on one fixed batch as a kat::LinearOperator in
+/// double (what kat::lanczos and kat::optim::FOSI take): each application converts v to the
+/// model's Scalar, applies CurvatureVectorProduct at the model's parameters of that moment,
+/// and converts the product back. The operator keeps `loss`, the views `x` and `targets`
+/// (which must stay unchanged: pass copies, not a data loader's reused buffers), the
+/// workspaces, and a reference to `model`, which must outlive it.
+/// @throws (when applied) as CurvatureVectorProduct::apply.
+template <class Scalar, class MemorySpace, class Loss, class Targets>
+kat::LinearOperator<MemorySpace>
+curvature_operator(Sequential<Scalar, MemorySpace> &model, const Loss &loss,
+                   const Matrix<Scalar, MemorySpace> &x, const Targets &targets,
+                   CurvatureProduct kind = CurvatureProduct::hessian) {
+  using vector_type = Vector<Scalar, MemorySpace>;
+  struct State {
+    CurvatureVectorProduct<Scalar, MemorySpace, Loss> product;
+    Loss loss;
+    Matrix<Scalar, MemorySpace> x;
+    Targets targets;
+    vector_type v, hv;
+  };
+  const std::size_t n = model.parameter_count();
+  auto state =
+      std::make_shared<State>(State{CurvatureVectorProduct<Scalar, MemorySpace, Loss>(kind), loss,
+                                    x, targets, vector_type("kat::nn::curvature_operator::v", n),
+                                    vector_type("kat::nn::curvature_operator::hv", n)});
+  Sequential<Scalar, MemorySpace> *m = &model;
+  return [state, m](const typename MemorySpace::execution_space &space,
+                    const Kokkos::View<const double *, MemorySpace> &v,
+                    const Kokkos::View<double *, MemorySpace> &out) {
+    detail::convert_vector(space, v, state->v);
+    state->product.apply(space, *m, state->loss, state->x, state->targets, state->v, state->hv);
+    detail::convert_vector(space, state->hv, out);
+  };
+}
 
 /// hv = H v, H = ∇²_θ of the mean `loss` of `model` on (x, targets), exact, through the
 /// layers' R-operator (Pearlmutter 1994). Returns the loss. Allocates its workspaces on every

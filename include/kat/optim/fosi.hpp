@@ -208,6 +208,15 @@ public:
     const Policy all(space, 0, static_cast<std::int64_t>(this->size_));
     const Policy subspace(space, 0, static_cast<std::int64_t>(V.extent(1)));
 
+    // With profiling, the projections (everything but the base step) are timed, fenced.
+    using clock = std::chrono::steady_clock;
+    const bool timed = profile_;
+    clock::time_point t0;
+    if (timed) {
+      space.fence();
+      t0 = clock::now();
+    }
+
     // g1 = Vᵀ(V g) into w2, g2 = g - g1 (rounded to Scalar for the base optimizer),
     // m <- a g1 + b m.
     Kokkos::parallel_for(
@@ -226,7 +235,16 @@ public:
 
     // u = the base optimizer's step from g2, taken on a copy of the parameters.
     Kokkos::deep_copy(space, scratch, p);
+    clock::time_point t1, t2;
+    if (timed) {
+      space.fence();
+      t1 = clock::now();
+    }
     base_->step(space, scratch, g2);
+    if (timed) {
+      space.fence();
+      t2 = clock::now();
+    }
     Kokkos::parallel_for(
         "kat::optim::FOSI::base_update", all, KOKKOS_LAMBDA(const std::int64_t i) {
           w(i) = static_cast<double>(scratch(i)) - static_cast<double>(p(i));
@@ -243,7 +261,23 @@ public:
         "kat::optim::FOSI::apply", all, KOKKOS_LAMBDA(const std::int64_t i) {
           p(i) = static_cast<Scalar>(static_cast<double>(p(i)) + c * w(i) - w2(i));
         });
+    if (timed) {
+      space.fence();
+      projection_seconds_ += std::chrono::duration<double>(t1 - t0).count() +
+                             std::chrono::duration<double>(clock::now() - t2).count();
+      ++projected_steps_;
+    }
   }
+
+  /// Profiling: when on, every step after the first refresh fences around its projections
+  /// (everything but the base optimizer's step: the split of g, the subspace momentum and
+  /// Newton direction, the projection of u and the update) and adds their wall time to
+  /// projection_seconds(). Off by default (no fences).
+  void set_profile(bool on) { profile_ = on; }
+  /// Wall seconds of the timed projections so far (see set_profile); not part of the state.
+  double projection_seconds() const { return projection_seconds_; }
+  /// Number of steps whose projections were timed.
+  std::int64_t projected_steps() const { return projected_steps_; }
 
   /// Whether step() refreshes the estimate when steps() == count on entry:
   /// `count + 1 >= W && (count + 1 - W) % T == 0`.
@@ -486,6 +520,9 @@ private:
   std::vector<double> lambda_;
   double scaling_ = 1.0;
   std::int64_t refreshes_ = 0;
+  bool profile_ = false;
+  double projection_seconds_ = 0;
+  std::int64_t projected_steps_ = 0;
   double last_lanczos_seconds_ = 0.0;
   std::size_t last_lanczos_iterations_ = 0;
 };

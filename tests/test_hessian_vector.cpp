@@ -23,9 +23,12 @@ using namespace kat;
 using namespace kat::test;
 using Catch::Matchers::Contains;
 
+// A managed copy: a view of the matrix's memory would dangle once the matrix is gone.
 Vector<double, Mem> random_vector(std::size_t n, std::uint64_t seed) {
   const auto m = random_matrix<double>(n, 1, seed);
-  return Vector<double, Mem>(m.data(), n);
+  Vector<double, Mem> v("v", n);
+  Kokkos::deep_copy(v, Kokkos::subview(m, Kokkos::ALL(), 0));
+  return v;
 }
 
 double dot(const std::vector<double> &a, const std::vector<double> &b) {

@@ -101,6 +101,16 @@ KOKKOS_INLINE_FUNCTION BatchNormBlock batch_norm_block_of(std::size_t league_ran
 /// running statistics) and dβ, dγ are as above with the evaluation x̂. Backward follows the
 /// mode of the preceding forward, not the current training() flag.
 ///
+/// R-operator (Pearlmutter 1994; see Layer), in evaluation mode only: with the running
+/// statistics frozen, y = γ·inv_std·(x − running_mean) + β is affine in x and bilinear in
+/// (γ, x), so for a direction (v_γ, v_β) and R{x}, with x̂ = inv_std·(x − running_mean):
+///   R{y} = γ·inv_std·R{x} + v_γ·x̂ + v_β,
+///   R{dγ} = Σ (R{dy}·x̂ + dy·inv_std·R{x}),  R{dβ} = Σ R{dy},
+///   R{dx} = inv_std·(γ·R{dy} + v_γ·dy).
+/// This is the Hessian of the network evaluation runs, the one kat::nn::hessian_vector_product
+/// differentiates (it switches the model to evaluation). After a training forward the batch
+/// statistics depend on every sample and forward_r() and backward_r() throw instead.
+///
 /// Parameters (affine = true): γ (C) then β (C) in the flat parameter buffer, initialized to
 /// 1 and 0. The running statistics are state, not parameters: they live in views this layer
 /// owns, outside the flat parameter and gradient buffers, so optimizers, all-reduces and
@@ -475,6 +485,179 @@ public:
         });
   }
 
+  /// @name R-operator (evaluation mode; see the class comment for the formulas)
+  /// @{
+  bool supports_r_operator() const override { return true; }
+
+  void bind_direction(Scalar *v, Scalar *hv) override {
+    if (!affine_) {
+      return;
+    }
+    v_gamma_ = vector_type(v, channels_);
+    v_beta_ = vector_type(v + channels_, channels_);
+    hv_gamma_ = vector_type(hv, channels_);
+    hv_beta_ = vector_type(hv + channels_, channels_);
+  }
+
+  /// ry = R{y} = γ·inv_std·rx + v_γ·x̂ + v_β (rx of extent 0: R{x} = 0) for the last forward,
+  /// which must have run in evaluation mode; rx and ry as x and y (contiguous).
+  /// @throws Error before forward(), after a training forward (the R-operator needs the
+  ///   frozen running statistics of evaluation mode), or with affine parameters and no
+  ///   direction bound; ShapeError on wrong extents.
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::BatchNorm::forward_r");
+    const char *where = "kat::nn::BatchNorm::forward_r";
+    require_r_ready(where);
+    const std::size_t n = x_.extent(0);
+    const std::size_t cols = x_.extent(1);
+    kat::detail::require_extent(where, "ry rows", n, ry.extent(0));
+    kat::detail::require_extent(where, "ry columns", cols, ry.extent(1));
+    require_contiguous(where, "ry", ry);
+    const bool has_rx = rx.extent(0) != 0;
+    if (has_rx) {
+      kat::detail::require_extent(where, "rx rows", n, rx.extent(0));
+      kat::detail::require_extent(where, "rx columns", cols, rx.extent(1));
+      require_contiguous(where, "rx", rx);
+    }
+    rx_ = rx;
+    const std::size_t C = channels_;
+    const std::size_t M = m_;
+    if (M == 0) {
+      return;
+    }
+    const auto stats = stats_view_;
+    const auto gamma = gamma_;
+    const auto v_gamma = v_gamma_;
+    const auto v_beta = v_beta_;
+    const bool affine = affine_;
+    const Scalar *xp = x_.data();
+    const Scalar *rxp = rx.data();
+    Scalar *ryp = ry.data();
+    const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
+    Kokkos::parallel_for(
+        "kat::nn::BatchNorm::forward_r", team_policy(space, C * blocks, Kokkos::AUTO),
+        KOKKOS_LAMBDA(const member_type &team) {
+          const auto range =
+              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
+          const std::size_t c = range.channel, begin = range.begin, end = range.end;
+          const Scalar mean = stats(c, 0);
+          const Scalar inv_std = stats(c, 1);
+          const Scalar scale = affine ? gamma(c) * inv_std : inv_std;
+          const Scalar v_scale = affine ? v_gamma(c) * inv_std : Scalar(0);
+          const Scalar shift = affine ? v_beta(c) : Scalar(0);
+          const Scalar *xc = xp + M * c;
+          Scalar *ryc = ryp + M * c;
+          if (has_rx) {
+            const Scalar *rxc = rxp + M * c;
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end),
+                                 [&](const std::size_t m) {
+                                   ryc[m] = rxc[m] * scale + (xc[m] - mean) * v_scale + shift;
+                                 });
+          } else {
+            Kokkos::parallel_for(
+                Kokkos::TeamThreadRange(team, begin, end),
+                [&](const std::size_t m) { ryc[m] = (xc[m] - mean) * v_scale + shift; });
+          }
+        });
+  }
+
+  /// After forward(), forward_r() and backward(dy, ·) in evaluation mode: adds R{dγ} and R{dβ}
+  /// to the bound product buffer (with affine parameters) and, unless rdx is empty, writes
+  /// rdx = R{dx}; dy, rdy and rdx as x (contiguous).
+  /// @throws Error as forward_r(); ShapeError on wrong extents.
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::BatchNorm::backward_r");
+    const char *where = "kat::nn::BatchNorm::backward_r";
+    require_r_ready(where);
+    const std::size_t n = x_.extent(0);
+    const std::size_t cols = x_.extent(1);
+    kat::detail::require_extent(where, "dy rows", n, dy.extent(0));
+    kat::detail::require_extent(where, "dy columns", cols, dy.extent(1));
+    require_contiguous(where, "dy", dy);
+    kat::detail::require_extent(where, "rdy rows", n, rdy.extent(0));
+    kat::detail::require_extent(where, "rdy columns", cols, rdy.extent(1));
+    require_contiguous(where, "rdy", rdy);
+    const bool need_rdx = rdx.extent(0) != 0;
+    if (need_rdx) {
+      kat::detail::require_extent(where, "rdx rows", n, rdx.extent(0));
+      kat::detail::require_extent(where, "rdx columns", cols, rdx.extent(1));
+      require_contiguous(where, "rdx", rdx);
+    }
+    const bool has_rx = rx_.extent(0) != 0;
+    if (has_rx) {
+      kat::detail::require_extent(where, "rx (of forward_r) rows", n, rx_.extent(0));
+      kat::detail::require_extent(where, "rx (of forward_r) columns", cols, rx_.extent(1));
+    }
+    const std::size_t C = channels_;
+    const std::size_t M = m_;
+    const bool affine = affine_;
+    const auto stats = stats_view_;
+    const auto gamma = gamma_;
+    const auto v_gamma = v_gamma_;
+    const Scalar *xp = x_.data();
+    const Scalar *rxp = rx_.data();
+    const Scalar *dyp = dy.data();
+    const Scalar *rdyp = rdy.data();
+    if (affine) {
+      ScopedRegion phase("kat::nn::BatchNorm::backward_r_sums");
+      const auto hv_gamma = hv_gamma_;
+      const auto hv_beta = hv_beta_;
+      Kokkos::parallel_for(
+          "kat::nn::BatchNorm::backward_r_sums", team_policy(space, C, Kokkos::AUTO),
+          KOKKOS_LAMBDA(const member_type &team) {
+            const std::size_t c = static_cast<std::size_t>(team.league_rank());
+            const Scalar *xc = xp + M * c;
+            const Scalar *dyc = dyp + M * c;
+            const Scalar *rdyc = rdyp + M * c;
+            const accum_type mean = static_cast<accum_type>(stats(c, 0));
+            const accum_type inv_std = static_cast<accum_type>(stats(c, 1));
+            const accum_type rdbeta = detail::batch_norm_team_sum<accum_type>(
+                team, M, [&](const std::size_t m) { return static_cast<accum_type>(rdyc[m]); });
+            // R{dγ} = inv_std · Σ (R{dy}·(x − μ) + dy·R{x})
+            accum_type rdgamma =
+                detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
+                  return static_cast<accum_type>(rdyc[m]) * (static_cast<accum_type>(xc[m]) - mean);
+                });
+            if (has_rx) {
+              const Scalar *rxc = rxp + M * c;
+              rdgamma += detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
+                return static_cast<accum_type>(dyc[m]) * static_cast<accum_type>(rxc[m]);
+              });
+            }
+            Kokkos::single(Kokkos::PerTeam(team), [&]() {
+              hv_gamma(c) =
+                  static_cast<Scalar>(static_cast<accum_type>(hv_gamma(c)) + inv_std * rdgamma);
+              hv_beta(c) = static_cast<Scalar>(static_cast<accum_type>(hv_beta(c)) + rdbeta);
+            });
+          });
+    }
+    if (!need_rdx || M == 0) {
+      return;
+    }
+    ScopedRegion phase("kat::nn::BatchNorm::backward_r_dx");
+    Scalar *rdxp = rdx.data();
+    const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
+    // R{dx} = inv_std·(γ·R{dy} + v_γ·dy)
+    Kokkos::parallel_for(
+        "kat::nn::BatchNorm::backward_r_dx", team_policy(space, C * blocks, Kokkos::AUTO),
+        KOKKOS_LAMBDA(const member_type &team) {
+          const auto range =
+              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
+          const std::size_t c = range.channel, begin = range.begin, end = range.end;
+          const Scalar inv_std = stats(c, 1);
+          const Scalar a = affine ? gamma(c) * inv_std : inv_std;
+          const Scalar b = affine ? v_gamma(c) * inv_std : Scalar(0);
+          const Scalar *dyc = dyp + M * c;
+          const Scalar *rdyc = rdyp + M * c;
+          Scalar *rdxc = rdxp + M * c;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end),
+                               [&](const std::size_t m) { rdxc[m] = a * rdyc[m] + b * dyc[m]; });
+        });
+  }
+  /// @}
+
 private:
   using team_policy = Kokkos::TeamPolicy<execution_space>;
   using member_type = typename team_policy::member_type;
@@ -484,6 +667,22 @@ private:
       throw Error(kat::detail::concat("kat::nn::BatchNorm::", what,
                                       ": the layer has affine parameters but bind() was not "
                                       "called"));
+    }
+  }
+
+  void require_r_ready(const char *where) const {
+    if (stats_view_.extent(0) == 0) {
+      throw Error(kat::detail::concat(where, ": call forward() first"));
+    }
+    if (forward_training_) {
+      throw Error(kat::detail::concat(
+          where, ": the R-operator needs evaluation mode (frozen running statistics), but the last "
+                 "forward ran in training mode, whose batch statistics couple the samples; call "
+                 "train(false) (Sequential::eval()) before forward(), as "
+                 "kat::nn::hessian_vector_product does"));
+    }
+    if (affine_ && v_gamma_.extent(0) != channels_) {
+      throw Error(kat::detail::concat(where, ": no direction bound (bind_direction)"));
     }
   }
 
@@ -505,6 +704,10 @@ private:
   matrix_type x_;
   std::size_t m_ = 0;
   bool forward_training_ = true;
+  // R-operator: the direction's and the product's (γ, β) blocks, and R{x} of the last
+  // forward_r (extent 0: zero).
+  vector_type v_gamma_, v_beta_, hv_gamma_, hv_beta_;
+  matrix_type rx_;
   // stats: C x 2 (mean, inv_std) used by the last forward; coefficients: C x 3 for dx.
   Workspace<Scalar, MemorySpace> stats_, coefficients_;
   matrix_type stats_view_, coefficients_view_;

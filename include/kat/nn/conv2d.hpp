@@ -507,9 +507,7 @@ public:
       if (want_dx) {
         const matrix_type dp = dpatches_.matrix(n * positions, k);
         gemm(space, Trans::N, Trans::N, Scalar(1), dy_rows, weight_, Scalar(0), dp);
-        ScopedRegion col2im_region("kat::nn::Conv2d::col2im");
-        detail::conv2d_col2im(space, g, n, dp.data(), dp.extent(0), 0, 0, positions, dx.data(), 0,
-                              g.height - 1, 0, g.width - 1, true);
+        col2im_chunk(space, dp, 0, positions, true, dx.data());
       }
       return;
     }
@@ -524,12 +522,7 @@ public:
     for (std::size_t c = chunks; c-- > 0;) {
       const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
       const bool first = c + 1 == chunks;
-      const matrix_type p_c = patches_.matrix(n * (p1 - p0), cols);
-      if (!(kept_.p0 == p0 && kept_.p1 == p1 && kept_.data == p_c.data())) {
-        ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
-        detail::conv2d_im2col(space, g, n, x_.data(), p0, p1, cols, p_c.data());
-      }
-      kept_ = {};
+      const matrix_type p_c = chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
       const auto dy_c = Kokkos::subview(dy_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL());
       gemm(space, Trans::T, Trans::N, Scalar(1), dy_c, p_c, Scalar(accumulate || !first ? 1 : 0),
            grad_weight_bias_);
@@ -538,25 +531,7 @@ public:
       }
       const matrix_type dp_c = dpatches_.matrix(n * (p1 - p0), k);
       gemm(space, Trans::N, Trans::N, Scalar(1), dy_c, weight_, Scalar(0), dp_c);
-      ScopedRegion col2im_region("kat::nn::Conv2d::col2im");
-      if (first) {
-        // The first chunk writes every dx element (zero where it does not reach).
-        detail::conv2d_col2im(space, g, n, dp_c.data(), dp_c.extent(0), p0, p0, p1, dx.data(), 0,
-                              g.height - 1, 0, g.width - 1, true);
-        continue;
-      }
-      // The other chunks add, in the order processed, to the inputs their positions reach: one
-      // gather per output column of the chunk, over the tight band of inputs its windows cover.
-      const std::size_t ho = static_cast<std::size_t>(g.out_height);
-      for (std::size_t s0 = p0; s0 < p1; s0 = (s0 / ho + 1) * ho) {
-        const std::size_t s1 = std::min(p1, (s0 / ho + 1) * ho);
-        int ih_lo, ih_hi, iw_lo, iw_hi;
-        column_band(g, s0, s1, ih_lo, ih_hi, iw_lo, iw_hi);
-        if (ih_lo <= ih_hi && iw_lo <= iw_hi) {
-          detail::conv2d_col2im(space, g, n, dp_c.data(), dp_c.extent(0), p0, s0, s1, dx.data(),
-                                ih_lo, ih_hi, iw_lo, iw_hi, false);
-        }
-      }
+      col2im_chunk(space, dp_c, p0, p1, first, dx.data());
     }
   }
 
@@ -572,13 +547,156 @@ public:
     return {a_view_, g_, grad_weight_bias_, weight_bias_, batch_};
   }
 
+  /// @name R-operator (see Layer)
+  /// The convolution is linear in x and in [W b], so for the direction [V v_b] (laid out like
+  /// [W b]) and R{x}:
+  ///   R{y} = conv(R{x}, W) + conv(x, V) + v_b,             i.e. R{Y} = P(R{x}) Wᵀ + P [V v_b]ᵀ,
+  ///   R{d[W b]} = R{dY}ᵀ P + [dYᵀ P(R{x})  0]               (R{db} = Σ R{dY}, the ones column),
+  ///   R{dx} = col2im(R{dY} W + dY V),
+  /// with P = P(x) the patch matrix of the class comment and P(R{x}) that of R{x} (without the
+  /// ones column). The R{x} terms are skipped when rx has extent 0. The passes run on the path
+  /// and the chunks of the last forward(), reusing the patch blocks still in the workspaces
+  /// (R{x}'s in a workspace of their own).
+  /// @{
+  bool supports_r_operator() const override { return true; }
+
+  void bind_direction(Scalar *v, Scalar *hv) override {
+    const std::size_t out = out_channels(), k = patch_size();
+    v_weight_bias_ = matrix_type(v, out, weight_columns());
+    v_weight_ = matrix_type(v, out, k);
+    hv_weight_bias_ = matrix_type(hv, out, weight_columns());
+    hv_weight_ = matrix_type(hv, out, k);
+  }
+
+  /// ry = R{y} (N x (C_out·H_out·W_out), contiguous) for R{x} = rx (N x (C_in·H·W),
+  /// contiguous; extent 0: zero), after forward().
+  /// @throws Error before forward() or bind_direction(); ShapeError on wrong extents.
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::Conv2d::forward_r");
+    const char *where = "kat::nn::Conv2d::forward_r";
+    require_r_ready(where);
+    const detail::Conv2dGeometry g = forward_geometry_;
+    const std::size_t n = batch_;
+    kat::detail::require_extent(where, "ry rows", n, ry.extent(0));
+    kat::detail::require_extent(where, "ry columns", g.out_size(), ry.extent(1));
+    require_contiguous(where, "ry", ry);
+    const bool has_rx = rx.extent(0) != 0;
+    if (has_rx) {
+      kat::detail::require_extent(where, "rx rows", n, rx.extent(0));
+      kat::detail::require_extent(where, "rx columns", g.in_size(), rx.extent(1));
+      require_contiguous(where, "rx", rx);
+    }
+    rx_ = rx;
+    kept_r_ = {};
+    if (n == 0) {
+      return;
+    }
+    const std::size_t positions = g.positions(), cols = weight_columns(), k = patch_size();
+    const matrix_type ry_rows(ry.data(), n * positions, out_channels());
+    const std::size_t step = full_ ? positions : chunk_positions(n, cols);
+    if (!full_) {
+      reserve_chunk(patches_, n, cols);
+    }
+    if (has_rx && !full_) {
+      reserve_chunk(r_patches_, n, k);
+    }
+    // Last chunk first: forward() left its patch block in the workspace.
+    const std::size_t chunks = (positions + step - 1) / step;
+    for (std::size_t c = chunks; c-- > 0;) {
+      const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
+      const matrix_type p_c =
+          full_ ? a_view_ : chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
+      const auto ry_c = Kokkos::subview(ry_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL());
+      gemm(space, Trans::N, Trans::T, Scalar(1), p_c, v_weight_bias_, Scalar(0), ry_c);
+      if (has_rx) {
+        const matrix_type prx_c = chunk_patches(space, rx.data(), p0, p1, k, r_patches_, kept_r_);
+        gemm(space, Trans::N, Trans::T, Scalar(1), prx_c, weight_, Scalar(1), ry_c);
+      }
+    }
+  }
+
+  /// After forward(), forward_r() and backward(dy, ·): adds R{d[W b]} to the bound product
+  /// buffer and, unless rdx is empty, writes rdx = R{dx} (N x (C_in·H·W), contiguous); dy and
+  /// rdy are N x (C_out·H_out·W_out), contiguous.
+  /// @throws Error before forward() or bind_direction(); ShapeError on wrong extents.
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::Conv2d::backward_r");
+    const char *where = "kat::nn::Conv2d::backward_r";
+    require_r_ready(where);
+    const detail::Conv2dGeometry g = forward_geometry_;
+    const std::size_t n = batch_;
+    kat::detail::require_extent(where, "dy rows", n, dy.extent(0));
+    kat::detail::require_extent(where, "dy columns", g.out_size(), dy.extent(1));
+    require_contiguous(where, "dy", dy);
+    kat::detail::require_extent(where, "rdy rows", n, rdy.extent(0));
+    kat::detail::require_extent(where, "rdy columns", g.out_size(), rdy.extent(1));
+    require_contiguous(where, "rdy", rdy);
+    const bool want_rdx = rdx.extent(0) != 0;
+    if (want_rdx) {
+      kat::detail::require_extent(where, "rdx rows", n, rdx.extent(0));
+      kat::detail::require_extent(where, "rdx columns", g.in_size(), rdx.extent(1));
+      require_contiguous(where, "rdx", rdx);
+    }
+    if (n == 0) {
+      return;
+    }
+    const bool has_rx = rx_.extent(0) != 0;
+    const std::size_t positions = g.positions(), cols = weight_columns(), k = patch_size();
+    const matrix_type dy_rows(dy.data(), n * positions, out_channels());
+    const matrix_type rdy_rows(rdy.data(), n * positions, out_channels());
+    const std::size_t step = full_ ? positions : chunk_positions(n, cols);
+    if (!full_) {
+      reserve_chunk(patches_, n, cols);
+      if (has_rx) {
+        reserve_chunk(r_patches_, n, k);
+      }
+      if (want_rdx) {
+        reserve_chunk(dpatches_, n, cols);
+      }
+    }
+    // First chunk first: backward() and forward_r() left its patch blocks in the workspaces.
+    const std::size_t chunks = (positions + step - 1) / step;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
+      const auto rows = std::make_pair(n * p0, n * p1);
+      const auto dy_c = Kokkos::subview(dy_rows, rows, Kokkos::ALL());
+      const auto rdy_c = Kokkos::subview(rdy_rows, rows, Kokkos::ALL());
+      const matrix_type p_c =
+          full_ ? a_view_ : chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
+      // R{d[W b]} += R{dY}ᵀ P (the ones column gives R{db} = Σ R{dY}), R{dW} += dYᵀ P(R{x}).
+      gemm(space, Trans::T, Trans::N, Scalar(1), rdy_c, p_c, Scalar(1), hv_weight_bias_);
+      if (has_rx) {
+        const matrix_type prx_c = chunk_patches(space, rx_.data(), p0, p1, k, r_patches_, kept_r_);
+        gemm(space, Trans::T, Trans::N, Scalar(1), dy_c, prx_c, Scalar(1), hv_weight_);
+      }
+      if (!want_rdx) {
+        continue;
+      }
+      // R{dP} = R{dY} W + dY V, then col2im as in backward().
+      const matrix_type dp_c = dpatches_.matrix(n * (p1 - p0), k);
+      gemm(space, Trans::N, Trans::N, Scalar(1), rdy_c, weight_, Scalar(0), dp_c);
+      gemm(space, Trans::N, Trans::N, Scalar(1), dy_c, v_weight_, Scalar(1), dp_c);
+      col2im_chunk(space, dp_c, p0, p1, c == 0, rdx.data());
+    }
+  }
+  /// @}
+
   /// (Re)allocations of the layer's workspaces so far; constant once the largest batch has
   /// been seen on each path.
   std::size_t workspace_allocations() const {
-    return a_.allocations() + patches_.allocations() + dpatches_.allocations();
+    return a_.allocations() + patches_.allocations() + dpatches_.allocations() +
+           r_patches_.allocations();
   }
 
 private:
+  // Which positions [p0, p1) of the last forward's batch a patch workspace holds (at data).
+  struct KeptChunk {
+    std::size_t p0 = 0, p1 = 0;
+    const Scalar *data = nullptr;
+  };
+
   std::size_t weight_columns() const { return patch_size() + (bias_ ? 1 : 0); }
 
   static void require_contiguous(const char *where, const char *what, const matrix_type &m) {
@@ -586,6 +704,58 @@ private:
       throw ShapeError(kat::detail::concat(where, ": ", what,
                                            " must be contiguous, stride(1) must be ", m.extent(0),
                                            ", got ", m.stride(1)));
+    }
+  }
+
+  void require_r_ready(const char *where) const {
+    if (!forwarded_) {
+      throw Error(kat::detail::concat(where, ": call forward() first"));
+    }
+    if (v_weight_bias_.extent(0) == 0) {
+      throw Error(kat::detail::concat(where, ": no direction bound (bind_direction)"));
+    }
+  }
+
+  /// The patch block of `src` (x or R{x}, as the last forward's batch) for the positions
+  /// [p0, p1), `cols` columns, in `ws`: built by im2col unless `kept` says ws still holds it,
+  /// and recorded in `kept` (no kernel here: it runs in conv2d_im2col).
+  matrix_type chunk_patches(const execution_space &space, const Scalar *src, std::size_t p0,
+                            std::size_t p1, std::size_t cols, Workspace<Scalar, MemorySpace> &ws,
+                            KeptChunk &kept) {
+    const std::size_t n = batch_;
+    const matrix_type p_c = ws.matrix(n * (p1 - p0), cols);
+    if (!(kept.p0 == p0 && kept.p1 == p1 && kept.data == p_c.data())) {
+      ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
+      detail::conv2d_im2col(space, forward_geometry_, n, src, p0, p1, cols, p_c.data());
+      kept = {p0, p1, p_c.data()};
+    }
+    return p_c;
+  }
+
+  /// col2im of the patch gradients dp_c of the positions [p0, p1) into dx (the last forward's
+  /// geometry and batch). The `first` chunk processed writes every dx element (zero where it
+  /// does not reach); the others add, in the order processed, to the inputs their positions
+  /// reach: one gather per output column of the chunk, over the tight band of inputs its
+  /// windows cover.
+  void col2im_chunk(const execution_space &space, const matrix_type &dp_c, std::size_t p0,
+                    std::size_t p1, bool first, Scalar *dx) const {
+    ScopedRegion col2im_region("kat::nn::Conv2d::col2im");
+    const detail::Conv2dGeometry &g = forward_geometry_;
+    const std::size_t n = batch_;
+    if (first) {
+      detail::conv2d_col2im(space, g, n, dp_c.data(), dp_c.extent(0), p0, p0, p1, dx, 0,
+                            g.height - 1, 0, g.width - 1, true);
+      return;
+    }
+    const std::size_t ho = static_cast<std::size_t>(g.out_height);
+    for (std::size_t s0 = p0; s0 < p1; s0 = (s0 / ho + 1) * ho) {
+      const std::size_t s1 = std::min(p1, (s0 / ho + 1) * ho);
+      int ih_lo, ih_hi, iw_lo, iw_hi;
+      column_band(g, s0, s1, ih_lo, ih_hi, iw_lo, iw_hi);
+      if (ih_lo <= ih_hi && iw_lo <= iw_hi) {
+        detail::conv2d_col2im(space, g, n, dp_c.data(), dp_c.extent(0), p0, s0, s1, dx, ih_lo,
+                              ih_hi, iw_lo, iw_hi, false);
+      }
     }
   }
 
@@ -629,11 +799,9 @@ private:
   std::size_t batch_ = 0;
   bool forwarded_ = false;
   bool full_ = false; // whether the last forward built the whole P (recording)
-  // The chunk [p0, p1) whose patch block forward() left in patches_ (at data), for backward.
-  struct KeptChunk {
-    std::size_t p0 = 0, p1 = 0;
-    const Scalar *data = nullptr;
-  } kept_;
+  // The chunk [p0, p1) whose patch block patches_ holds (at data): what the last pass left
+  // there, so the next one need not rebuild it.
+  KeptChunk kept_;
   matrix_type weight_bias_, grad_weight_bias_, weight_, grad_weight_;
   vector_type bias_view_, grad_bias_;
   matrix_type x_;
@@ -641,6 +809,11 @@ private:
   Workspace<Scalar, MemorySpace> patches_{"kat::nn::Conv2d::patches"};
   Workspace<Scalar, MemorySpace> dpatches_{"kat::nn::Conv2d::dpatches"};
   matrix_type a_view_, g_;
+  // R-operator: the direction's and the product's blocks ([V v_b] and V; likewise for hv),
+  // R{x} of the last forward_r (extent 0: zero) and its patch blocks.
+  matrix_type v_weight_bias_, v_weight_, hv_weight_bias_, hv_weight_, rx_;
+  Workspace<Scalar, MemorySpace> r_patches_{"kat::nn::Conv2d::r_patches"};
+  KeptChunk kept_r_;
 };
 
 } // namespace kat::nn

@@ -17,6 +17,24 @@
 
 namespace kat::nn {
 
+namespace detail {
+
+/// out = s ⊙ in element-wise over the spans of equally shaped contiguous matrices (Dropout's
+/// backward and R-operator).
+template <class ExecSpace, class MatrixView>
+void dropout_apply_mask(const ExecSpace &space, const char *label, const MatrixView &s,
+                        const MatrixView &in, const MatrixView &out) {
+  using Scalar = typename MatrixView::non_const_value_type;
+  const Scalar *sp = s.data();
+  const Scalar *inp = in.data();
+  Scalar *outp = out.data();
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace>(space, 0, in.span()),
+      KOKKOS_LAMBDA(const std::size_t i) { outp[i] = inp[i] * sp[i]; });
+}
+
+} // namespace detail
+
 /// Dropout (Srivastava et al., JMLR 2014) in the "inverted" form PyTorch uses: in training
 /// each element is zeroed with probability p and the survivors are scaled by 1/(1-p); in
 /// evaluation the layer is the identity.
@@ -99,15 +117,58 @@ public:
       Kokkos::deep_copy(space, dx, dy);
       return;
     }
-    const Scalar *sp = scale_view_.data();
-    const Scalar *dyp = dy.data();
-    Scalar *dxp = dx.data();
-    Kokkos::parallel_for(
-        "kat::nn::Dropout::backward", Kokkos::RangePolicy<execution_space>(space, 0, dy.span()),
-        KOKKOS_LAMBDA(const std::size_t i) { dxp[i] = dyp[i] * sp[i]; });
+    detail::dropout_apply_mask(space, "kat::nn::Dropout::backward", scale_view_, dy, dx);
+  }
+
+  /// R-operator (see Layer). The layer has no parameters and, for the mask of the last
+  /// forward (all ones in evaluation), is linear: R{y} = s ⊙ R{x} and R{dx} = s ⊙ R{dy}, with
+  /// s the mask's scale (0 or 1/(1-p)). The mask is the one forward() drew, not a new one.
+  bool supports_r_operator() const override { return true; }
+
+  /// ry = s ⊙ rx (rx of extent 0: ry = 0), s the last forward's mask.
+  /// @throws ShapeError if rx or ry differ from the last training forward's extents.
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::Dropout::forward_r");
+    if (rx.extent(0) == 0) {
+      Kokkos::deep_copy(space, ry, Scalar(0));
+      return;
+    }
+    if (!masked_) {
+      Kokkos::deep_copy(space, ry, rx);
+      return;
+    }
+    require_mask_shape("forward_r", "rx", rx);
+    require_mask_shape("forward_r", "ry", ry);
+    detail::dropout_apply_mask(space, "kat::nn::Dropout::forward_r", scale_view_, rx, ry);
+  }
+
+  /// rdx = s ⊙ rdy (skipped when rdx is empty); dy is not needed.
+  /// @throws ShapeError if rdy or rdx differ from the last training forward's extents.
+  void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::Dropout::backward_r");
+    if (rdx.extent(0) == 0) {
+      return;
+    }
+    if (!masked_) {
+      Kokkos::deep_copy(space, rdx, rdy);
+      return;
+    }
+    require_mask_shape("backward_r", "rdy", rdy);
+    require_mask_shape("backward_r", "rdx", rdx);
+    detail::dropout_apply_mask(space, "kat::nn::Dropout::backward_r", scale_view_, rdy, rdx);
   }
 
 private:
+  void require_mask_shape(const char *what, const char *name, const matrix_type &m) const {
+    const std::string where = kat::detail::concat("kat::nn::Dropout::", what);
+    kat::detail::require_extent(where.c_str(), kat::detail::concat(name, " rows").c_str(),
+                                scale_view_.extent(0), m.extent(0));
+    kat::detail::require_extent(where.c_str(), kat::detail::concat(name, " columns").c_str(),
+                                scale_view_.extent(1), m.extent(1));
+  }
+
   double p_;
   std::uint64_t seed_;
   std::uint64_t calls_ = 0;

@@ -39,6 +39,26 @@ public:
       Kokkos::deep_copy(space, dx, dy);
     }
   }
+
+  /// R-operator (see Layer): R{y} = R{x}, R{dx} = R{dy}. Containers pass R{x} and R{dy}
+  /// through as they do x and dy; called directly, these copy (rx of extent 0: ry = 0).
+  bool supports_r_operator() const override { return true; }
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::Flatten::forward_r");
+    if (rx.extent(0) == 0) {
+      Kokkos::deep_copy(space, ry, Scalar(0));
+      return;
+    }
+    Kokkos::deep_copy(space, ry, rx);
+  }
+  void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::Flatten::backward_r");
+    if (rdx.extent(0) != 0) {
+      Kokkos::deep_copy(space, rdx, rdy);
+    }
+  }
 };
 
 } // namespace kat::nn

@@ -15,6 +15,41 @@
 
 namespace kat::nn {
 
+namespace detail {
+
+/// y(n, c) = the mean of x's columns [c·plane, (c + 1)·plane) (GlobalAvgPool2d::forward, also
+/// its R-operator: the map is linear).
+template <class ExecSpace, class MatrixView>
+void global_avg_pool2d_forward(const ExecSpace &space, const MatrixView &x, const MatrixView &y,
+                               std::size_t plane) {
+  using Scalar = typename MatrixView::non_const_value_type;
+  const Scalar count = static_cast<Scalar>(plane);
+  Kokkos::parallel_for(
+      "kat::nn::GlobalAvgPool2d::forward", matrix_policy(space, y.extent(0), y.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t c) {
+        Scalar sum = 0;
+        for (std::size_t k = c * plane; k < (c + 1) * plane; ++k) {
+          sum += x(i, k);
+        }
+        y(i, c) = sum / count;
+      });
+}
+
+/// dx(n, j) = dy(n, j / plane) / plane, the transpose of global_avg_pool2d_forward.
+template <class ExecSpace, class MatrixView>
+void global_avg_pool2d_backward(const ExecSpace &space, const MatrixView &dy, const MatrixView &dx,
+                                std::size_t plane) {
+  using Scalar = typename MatrixView::non_const_value_type;
+  const Scalar count = static_cast<Scalar>(plane);
+  Kokkos::parallel_for(
+      "kat::nn::GlobalAvgPool2d::backward", matrix_policy(space, dx.extent(0), dx.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        dx(i, j) = dy(i, j / plane) / count;
+      });
+}
+
+} // namespace detail
+
 /// Global average pooling, torch.nn.AdaptiveAvgPool2d(1) followed by a flatten:
 /// (C, H, W) -> (C, 1, 1), y(n, c) = 1/(H·W) · Σ_{h,w} x(n, c, h, w).
 ///
@@ -61,16 +96,7 @@ public:
     batch_ = n;
     channels_ = channels;
     plane_ = plane;
-    const Scalar count = static_cast<Scalar>(plane);
-    Kokkos::parallel_for(
-        "kat::nn::GlobalAvgPool2d::forward", matrix_policy(space, n, channels),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t c) {
-          Scalar sum = 0;
-          for (std::size_t k = c * plane; k < (c + 1) * plane; ++k) {
-            sum += x(i, k);
-          }
-          y(i, c) = sum / count;
-        });
+    detail::global_avg_pool2d_forward(space, x, y, plane);
   }
 
   /// dx(n, c, h, w) = dy(n, c) / (H·W).
@@ -90,13 +116,50 @@ public:
     }
     kat::detail::require_extent(where, "dx rows", batch_, dx.extent(0));
     kat::detail::require_extent(where, "dx columns", channels_ * plane_, dx.extent(1));
-    const std::size_t plane = plane_;
-    const Scalar count = static_cast<Scalar>(plane);
-    Kokkos::parallel_for(
-        "kat::nn::GlobalAvgPool2d::backward", matrix_policy(space, batch_, channels_ * plane),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-          dx(i, j) = dy(i, j / plane) / count;
-        });
+    detail::global_avg_pool2d_backward(space, dy, dx, plane_);
+  }
+
+  /// R-operator (see Layer). The layer is linear and has no parameters: R{y} = the channel
+  /// means of R{x}, and R{dx}(n, c, h, w) = R{dy}(n, c) / (H·W) (no dy term).
+  bool supports_r_operator() const override { return true; }
+
+  /// ry = the channel means of rx (rx of extent 0: ry = 0), after forward().
+  /// @throws Error before the first forward(); ShapeError if rx or ry do not match it.
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::GlobalAvgPool2d::forward_r");
+    const char *where = "kat::nn::GlobalAvgPool2d::forward_r";
+    if (channels_ == 0) {
+      throw Error(kat::detail::concat(where, ": call forward() first"));
+    }
+    kat::detail::require_extent(where, "ry rows", batch_, ry.extent(0));
+    kat::detail::require_extent(where, "ry columns", channels_, ry.extent(1));
+    if (rx.extent(0) == 0) {
+      Kokkos::deep_copy(space, ry, Scalar(0));
+      return;
+    }
+    kat::detail::require_extent(where, "rx rows", batch_, rx.extent(0));
+    kat::detail::require_extent(where, "rx columns", channels_ * plane_, rx.extent(1));
+    detail::global_avg_pool2d_forward(space, rx, ry, plane_);
+  }
+
+  /// rdx = the backward of rdy (skipped when rdx is empty); dy is not needed.
+  /// @throws Error before the first forward(); ShapeError if rdy or rdx do not match it.
+  void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::GlobalAvgPool2d::backward_r");
+    const char *where = "kat::nn::GlobalAvgPool2d::backward_r";
+    if (channels_ == 0) {
+      throw Error(kat::detail::concat(where, ": call forward() first"));
+    }
+    kat::detail::require_extent(where, "rdy rows", batch_, rdy.extent(0));
+    kat::detail::require_extent(where, "rdy columns", channels_, rdy.extent(1));
+    if (rdx.extent(0) == 0) {
+      return;
+    }
+    kat::detail::require_extent(where, "rdx rows", batch_, rdx.extent(0));
+    kat::detail::require_extent(where, "rdx columns", channels_ * plane_, rdx.extent(1));
+    detail::global_avg_pool2d_backward(space, rdy, rdx, plane_);
   }
 
 private:

@@ -3,6 +3,7 @@
 /// @brief 2-D max pooling (torch.nn.MaxPool2d).
 
 #include "kat/core/error.hpp"
+#include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
@@ -17,6 +18,83 @@
 #include <string>
 
 namespace kat::nn {
+
+namespace detail {
+
+/// dx(n, c, h, w) = Σ dy(n, c, oh, ow) over the windows whose recorded argmax is (h, w)
+/// (MaxPool2d::backward, also its R-operator on R{dy}: with the argmax fixed the map is
+/// linear).
+template <class ExecSpace, class MatrixView, class IndexView>
+void max_pool2d_backward(const ExecSpace &space, const Pool2dGeometry &g, const IndexView &argmax,
+                         const MatrixView &dy, const MatrixView &dx) {
+  using Scalar = typename MatrixView::non_const_value_type;
+  const std::size_t n = dx.extent(0);
+  using policy = Kokkos::TeamPolicy<ExecSpace>;
+  using member = typename policy::member_type;
+  Kokkos::parallel_for(
+      "kat::nn::MaxPool2d::backward",
+      policy(space, g.channels * g.width, Kokkos::AUTO, detail::batch_vector_length<ExecSpace>()),
+      KOKKOS_LAMBDA(const member &team) {
+        const int c = team.league_rank() / g.width;
+        const int w = team.league_rank() % g.width;
+        int ow_lo, ow_hi;
+        detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
+          int oh_lo, oh_hi;
+          detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo,
+                                      oh_hi);
+          const int self = h + g.height * w;
+          const std::size_t col =
+              static_cast<std::size_t>(self) +
+              static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width) * c;
+          // Gather, in a fixed order, dy of the covering windows that chose this element;
+          // the first one overwrites dx, so no separate zeroing pass.
+          bool first = true;
+          for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+              const std::size_t o =
+                  static_cast<std::size_t>(oh) +
+                  static_cast<std::size_t>(g.out_height) *
+                      (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+              if (first) {
+                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+                  const Scalar d = dy(e, o); // unconditional load: vectorizes
+                  dx(e, col) = argmax(e, o) == self ? d : Scalar(0);
+                });
+                first = false;
+                continue;
+              }
+              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+                const Scalar d = dy(e, o);
+                dx(e, col) += argmax(e, o) == self ? d : Scalar(0);
+              });
+            }
+          }
+          if (first) { // no window covers this element (it lies past the last one)
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                 [&](const std::size_t e) { dx(e, col) = Scalar(0); });
+          }
+        });
+      });
+}
+
+/// ry(n, c, oh, ow) = rx(n, c, h, w) at the recorded argmax (h, w) of each window: max pooling
+/// with the choice of the last forward fixed (MaxPool2d::forward_r).
+template <class ExecSpace, class MatrixView, class IndexView>
+void max_pool2d_gather(const ExecSpace &space, const Pool2dGeometry &g, const IndexView &argmax,
+                       const MatrixView &rx, const MatrixView &ry) {
+  const std::size_t out_plane =
+      static_cast<std::size_t>(g.out_height) * static_cast<std::size_t>(g.out_width);
+  const std::size_t in_plane =
+      static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width);
+  Kokkos::parallel_for(
+      "kat::nn::MaxPool2d::forward_r", matrix_policy(space, ry.extent(0), ry.extent(1)),
+      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
+        ry(i, j) = rx(i, static_cast<std::size_t>(argmax(i, j)) + in_plane * (j / out_plane));
+      });
+}
+
+} // namespace detail
 
 /// 2-D max pooling with PyTorch's semantics (torch.nn.MaxPool2d with ceil_mode = false,
 /// dilation = 1, return_indices = false).
@@ -132,59 +210,38 @@ public:
     if (dx.extent(0) == 0) {
       return;
     }
-    const detail::Pool2dGeometry g = this->forward_geometry_;
-    const std::size_t n = dx.extent(0);
-    const auto argmax = argmax_view_;
-    using policy = Kokkos::TeamPolicy<execution_space>;
-    using member = typename policy::member_type;
-    Kokkos::parallel_for(
-        "kat::nn::MaxPool2d::backward",
-        policy(space, g.channels * g.width, Kokkos::AUTO,
-               detail::batch_vector_length<execution_space>()),
-        KOKKOS_LAMBDA(const member &team) {
-          const int c = team.league_rank() / g.width;
-          const int w = team.league_rank() % g.width;
-          int ow_lo, ow_hi;
-          detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo,
-                                      ow_hi);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
-            int oh_lo, oh_hi;
-            detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo,
-                                        oh_hi);
-            const int self = h + g.height * w;
-            const std::size_t col =
-                static_cast<std::size_t>(self) +
-                static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width) * c;
-            // Gather, in a fixed order, dy of the covering windows that chose this element;
-            // the first one overwrites dx, so no separate zeroing pass.
-            bool first = true;
-            for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-              for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-                const std::size_t o =
-                    static_cast<std::size_t>(oh) +
-                    static_cast<std::size_t>(g.out_height) *
-                        (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-                if (first) {
-                  Kokkos::parallel_for(
-                      Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-                        const Scalar d = dy(e, o); // unconditional load: vectorizes
-                        dx(e, col) = argmax(e, o) == self ? d : Scalar(0);
-                      });
-                  first = false;
-                  continue;
-                }
-                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-                  const Scalar d = dy(e, o);
-                  dx(e, col) += argmax(e, o) == self ? d : Scalar(0);
-                });
-              }
-            }
-            if (first) { // no window covers this element (it lies past the last one)
-              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                   [&](const std::size_t e) { dx(e, col) = Scalar(0); });
-            }
-          });
-        });
+    detail::max_pool2d_backward(space, this->forward_geometry_, argmax_view_, dy, dx);
+  }
+
+  /// R-operator (see Layer). With each window's argmax fixed, max pooling is linear and has
+  /// no parameters: R{y} = R{x} at the argmax of the last forward, and R{dx} = backward
+  /// applied to R{dy} (no dy term). Exact wherever the argmax is unique (almost everywhere).
+  bool supports_r_operator() const override { return true; }
+
+  /// ry(n, c, oh, ow) = rx(n, c, argmax of the window) (rx of extent 0: ry = 0), after
+  /// forward().
+  /// @throws Error before the first forward(); ShapeError if rx or ry do not match it.
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::MaxPool2d::forward_r");
+    if (!this->check_forward_r(rx, ry)) {
+      Kokkos::deep_copy(space, ry, Scalar(0));
+      return;
+    }
+    detail::max_pool2d_gather(space, this->forward_geometry_, argmax_view_, rx, ry);
+  }
+
+  /// rdx = the backward of rdy through the recorded argmax (skipped when rdx is empty); dy is
+  /// not needed.
+  /// @throws Error before the first forward(); ShapeError if rdy or rdx do not match it.
+  void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::MaxPool2d::backward_r");
+    this->check_backward(rdy, rdx, "backward_r");
+    if (rdx.extent(0) == 0) {
+      return;
+    }
+    detail::max_pool2d_backward(space, this->forward_geometry_, argmax_view_, rdy, rdx);
   }
 
   /// Allocations of the argmax buffer so far; constant once the largest batch has been seen.

@@ -62,7 +62,8 @@ public:
   /// @param input  the shape the block takes
   explicit Residual(FeatureShape input)
       : input_(input), body_(input, "kat::nn::Residual(body)"),
-        shortcut_(input, "kat::nn::Residual(shortcut)"), sum_ws_("kat::nn::Residual::dx") {}
+        shortcut_(input, "kat::nn::Residual(shortcut)"), sum_ws_("kat::nn::Residual::dx"),
+        r_sum_ws_("kat::nn::Residual::rdx") {}
 
   /// Appends a `L<Scalar, MemorySpace>` to the body f.
   template <template <class, class> class L, class... Args>
@@ -154,6 +155,75 @@ public:
     detail::elementwise_add(space, dx, ds, dx);
   }
 
+  /// @name R-operator (see Layer)
+  /// y = f(x) + s(x) gives R{y} = R{f(x)} + R{s(x)} and R{dx} = R{f's dx} + R{s's dx}: the body's
+  /// and the shortcut's chains run their R passes (an identity shortcut contributes R{x} and
+  /// R{dy}), on the direction's blocks laid out as bind() lays out the parameters. An rx of
+  /// extent 0 (R{x} = 0) is handed to both chains as such.
+  /// @{
+
+  /// Whether every layer of the body and of the shortcut has an R-operator.
+  bool supports_r_operator() const override {
+    return body_.first_without_r_operator() == nullptr &&
+           shortcut_.first_without_r_operator() == nullptr;
+  }
+
+  void bind_direction(Scalar *v, Scalar *hv) override {
+    body_.bind_direction(v, hv);
+    const std::size_t nb = body_.parameter_count();
+    shortcut_.bind_direction(v + nb, hv + nb);
+  }
+
+  /// ry = R{f(x)} + R{s(x)} after forward(), for R{x} = rx (extent 0: zero).
+  /// @throws Error naming a layer without an R-operator, or before forward().
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::Residual::forward_r");
+    require_r_operator("forward_r");
+    // Extent 0 stands for zero in both.
+    const matrix_type rf = body_.forward_r(space, rx);
+    const matrix_type rs = shortcut_.empty() ? rx : shortcut_.forward_r(space, rx);
+    const char *where = "kat::nn::Residual::forward_r";
+    kat::detail::require_extent(where, "ry columns", body_.output_shape().size(), ry.extent(1));
+    const std::size_t rows = rf.extent(0) != 0 ? rf.extent(0) : rs.extent(0);
+    if (rows != 0) {
+      kat::detail::require_extent(where, "ry rows", rows, ry.extent(0));
+    }
+    if (rf.extent(0) != 0 && rs.extent(0) != 0) {
+      detail::elementwise_add(space, rf, rs, ry);
+    } else if (rf.extent(0) != 0) {
+      Kokkos::deep_copy(space, ry, rf);
+    } else if (rs.extent(0) != 0) {
+      Kokkos::deep_copy(space, ry, rs);
+    } else {
+      Kokkos::deep_copy(space, ry, Scalar(0));
+    }
+  }
+
+  /// After forward(), forward_r() and backward(dy, ·): adds the body's and the shortcut's
+  /// R{∂L/∂θ} to the bound product buffer and, unless rdx is empty, writes rdx = R{dx}.
+  /// @throws Error naming a layer without an R-operator, or out of order.
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::Residual::backward_r");
+    require_r_operator("backward_r");
+    body_.backward_r_after_backward(space, dy, rdy, rdx);
+    if (shortcut_.empty()) {
+      if (rdx.extent(0) != 0) {
+        detail::elementwise_add(space, rdx, rdy, rdx);
+      }
+      return;
+    }
+    if (rdx.extent(0) == 0) {
+      shortcut_.backward_r_after_backward(space, dy, rdy, rdx);
+      return;
+    }
+    const matrix_type rds = r_sum_ws_.matrix(rdx.extent(0), rdx.extent(1));
+    shortcut_.backward_r_after_backward(space, dy, rdy, rds);
+    detail::elementwise_add(space, rdx, rds, rdx);
+  }
+  /// @}
+
   void train(bool on) override {
     base::train(on);
     body_.train(on);
@@ -201,13 +271,24 @@ public:
   /// (Re)allocations of the block's own workspaces so far.
   std::size_t workspace_allocations() const {
     return body_.workspace_allocations() + shortcut_.workspace_allocations() +
-           sum_ws_.allocations();
+           sum_ws_.allocations() + r_sum_ws_.allocations();
   }
 
 private:
+  void require_r_operator(const char *what) const {
+    const auto *layer = body_.first_without_r_operator();
+    if (layer == nullptr) {
+      layer = shortcut_.first_without_r_operator();
+    }
+    if (layer != nullptr) {
+      throw Error(kat::detail::concat("kat::nn::Residual::", what, ": layer ", layer->name(),
+                                      " has no R-operator"));
+    }
+  }
+
   FeatureShape input_;
   detail::LayerChain<Scalar, MemorySpace> body_, shortcut_;
-  Workspace<Scalar, MemorySpace> sum_ws_;
+  Workspace<Scalar, MemorySpace> sum_ws_, r_sum_ws_;
 };
 
 } // namespace kat::nn

@@ -314,6 +314,58 @@ public:
     }
   }
 
+  /// The R part alone of a Hessian-vector product's backward pass, for a chain whose
+  /// backward(dy, ·) has run after forward() and forward_r() (a container whose own backward()
+  /// ran the chain's): for each layer from the last, backward_r(dy_i, rdy_i, rdx_i), dy_i being
+  /// the input gradient backward() left in the workspaces. Adds R{∂L/∂θ} to the bound product
+  /// buffer; the parameter gradients are not touched. The first layer writes `rdx` (skipped
+  /// when empty). The first layers, those whose R{x} was zero in forward_r() (they have no
+  /// parameters), are skipped when rdx is empty; otherwise each maps R{dy} to R{dx} with its
+  /// backward(): with R{x} = 0 and no parameters, R{dx} = (∂y/∂x)ᵀ R{dy}.
+  void backward_r_after_backward(const execution_space &space, const matrix_type &dy,
+                                 const matrix_type &rdy, const matrix_type &rdx) {
+    if (r_outputs_.size() != layers_.size() || grad_views_.size() != layers_.size() ||
+        layers_.empty()) {
+      throw Error(owner_ + "::backward_r: call forward(), forward_r() and backward() first");
+    }
+    const std::size_t n = outputs_.back().extent(0);
+    kat::detail::require_extent((owner_ + "::backward_r").c_str(), "rdy rows", n, rdy.extent(0));
+    kat::detail::require_extent((owner_ + "::backward_r").c_str(), "rdy columns",
+                                output_shape().size(), rdy.extent(1));
+    const bool want_rdx = rdx.extent(0) != 0;
+    r_grad_views_.resize(layers_.size());
+    const matrix_type *r_grad_out = &rdy;
+    for (std::size_t i = layers_.size(); i-- > 0;) {
+      const bool zero_out = r_outputs_[i].extent(0) == 0; // R{x} = 0, no parameters
+      if (zero_out && !want_rdx) {
+        break; // and so are all the layers before it
+      }
+      const bool zero_in = (i == 0 ? r_input_ : r_outputs_[i - 1]).extent(0) == 0;
+      // R{dx} feeds the layer below, whose own R{dy} is needed unless it is skipped.
+      const bool need_rdx = want_rdx || !zero_in;
+      const matrix_type &dy_i = i + 1 < layers_.size() ? grad_views_[i + 1] : dy;
+      if (layers_[i]->passes_through()) {
+        r_grad_views_[i] = i > 0 ? *r_grad_out : rdx;
+        if (i == 0 && want_rdx) {
+          Kokkos::deep_copy(space, rdx, *r_grad_out);
+        }
+      } else {
+        const std::size_t in_cols = i > 0 ? shapes_[i - 1].size() : input_shape_.size();
+        r_grad_views_[i] =
+            i == 0 ? rdx : (need_rdx ? r_input_grads_[i].matrix(n, in_cols) : matrix_type());
+        if (zero_out) {
+          layers_[i]->backward(space, *r_grad_out, r_grad_views_[i]);
+        } else {
+          layers_[i]->backward_r(space, dy_i, *r_grad_out, r_grad_views_[i]);
+        }
+      }
+      if (!need_rdx) {
+        break;
+      }
+      r_grad_out = &r_grad_views_[i];
+    }
+  }
+
   /// (Re)allocations of the chain's activation workspaces so far.
   std::size_t workspace_allocations() const {
     std::size_t total = 0;

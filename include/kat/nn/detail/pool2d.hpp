@@ -160,9 +160,30 @@ protected:
     return forward_geometry_;
   }
 
-  /// Validates backward's buffers against the last forward().
-  void check_backward(const matrix_type &dy, const matrix_type &dx) const {
-    const std::string where = kat::detail::concat("kat::nn::", type_, "::backward");
+  /// Validates forward_r's buffers against the last forward(); false if rx is empty (R{x} = 0,
+  /// so R{y} = 0: a pooling layer has no parameters).
+  bool check_forward_r(const matrix_type &rx, const matrix_type &ry) const {
+    const std::string where = kat::detail::concat("kat::nn::", type_, "::forward_r");
+    if (!forwarded_) {
+      throw Error(where + ": call forward() first");
+    }
+    kat::detail::require_extent(where.c_str(), "ry rows", batch_, ry.extent(0));
+    kat::detail::require_extent(where.c_str(), "ry columns", forward_geometry_.out_size(),
+                                ry.extent(1));
+    if (rx.extent(0) == 0) {
+      return false;
+    }
+    kat::detail::require_extent(where.c_str(), "rx rows", batch_, rx.extent(0));
+    kat::detail::require_extent(where.c_str(), "rx columns", forward_geometry_.in_size(),
+                                rx.extent(1));
+    return true;
+  }
+
+  /// Validates backward's (or, with what = "backward_r", backward_r's rdy and rdx) buffers
+  /// against the last forward().
+  void check_backward(const matrix_type &dy, const matrix_type &dx,
+                      const char *what = "backward") const {
+    const std::string where = kat::detail::concat("kat::nn::", type_, "::", what);
     if (!forwarded_) {
       throw Error(where + ": call forward() first");
     }

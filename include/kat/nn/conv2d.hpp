@@ -500,10 +500,13 @@ public:
     }
     const std::size_t positions = g.positions(), cols = weight_columns(), k = patch_size();
     const matrix_type dy_rows(dy.data(), n * positions, out_channels());
+    const bool want_dw = this->parameter_gradients_;
     if (full_) {
       g_ = dy_rows;
-      gemm(space, Trans::T, Trans::N, Scalar(1), dy_rows, a_view_, Scalar(accumulate ? 1 : 0),
-           grad_weight_bias_);
+      if (want_dw) {
+        gemm(space, Trans::T, Trans::N, Scalar(1), dy_rows, a_view_, Scalar(accumulate ? 1 : 0),
+             grad_weight_bias_);
+      }
       if (want_dx) {
         const matrix_type dp = dpatches_.matrix(n * positions, k);
         gemm(space, Trans::N, Trans::N, Scalar(1), dy_rows, weight_, Scalar(0), dp);
@@ -522,10 +525,12 @@ public:
     for (std::size_t c = chunks; c-- > 0;) {
       const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
       const bool first = c + 1 == chunks;
-      const matrix_type p_c = chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
       const auto dy_c = Kokkos::subview(dy_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL());
-      gemm(space, Trans::T, Trans::N, Scalar(1), dy_c, p_c, Scalar(accumulate || !first ? 1 : 0),
-           grad_weight_bias_);
+      if (want_dw) {
+        const matrix_type p_c = chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
+        gemm(space, Trans::T, Trans::N, Scalar(1), dy_c, p_c, Scalar(accumulate || !first ? 1 : 0),
+             grad_weight_bias_);
+      }
       if (!want_dx) {
         continue;
       }

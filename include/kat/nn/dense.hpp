@@ -355,7 +355,9 @@ public:
     }
     const bool dense_gradient = !has_mask_ || dense_gradient_requested_;
     dense_gradient_requested_ = false;
-    if (dense_gradient) {
+    if (!this->parameter_gradients_) {
+      // dx only (compute_parameter_gradients(false))
+    } else if (dense_gradient) {
       // dW (+)= dyᵀ x
       gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(accumulate ? 1 : 0), grad_weight_);
     } else if (sparse) {
@@ -371,7 +373,7 @@ public:
       gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0), grad_weight_);
       detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
     }
-    if (bias_) {
+    if (bias_ && this->parameter_gradients_) {
       // db (+)= column sums of dy, one team per output feature.
       const auto db = grad_bias_;
       using team_policy = Kokkos::TeamPolicy<execution_space>;

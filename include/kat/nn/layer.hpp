@@ -99,6 +99,13 @@ public:
   void accumulate_gradients(bool on) { accumulate_ = on; }
   bool accumulates_gradients() const { return accumulate_; }
 
+  /// true (default): backward() computes the parameter gradients. false: backward() may
+  /// skip them, leaving the gradient entries unspecified, and compute dx only (Dense and
+  /// Conv2d skip their weight-gradient GEMMs). The backward pass of a Hessian-vector product
+  /// needs only dx from backward() and sets it.
+  void compute_parameter_gradients(bool on) { parameter_gradients_ = on; }
+  bool computes_parameter_gradients() const { return parameter_gradients_; }
+
   /// Switches between training and evaluation behaviour (Dropout, BatchNorm).
   virtual void train(bool on) { training_ = on; }
   bool training() const { return training_; }
@@ -184,6 +191,7 @@ protected:
   bool training_ = true;
   bool recording_ = false;
   bool accumulate_ = true;
+  bool parameter_gradients_ = true;
 };
 
 } // namespace kat::nn

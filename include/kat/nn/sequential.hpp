@@ -173,8 +173,9 @@ public:
   }
 
   /// After forward_r(): back-propagates dy and rdy = R{dy} together and overwrites
-  /// direction_product() with R{∂L/∂θ}. The parameter gradients of this pass go to a scratch
-  /// buffer: gradients() is left as it was, and no backward hook runs.
+  /// direction_product() with R{∂L/∂θ}. The layers skip the parameter gradients of this pass
+  /// where they can (Layer::compute_parameter_gradients), and what they write goes to a
+  /// scratch buffer: gradients() is left as it was, and no backward hook runs.
   /// @throws Error naming the first layer without an R-operator, or before forward_r();
   ///   ShapeError if dy or rdy is not batch x output size.
   void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy) {
@@ -184,7 +185,8 @@ public:
     ScopedRegion region("kat::nn::Sequential::backward_r");
     Kokkos::deep_copy(space, direction_product_, Scalar(0));
     const GradientsRebound rebound(*this, scratch_gradients_);
-    chain_.backward_r(space, dy, rdy, matrix_type(), matrix_type(), /*accumulate=*/false);
+    chain_.backward_r(space, dy, rdy, matrix_type(), matrix_type(), /*accumulate=*/false,
+                      /*parameter_gradients=*/false);
   }
 
   /// After forward(): back-propagates `dy` (batch x output size) through the network

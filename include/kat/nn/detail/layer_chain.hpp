@@ -264,9 +264,12 @@ public:
   /// overwritten; no backward hook) and backward_r(dy, rdy, rdx), which adds R{∂L/∂θ} to the
   /// bound product buffer. The first layer writes into `dx` and `rdx` (either skipped when
   /// empty). Layers whose R{x} was zero in forward_r() are the first ones of the chain, have
-  /// no parameter below them, and are skipped, with dx and rdx (they are not needed).
+  /// no parameter below them, and are skipped, with dx and rdx (they are not needed). With
+  /// `parameter_gradients` false the layers' backward() may skip the parameter gradients
+  /// (Layer::compute_parameter_gradients), when the caller discards them.
   void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
-                  const matrix_type &dx, const matrix_type &rdx, bool accumulate) {
+                  const matrix_type &dx, const matrix_type &rdx, bool accumulate,
+                  bool parameter_gradients = true) {
     if (r_outputs_.size() != layers_.size() || layers_.empty()) {
       throw Error(owner_ + "::backward_r: call forward() and forward_r() first");
     }
@@ -303,7 +306,14 @@ public:
         r_grad_views_[i] =
             i == 0 ? rdx : (need_dx ? r_input_grads_[i].matrix(n, in_cols) : matrix_type());
         layers_[i]->accumulate_gradients(accumulate);
-        layers_[i]->backward(space, *grad_out, grad_views_[i]);
+        layers_[i]->compute_parameter_gradients(parameter_gradients);
+        try {
+          layers_[i]->backward(space, *grad_out, grad_views_[i]);
+        } catch (...) {
+          layers_[i]->compute_parameter_gradients(true);
+          throw;
+        }
+        layers_[i]->compute_parameter_gradients(true);
         layers_[i]->backward_r(space, *grad_out, *r_grad_out, r_grad_views_[i]);
       }
       if (!need_dx) {

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# FOSI against its base optimizers with kat_train (Serial backend), one CSV per run in
+# build/bench-fosi-runs/:
+#
+#   scripts/bench_fosi.sh sweep   each optimizer at each learning rate of its sweep, seed 0:
+#                                 final accuracy, to pick the best rate
+#   scripts/bench_fosi.sh seeds   each optimizer at its rate (KAT_FOSI_LR_<optimizer>) over
+#                                 seeds 0 1 2: epochs and wall time to KAT_FOSI_TARGET, and
+#                                 the final accuracy
+#
+#   KAT_FOSI_MODEL=mlp      mlp or cnn
+#   KAT_FOSI_EPOCHS=10      epochs of every run
+#   KAT_FOSI_TARGET=0.88    the test accuracy "epochs to target" counts to (0.91 for the CNN)
+#   KAT_FOSI_SUBSET=0       --train-subset (0: the whole training set)
+#   KAT_FOSI_FLAGS=""       more kat_train flags for the FOSI runs (e.g. "--k 10")
+# Optimizers: momentum (sgd), fosi-momentum, adam, fosi-adam; K-FAC (kfac) with
+# KAT_FOSI_KFAC=1.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+part=${1:-}
+case $part in sweep | seeds) ;; *)
+  echo "usage: $0 sweep|seeds" >&2
+  exit 2
+  ;;
+esac
+"$root/scripts/setup.sh"
+build=$root/build/bench-fosi
+out=$root/build/bench-fosi-runs
+mkdir -p "$build" "$out"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_EXAMPLES=ON \
+  >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
+cmake --build "$build" --target kat_train -j "$(nproc)" >/dev/null
+train=$build/examples/kat_train
+model=${KAT_FOSI_MODEL:-mlp}
+epochs=${KAT_FOSI_EPOCHS:-10}
+target=${KAT_FOSI_TARGET:-0.88}
+subset=${KAT_FOSI_SUBSET:-0}
+read -r -a fosi_flags <<<"${KAT_FOSI_FLAGS:-}"
+optimizers="sgd fosi-momentum adam fosi-adam"
+[ "${KAT_FOSI_KFAC:-0}" = 1 ] && optimizers="$optimizers kfac"
+echo "commit $(git -C "$root" rev-parse --short HEAD), $(date -u +%F), $(nproc) cores," \
+  "Serial backend, $model, $epochs epochs, target $target"
+
+# The learning rates swept per optimizer (SGD-based around 0.05, Adam-based around 1e-3).
+rates() {
+  case $1 in
+    sgd | fosi-momentum | kfac) echo "0.02 0.05 0.1" ;;
+    adam | fosi-adam) echo "0.0005 0.001 0.002" ;;
+  esac
+}
+
+# run NAME OPTIMIZER LR SEED: one kat_train run; prints the final accuracy, the epoch and
+# the summed training wall time at which the target was first reached, and the accuracies.
+run() {
+  local name=$1 optimizer=$2 lr=$3 seed=$4
+  local flags=(--model "$model" --optimizer "$optimizer" --lr "$lr" --seed "$seed"
+    --epochs "$epochs" --train-subset "$subset" --progress never --metrics "$out/$name.csv")
+  case $optimizer in fosi-*) flags+=("${fosi_flags[@]}") ;; esac
+  "$train" "${flags[@]}" >"$out/$name.log"
+  awk -F, -v n="$name" -v t="$target" '
+    NR == 1 { for (i = 1; i <= NF; ++i) col[$i] = i; next }
+    { acc = acc sprintf(" %.2f", 100 * $col["test_accuracy"]); wall += $col["wall_seconds"]
+      last = $col["test_accuracy"]
+      if (!hit && last >= t) { hit = $col["epoch"]; hit_wall = wall } }
+    END { printf "%-32s final %.2f%%  to target: %s  train %.1f s  accuracy per epoch:%s\n",
+          n, 100 * last, hit ? sprintf("epoch %d, %.1f s", hit, hit_wall) : "not reached",
+          wall, acc }' "$out/$name.csv"
+}
+
+if [ "$part" = sweep ]; then
+  for optimizer in $optimizers; do
+    for lr in $(rates "$optimizer"); do
+      run "$model-$optimizer-lr$lr-s0" "$optimizer" "$lr" 0
+    done
+  done
+  exit 0
+fi
+
+for optimizer in $optimizers; do
+  var=KAT_FOSI_LR_${optimizer//-/_}
+  lr=${!var:-}
+  [ -n "$lr" ] || { echo "set $var (from the sweep)" >&2; exit 2; }
+  for seed in 0 1 2; do
+    run "$model-$optimizer-lr$lr-s$seed" "$optimizer" "$lr" "$seed"
+  done
+done

@@ -4,6 +4,7 @@
 #include "test_helpers.hpp"
 
 #include <kat/core/parameter_buffer.hpp>
+#include <kat/nn/layer.hpp>
 #include <kat/nn/sequential.hpp>
 
 #include <catch2/catch.hpp>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace kat::test {
@@ -150,6 +152,24 @@ std::vector<double> explicit_hessian(Model &model, const Loss &loss, const Matri
     model.train();
   return hessian;
 }
+
+// A parameter-free identity layer without an R-operator, for the errors that name it.
+template <class Scalar, class MemorySpace>
+class Opaque final : public nn::Layer<Scalar, MemorySpace> {
+public:
+  using typename nn::Layer<Scalar, MemorySpace>::execution_space;
+  using typename nn::Layer<Scalar, MemorySpace>::matrix_type;
+  std::string name() const override { return "Opaque"; }
+  FeatureShape output_shape(const FeatureShape &in) const override { return in; }
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    Kokkos::deep_copy(space, y, x);
+  }
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    if (dx.extent(0) != 0)
+      Kokkos::deep_copy(space, dx, dy);
+  }
+};
 
 // y = A v for a column-major n x n matrix.
 inline std::vector<double> multiply(const std::vector<double> &a, const std::vector<double> &v) {

@@ -269,24 +269,6 @@ TEST_CASE("r-operator: Dropout with the forward's mask and in evaluation mode", 
   }
 }
 
-// A layer without an R-operator.
-template <class Scalar, class MemorySpace>
-class Opaque final : public nn::Layer<Scalar, MemorySpace> {
-public:
-  using typename nn::Layer<Scalar, MemorySpace>::execution_space;
-  using typename nn::Layer<Scalar, MemorySpace>::matrix_type;
-  std::string name() const override { return "Opaque"; }
-  FeatureShape output_shape(const FeatureShape &in) const override { return in; }
-  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
-    Kokkos::deep_copy(space, y, x);
-  }
-  void backward(const execution_space &space, const matrix_type &dy,
-                const matrix_type &dx) override {
-    if (dx.extent(0) != 0)
-      Kokkos::deep_copy(space, dx, dy);
-  }
-};
-
 // Residual blocks for the checks below, in double, with their BatchNorms in evaluation mode.
 std::unique_ptr<nn::Residual<double, Mem>> identity_block(FeatureShape in) {
   auto block = std::make_unique<nn::Residual<double, Mem>>(in);

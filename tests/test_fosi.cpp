@@ -50,31 +50,7 @@ std::vector<double> uniform_values(std::size_t n, std::uint64_t seed, double lo 
   return x;
 }
 
-/// An n x n orthogonal matrix (host, column-major), by Gram-Schmidt applied twice.
-std::vector<double> random_orthogonal(std::size_t n, std::uint64_t seed) {
-  std::vector<double> q = uniform_values(n * n, seed);
-  for (std::size_t j = 0; j < n; ++j) {
-    for (int pass = 0; pass < 2; ++pass) {
-      for (std::size_t p = 0; p < j; ++p) {
-        double d = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          d += q[p * n + i] * q[j * n + i];
-        }
-        for (std::size_t i = 0; i < n; ++i) {
-          q[j * n + i] -= d * q[p * n + i];
-        }
-      }
-    }
-    double norm = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      norm += q[j * n + i] * q[j * n + i];
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      q[j * n + i] /= std::sqrt(norm);
-    }
-  }
-  return q;
-}
+using kat::test::random_orthogonal;
 
 /// H = Q diag(λ) Qᵀ on host and device, and the exact selection FOSI estimates from it.
 struct Hessian {

@@ -44,6 +44,38 @@ Matrix<Scalar, Mem> random_matrix(std::size_t n, std::size_t m, std::uint64_t se
   return d;
 }
 
+// An n x n orthogonal matrix (host, column-major): modified Gram-Schmidt, applied twice, on a
+// matrix of U(-1, 1) entries from a host generator.
+inline std::vector<double> random_orthogonal(std::size_t n, std::uint64_t seed) {
+  HostRng rng(seed);
+  std::vector<double> q(n * n);
+  for (auto &x : q) {
+    x = 2.0 * static_cast<double>(rng.next() >> 11) * 0x1.0p-53 - 1.0;
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    for (int pass = 0; pass < 2; ++pass) {
+      for (std::size_t p = 0; p < j; ++p) {
+        double d = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          d += q[p * n + i] * q[j * n + i];
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          q[j * n + i] -= d * q[p * n + i];
+        }
+      }
+    }
+    double norm = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      norm += q[j * n + i] * q[j * n + i];
+    }
+    norm = std::sqrt(norm);
+    for (std::size_t i = 0; i < n; ++i) {
+      q[j * n + i] /= norm;
+    }
+  }
+  return q;
+}
+
 // Binds a layer to a parameter buffer of its own and initializes it from `seed`.
 template <class Scalar, class L>
 ParameterBuffer<Scalar, Mem> bind_fresh(L &layer, std::uint64_t seed = 0) {

@@ -48,8 +48,11 @@ install_cuda() {
   fi
 }
 
+# Nothing built here runs, and optimization changes no diagnostic the check is for (front-end
+# errors, device-callability, linking), so host and device code are compiled unoptimized:
+# test_fosi.cpp took 79 s at -O3 and 39 s with -O0 -Xptxas=-O0 (nvcc 11.8, 2026-11-25).
 configure() {
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release \
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0 -Xptxas=-O0" \
     -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DCMAKE_PREFIX_PATH="$prefix" \
     -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_BENCHMARKS=ON \
     -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON

@@ -10,7 +10,8 @@
 #             through a private apt configuration (the system's apt setup is not changed)
 #   kokkos    scripts/build_kokkos.sh cuda (cached in $KAT_DEPS_DIR, default ~/.cache/kat)
 #   configure KAT in build/check-cuda with that Kokkos's nvcc_wrapper, MPI and cuSOLVER
-#   headers   one translation unit per public header, compiled (device code included)
+#   headers   every public header compiled with nvcc (device code included), 40 to a
+#             translation unit; each header on its own is g++'s check (scripts/test.sh)
 #   build     every test source, example and benchmark, compiled and linked
 #   objects   every object compiled (headers, tests, examples, benchmarks) holds sm_80 code
 #   KAT_JOBS   parallel build jobs (default: nproc)
@@ -55,7 +56,8 @@ configure() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0 -Xptxas=-O0" \
     -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DCMAKE_PREFIX_PATH="$prefix" \
     -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_BENCHMARKS=ON \
-    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON
+    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON \
+    -DKAT_HEADER_CHECK_BATCH_SIZE=40
 }
 
 # Every object under the build's tests, examples and bench folders holds an sm_80 cubin.
@@ -79,8 +81,8 @@ kat_stage kokkos "$logs-kokkos.log" "$root/scripts/build_kokkos.sh" cuda
 prefix=$(tail -n 1 "$logs-kokkos.log")
 kat_stage configure "$logs-configure.log" configure
 kat_stage headers "$logs-headers.log" cmake --build "$build" -j "$KAT_JOBS" --target kat_header_check
-echo "   $(find "$build" -path '*kat_header_check.dir*' -name '*.o' | wc -l) header translation" \
-  "units compiled"
+echo "   $(find "$build/tests/header_check" -name '*.cpp' | wc -l) headers compiled in" \
+  "$(find "$build" -path '*kat_header_check.dir*' -name '*.o' | wc -l) translation units"
 kat_stage build "$logs-build.log" cmake --build "$build" -j "$KAT_JOBS"
 kat_stage objects "$logs-objects.log" code_objects
 tail -n 1 "$logs-objects.log" | sed 's/^/   /'

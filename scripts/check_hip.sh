@@ -9,8 +9,8 @@
 #               for gfx90a (scripts/build_kokkos.sh hip; cached in ~/.cache/kat). Kokkos 3.4.1
 #               has no gfx90a architecture; see docs/backends.md, "HIP (compile check)".
 #   then for each architecture in KAT_HIP_ARCHS, in build/check-hip-<arch>:
-#   3. headers  one translation unit per public header, compiled to an object (host and
-#               device code), -Werror
+#   3. headers  every public header compiled to an object (host and device code), 40 to a
+#               translation unit (each on its own is g++'s check in scripts/test.sh), -Werror
 #   4. build    every test source, example and benchmark, compiled and linked; tests are not
 #               discovered (Catch2 would run the binary, which needs a GPU)
 #   5. objects  every object linked into the programs holds a code object for the architecture
@@ -58,7 +58,8 @@ configure() { # configure DIR FLAGS [extra cmake arguments]
     -DCMAKE_CXX_COMPILER=hipcc \
     -DCMAKE_PREFIX_PATH="$prefix" -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON \
     -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_ROCSOLVER=OFF \
-    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON "$@"
+    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON \
+    -DKAT_HEADER_CHECK_BATCH_SIZE=40 "$@"
 }
 
 # The GPU targets of OBJECT's offload bundle (its .hip_fatbin section), one a line.

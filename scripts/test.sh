@@ -2,11 +2,12 @@
 # Installs what is missing, then builds and runs the whole test suite, with MPI (Open MPI), in
 # these configurations:
 #   openmp    Kokkos 3.4.1 with the OpenMP backend, built from Debian's trilinos source
-#             package (cached; see scripts/build_kokkos.sh), -O3; also compiles the benchmarks
-#   sanitize  Debian's Kokkos 3.4.1 (Serial backend) with AddressSanitizer and
+#             package (cached; see scripts/build_kokkos.sh), -O3
+#   sanitize  Debian's Kokkos 3.4.1 (Serial backend), -O0, with AddressSanitizer and
 #             UndefinedBehaviorSanitizer; any report fails the test that caused it
-#   serial    the Serial backend without sanitizers, -O3 (not run by default: the sanitize
-#             configuration runs the same suite on the same backend)
+#   serial    the Serial backend without sanitizers, -O3, with the benchmarks (not run by
+#             default: the sanitize configuration runs the same suite on the same backend, and
+#             scripts/check_cuda.sh and check_hip.sh compile and link the benchmarks)
 # and prints how long each stage took.
 #   KAT_BACKENDS="openmp sanitize"   which configurations to test (default these two)
 set -euo pipefail
@@ -39,8 +40,7 @@ for backend in $backends; do
       ;;
     openmp)
       prefix=$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)
-      # The optimized build also compiles the benchmarks (not run here), so they cannot rot.
-      args+=(-DCMAKE_PREFIX_PATH="$prefix" -DKAT_ENABLE_BENCHMARKS=ON)
+      args+=(-DCMAKE_PREFIX_PATH="$prefix")
       # OpenBLAS's OpenMP variant shares Kokkos's thread pool (the default pthread variant
       # would fight it for the cores); see docs/backends.md. ctest -j runs several test
       # processes of 2 threads each: idle threads that spin (the default wait policy) take the
@@ -50,14 +50,17 @@ for backend in $backends; do
         OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=passive)
       ;;
     sanitize)
-      # -O1 keeps the reports' stacks readable, and -g1's line tables give them file:line
-      # (full -g took 78 s instead of 56 s for test_kfac.cpp, with objects twice the size);
+      # -O0: the instrumented build was the longest stage of CI (951 s at -O1, 2026-11-25);
+      # test_dense.cpp compiles in 20 s of CPU at -O0 against 34 s at -O1 and runs 1.5x
+      # longer, and unoptimized code keeps every access the sanitizers check. -g1's line
+      # tables give the reports file:line (full -g took 78 s instead of 56 s for
+      # test_kfac.cpp, with objects twice the size);
       # -fno-sanitize-recover makes undefined behaviour abort the test instead of printing
       # and going on. Open MPI's own allocations that live until exit are not KAT's leaks:
       # tests/sanitizer/lsan.supp names them, which needs whole stacks (fast_unwind_on_malloc=0:
       # Debian's libraries keep no frame pointers) and Open MPI's plugins kept loaded until
       # exit (else their frames have no module name).
-      flags="-O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
+      flags="-O0 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
       args=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" -DKAT_ENABLE_TESTS=ON
         -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DKAT_MPI_TEST_TIMEOUT=900 -DKAT_UNITY_BUILD=ON)
       env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0

@@ -624,6 +624,18 @@ TEST_CASE("fosi: the three momentum variants against a host reference", "[fosi][
       CHECK(fosi.scaling() == Approx(c).epsilon(1e-12));
       CHECK(max_abs_diff(to_host(p), theta) < 1e-11);
       CHECK(max_abs_diff(to_host(fosi.subspace_momentum()), mom) < 1e-11);
+      if (refreshes > 0) { // V m, kept by the steps, against V m formed from the reference m
+        // (with FOSI's own eigenvectors: their signs and order are its choice)
+        const auto Vd =
+            Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), fosi.eigenvectors());
+        std::vector<double> vm(Vd.extent(1), 0.0);
+        for (std::size_t j = 0; j < vm.size(); ++j) {
+          for (std::size_t i = 0; i < n; ++i) {
+            vm[j] += Vd(i, j) * mom[i];
+          }
+        }
+        CHECK(max_abs_diff(to_host(fosi.subspace_momentum_coefficients()), vm) < 1e-11);
+      }
     }
   }
 }
@@ -652,6 +664,7 @@ TEST_CASE("fosi: state round trip continues bit for bit", "[fosi][optim]") {
     const kat::StateDict saved = a.state_dict();
     CHECK(saved.contains("base.steps"));
     CHECK(saved.contains("momentum"));
+    CHECK(saved.contains("momentum_coefficients"));
     CHECK(saved.contains("eigenvectors"));
     CHECK(saved.get<std::int64_t>("refreshes") == 2);
 

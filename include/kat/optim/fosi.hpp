@@ -80,6 +80,12 @@ inline const char *to_string(FOSIMomentum m) {
 /// reference code adds no decay of its own). The basis, projections and momentum are double;
 /// params and grads are Scalar, and the new parameters are θ + Δθ rounded once to Scalar.
 ///
+/// Cost per step after the first refresh: four passes over V (V g, Vᵀ(V g), V u and the
+/// update) besides the base step. V m is not a fifth: since V Vᵀ = I (orthonormal rows),
+/// V g1 = V g, so V m is kept as a (k + l)-vector updated like m and recomputed from m at each
+/// refresh. Four is the least with an opaque base optimizer: u needs g2 whole, and the update
+/// needs V u.
+///
 /// Refresh schedule: with `count` = steps() on entry of step() (the number of completed
 /// steps, i.e. the 0-based index of this step), step() first refreshes when
 /// `count + 1 >= W` and `(count + 1 - W) % T == 0` (the reference code's condition on its
@@ -152,7 +158,7 @@ public:
         work2_("kat::optim::FOSI::work2", n), scratch_("kat::optim::FOSI::scratch", n),
         g2_("kat::optim::FOSI::complement_gradient", n),
         coefficients_("kat::optim::FOSI::coefficients", opt_.k + opt_.l),
-        coefficients2_("kat::optim::FOSI::coefficients2", opt_.k + opt_.l),
+        momentum_coefficients_("kat::optim::FOSI::momentum_coefficients", opt_.k + opt_.l),
         inv_abs_lambda_("kat::optim::FOSI::inv_abs_eigenvalues", opt_.k + opt_.l),
         lambda_(opt_.k + opt_.l, 0.0) {}
 
@@ -192,7 +198,7 @@ public:
     const vector_type p = params;
     const vector_type g = grads;
     const double_vector coef = coefficients_;
-    const double_vector coef2 = coefficients2_;
+    const double_vector mk = momentum_coefficients_;
     const double_vector inv_abs = inv_abs_lambda_;
     const double c = scaling_;
     const double alpha = opt_.alpha;
@@ -218,7 +224,7 @@ public:
     }
 
     // g1 = Vᵀ(V g) into w2, g2 = g - g1 (rounded to Scalar for the base optimizer),
-    // m <- a g1 + b m.
+    // m <- a g1 + b m, and V m <- a V g + b V m (V Vᵀ = I, so V g1 = V g: no pass over V).
     Kokkos::parallel_for(
         "kat::optim::FOSI::gradient_to_double", all,
         KOKKOS_LAMBDA(const std::int64_t i) { w(i) = static_cast<double>(g(i)); });
@@ -230,8 +236,9 @@ public:
           g2(i) = static_cast<Scalar>(w(i) - g1);
           mom(i) = a_g1 * g1 + b_m * mom(i);
         });
-    // V m, kept in coef2 until the Newton coefficients are formed.
-    kat::gemv(space, Trans::T, 1.0, V, mom, 0.0, coef2);
+    Kokkos::parallel_for(
+        "kat::optim::FOSI::subspace_momentum", subspace,
+        KOKKOS_LAMBDA(const std::int64_t j) { mk(j) = a_g1 * coef(j) + b_m * mk(j); });
 
     // u = the base optimizer's step from g2, taken on a copy of the parameters.
     Kokkos::deep_copy(space, scratch, p);
@@ -254,7 +261,7 @@ public:
     kat::gemv(space, Trans::T, 1.0, V, w, 0.0, coef);
     Kokkos::parallel_for(
         "kat::optim::FOSI::subspace_coefficients", subspace, KOKKOS_LAMBDA(const std::int64_t j) {
-          coef(j) = c * coef(j) + alpha * inv_abs(j) * coef2(j);
+          coef(j) = c * coef(j) + alpha * inv_abs(j) * mk(j);
         });
     kat::gemv(space, Trans::N, 1.0, V, coef, 0.0, w2);
     Kokkos::parallel_for(
@@ -304,6 +311,7 @@ public:
     const auto stop = std::chrono::steady_clock::now();
     check_eigenvalues("kat::optim::FOSI::refresh", r.eigenvalues);
     Kokkos::deep_copy(space, V_, r.eigenvectors);
+    kat::gemv(space, kat::Trans::T, 1.0, V_, momentum_, 0.0, momentum_coefficients_);
     set_eigenvalues(r.eigenvalues);
     space.fence();
     ++refreshes_;
@@ -359,18 +367,22 @@ public:
   /// The subspace momentum m (length n, double).
   const double_vector &subspace_momentum() const { return momentum_; }
 
+  /// V m (length k + l, double), which step() keeps instead of recomputing it from m.
+  const double_vector &subspace_momentum_coefficients() const { return momentum_coefficients_; }
+
   /// The base optimizer's per-parameter buffers (what a sparse mask keeps consistent).
   /// FOSI's own momentum lies in the span of past eigenvectors and is not among them.
   std::vector<vector_type> state_buffers() const override { return base_->state_buffers(); }
 
   /// "steps" (int64), "lr" (float64), "base.<entry>" (the base optimizer's state_dict()),
-  /// "momentum" (float64 [n]), "eigenvectors" (float64 [n, k + l]), "eigenvalues"
-  /// (float64 [k + l]) and "refreshes" (int64): with the same options and operator, a FOSI
-  /// loaded from it continues bit for bit as the one saved.
+  /// "momentum" (float64 [n]), "momentum_coefficients" (V m, float64 [k + l]), "eigenvectors"
+  /// (float64 [n, k + l]), "eigenvalues" (float64 [k + l]) and "refreshes" (int64): with the
+  /// same options and operator, a FOSI loaded from it continues bit for bit as the one saved.
   StateDict state_dict() const override {
     StateDict s = Base::state_dict();
     s.merge("base", base_->state_dict());
     s.set_view("momentum", momentum_);
+    s.set_view("momentum_coefficients", momentum_coefficients_);
     s.set_view("eigenvectors", V_);
     s.set("eigenvalues", lambda_);
     s.set("refreshes", refreshes_);
@@ -385,11 +397,12 @@ public:
   ///   0 or not finite.
   void load_state_dict(const StateDict &state) override {
     const std::string where = "kat::optim::FOSI::load_state_dict";
-    state.require_names(
-        where, {"steps", "lr", "momentum", "eigenvectors", "eigenvalues", "refreshes", "base."});
+    state.require_names(where, {"steps", "lr", "momentum", "momentum_coefficients", "eigenvectors",
+                                "eigenvalues", "refreshes", "base."});
     const auto n = static_cast<std::uint64_t>(this->size_);
     const auto kl = static_cast<std::uint64_t>(lambda_.size());
     state.checked<double>("momentum", {n});
+    state.checked<double>("momentum_coefficients", {kl});
     state.checked<double>("eigenvectors", {n, kl});
     const std::vector<double> lambda = state.get_vector<double>("eigenvalues", {kl});
     const auto refreshes = state.get<std::int64_t>("refreshes");
@@ -404,6 +417,7 @@ public:
     }
     base_->load_state_dict(state.sub("base")); // checks its own entries first
     state.copy_to("momentum", momentum_);
+    state.copy_to("momentum_coefficients", momentum_coefficients_);
     state.copy_to("eigenvectors", V_);
     if (refreshes > 0) {
       set_eigenvalues(lambda);
@@ -515,7 +529,7 @@ private:
   vector_type scratch_;
   vector_type g2_;
   double_vector coefficients_;
-  double_vector coefficients2_;
+  double_vector momentum_coefficients_; // V m (k + l), kept in step with m
   double_vector inv_abs_lambda_;
   std::vector<double> lambda_;
   double scaling_ = 1.0;

@@ -68,7 +68,7 @@ Result train_subset(const std::string &name, const typename Optimizer::Options &
 
 } // namespace
 
-TEST_CASE("training: MLP on a 2000-image Fashion-MNIST subset", "[training][data]") {
+TEST_CASE("training: MLP on a 2000-image Fashion-MNIST subset", "[training][data][long]") {
   SECTION("SGD with momentum reaches 75% test accuracy, bit-reproducibly") {
     optim::SGD<float, Mem>::Options o;
     o.lr = 0.02;
@@ -86,7 +86,7 @@ TEST_CASE("training: MLP on a 2000-image Fashion-MNIST subset", "[training][data
   }
 }
 
-TEST_CASE("training: CNN on a 2000-image Fashion-MNIST subset", "[training][data][cnn]") {
+TEST_CASE("training: CNN on a 2000-image Fashion-MNIST subset", "[training][data][cnn][long]") {
   optim::SGD<float, Mem>::Options o;
   o.lr = 0.05;
   o.momentum = 0.9;

@@ -14,7 +14,7 @@
 #   KAT_FOSI_SUBSET=0       --train-subset (0: the whole training set)
 #   KAT_FOSI_FLAGS=""       more kat_train flags for the FOSI runs (e.g. "--k 10")
 # Optimizers: momentum (sgd), fosi-momentum, adam, fosi-adam; K-FAC (kfac) with
-# KAT_FOSI_KFAC=1.
+# KAT_FOSI_KFAC=1. KAT_FOSI_OPTIMIZERS="kfac" (a list) runs only those.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 part=${1:-}
@@ -23,6 +23,16 @@ case $part in sweep | seeds) ;; *)
   exit 2
   ;;
 esac
+optimizers="sgd fosi-momentum adam fosi-adam"
+[ "${KAT_FOSI_KFAC:-0}" = 1 ] && optimizers="$optimizers kfac"
+optimizers=${KAT_FOSI_OPTIMIZERS:-$optimizers}
+for optimizer in $optimizers; do
+  case $optimizer in sgd | fosi-momentum | adam | fosi-adam | kfac) ;; *)
+    echo "KAT_FOSI_OPTIMIZERS: unknown optimizer '$optimizer' (sgd fosi-momentum adam fosi-adam kfac)" >&2
+    exit 2
+    ;;
+  esac
+done
 "$root/scripts/setup.sh"
 build=$root/build/bench-fosi
 out=$root/build/bench-fosi-runs
@@ -36,8 +46,6 @@ epochs=${KAT_FOSI_EPOCHS:-10}
 target=${KAT_FOSI_TARGET:-0.88}
 subset=${KAT_FOSI_SUBSET:-0}
 read -r -a fosi_flags <<<"${KAT_FOSI_FLAGS:-}"
-optimizers="sgd fosi-momentum adam fosi-adam"
-[ "${KAT_FOSI_KFAC:-0}" = 1 ] && optimizers="$optimizers kfac"
 echo "commit $(git -C "$root" rev-parse --short HEAD), $(date -u +%F), $(nproc) cores," \
   "Serial backend, $model, $epochs epochs, target $target"
 

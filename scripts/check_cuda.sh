@@ -54,8 +54,9 @@ install_cuda() {
 # -O0 for the host compiler, -G for nvcc's device compiler (cicc), and device code as
 # compute_80 PTX only (KAT_CUDA_PTX_ONLY), so ptxas, which turns PTX into sm_80 machine code
 # and at -O0 takes as long as cicc on unoptimized PTX, does not run. test_sparse_dense.cpp
-# took 218 s with sm_80 code (cicc at its default -O3: 154 s, ptxas -O0: 21 s), 109 s as
-# unoptimized PTX (nvcc 11.8, 2026-11-25).
+# took 218 s with sm_80 code (cicc at its default -O3: 154 s, ptxas -O0: 21 s); the tests'
+# unity unit holding it (six files) took 142 s with -G as PTX against 277 s (nvcc 11.8,
+# 2026-11-25).
 configure() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0 -G" \
     -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DCMAKE_PREFIX_PATH="$prefix" \

@@ -109,17 +109,34 @@ void lanczos_scale(const ExecSpace &space, const XView &x, double s, const YView
       KOKKOS_LAMBDA(const std::int64_t i) { y(i) = s * x(i); });
 }
 
-/// v(i) = U(-1, 1) from kat::counter_uniform(seed, lanczos_stream, i): the same vector on
-/// every backend and thread count.
+/// v(i) = U(-1, 1) from kat::counter_uniform(seed, lanczos_stream, offset + i) for i < valid,
+/// 0 beyond: the same vector on every backend and thread count, and a slice of it on a process
+/// that holds entries [offset, offset + valid) of a distributed vector.
 template <class ExecSpace, class VView>
-void lanczos_start_vector(const ExecSpace &space, const VView &v, std::uint64_t seed) {
+void lanczos_start_vector(const ExecSpace &space, const VView &v, std::uint64_t seed,
+                          std::size_t offset = 0, std::size_t valid = ~std::size_t(0)) {
+  const auto first = static_cast<std::uint64_t>(offset);
+  const auto count = static_cast<std::int64_t>(std::min(valid, v.extent(0)));
   Kokkos::parallel_for(
       "kat::lanczos::start_vector", lanczos_policy(space, v.extent(0)),
       KOKKOS_LAMBDA(const std::int64_t i) {
-        v(i) =
-            2.0 * kat::counter_uniform(seed, lanczos_stream, static_cast<std::uint64_t>(i)) - 1.0;
+        v(i) = i < count ? 2.0 * kat::counter_uniform(seed, lanczos_stream,
+                                                      first + static_cast<std::uint64_t>(i)) -
+                               1.0
+                         : 0.0;
       });
 }
+
+/// The reductions of a Lanczos run on one process: the vectors are whole, so the local sums
+/// are the sums. kat::distributed::sharded_lanczos supplies one that all-reduces them.
+struct LocalLanczosReduction {
+  std::size_t n = 0; ///< the operator's dimension, which is also the vectors' length
+  std::size_t global_size() const { return n; }
+  std::size_t offset() const { return 0; }
+  std::size_t valid_size() const { return n; }
+  double sum(double local) const { return local; }
+  template <class ExecSpace, class View> void sum(const ExecSpace &, const View &) const {}
+};
 
 /// Throws ValueError "kat::lanczos: <what> must be <expected>, got <actual>" unless `ok`.
 inline void require_lanczos(bool ok, const char *what, const std::string &expected,
@@ -139,26 +156,33 @@ inline void check_lanczos_arguments(std::size_t n, const LanczosOptions &o, bool
   require_lanczos(o.m <= n, "m", concat("<= n = ", n), std::to_string(o.m));
 }
 
-/// The Lanczos iterations and Ritz extraction, with the tridiagonal solver Impl.
-template <class Impl, class MemorySpace>
+/// The Lanczos iterations and Ritz extraction, with the tridiagonal solver Impl, on vectors of
+/// length `n_local` of which this process holds entries [offset, offset + valid) of the
+/// operator's R^global_size (Reduction says which, and sums dot products and coefficient
+/// vectors over the processes that hold the rest; LocalLanczosReduction: one process).
+template <class Impl, class MemorySpace, class Reduction>
 LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_space &space,
-                                        const LinearOperator<MemorySpace> &op, std::size_t n,
-                                        const LanczosOptions &options) {
+                                        const LinearOperator<MemorySpace> &op, std::size_t n_local,
+                                        const LanczosOptions &options, const Reduction &reduction) {
   using Basis = Kokkos::View<double **, Kokkos::LayoutLeft, MemorySpace>;
   using Vec = Kokkos::View<double *, MemorySpace>;
+  const std::size_t n = reduction.global_size();
   check_lanczos_arguments(n, options, static_cast<bool>(op));
   ScopedRegion region("kat::lanczos");
   const std::size_t m = options.m;
   const std::size_t kl = options.k + options.l;
+  const auto dot = [&](const auto &x, const auto &y) {
+    return reduction.sum(lanczos_dot(space, x, y));
+  };
 
-  Basis Q("kat::lanczos::basis", n, m);
-  Vec w("kat::lanczos::w", n);
+  Basis Q("kat::lanczos::basis", n_local, m);
+  Vec w("kat::lanczos::w", n_local);
   Vec h("kat::lanczos::coefficients", m);
   {
     const auto q0 = Kokkos::subview(Q, Kokkos::ALL, 0);
-    lanczos_start_vector(space, q0, options.seed);
+    lanczos_start_vector(space, q0, options.seed, reduction.offset(), reduction.valid_size());
     // A U(-1, 1) vector of length n >= 1 is 0 with probability 0; its norm is about sqrt(n/3).
-    const double norm = std::sqrt(lanczos_dot(space, q0, q0));
+    const double norm = std::sqrt(dot(q0, q0));
     if (!(norm > 0.0)) {
       throw NumericalError(concat("kat::lanczos: the start vector from seed ", options.seed,
                                   " is zero; use another seed"));
@@ -180,7 +204,7 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
     const auto qj = Kokkos::subview(Q, Kokkos::ALL, j);
     Kokkos::deep_copy(space, w, 0.0);
     op(space, qj, w);
-    const double alpha = lanczos_dot(space, qj, w);
+    const double alpha = dot(qj, w);
     if (!std::isfinite(alpha)) {
       throw NumericalError(concat("kat::lanczos: the operator returned a non-finite vector at "
                                   "iteration ",
@@ -198,9 +222,10 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
     const auto hj = Kokkos::subview(h, std::make_pair(std::size_t(0), j + 1));
     for (int pass = 0; pass < 2; ++pass) {
       kat::gemv(space, Trans::T, 1.0, Qj, w, 0.0, hj);
+      reduction.sum(space, hj);
       kat::gemv(space, Trans::N, -1.0, Qj, hj, 1.0, w);
     }
-    const double beta = std::sqrt(lanczos_dot(space, w, w));
+    const double beta = std::sqrt(dot(w, w));
     if (!std::isfinite(beta)) {
       throw NumericalError(concat("kat::lanczos: the operator returned a non-finite vector at "
                                   "iteration ",
@@ -237,7 +262,7 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
     }
   }
   Kokkos::deep_copy(S, S_host);
-  result.eigenvectors = Basis("kat::lanczos::ritz_vectors", n, kl);
+  result.eigenvectors = Basis("kat::lanczos::ritz_vectors", n_local, kl);
   const auto Qi = Kokkos::subview(Q, Kokkos::ALL, std::make_pair(std::size_t(0), it));
   kat::gemm(space, Trans::N, Trans::N, 1.0, Qi, S, 0.0, result.eigenvectors);
   space.fence();
@@ -284,8 +309,8 @@ template <class MemorySpace>
 LanczosResult<MemorySpace> lanczos(const typename MemorySpace::execution_space &space,
                                    const LinearOperator<MemorySpace> &op, std::size_t n,
                                    const LanczosOptions &options) {
-  return detail::lanczos_with<linalg::detail::LapackTridiagonalEigen, MemorySpace>(space, op, n,
-                                                                                   options);
+  return detail::lanczos_with<linalg::detail::LapackTridiagonalEigen, MemorySpace>(
+      space, op, n, options, detail::LocalLanczosReduction{n});
 }
 
 /// kat::lanczos with the tridiagonal eigenproblem solved by the portable implicit QR solver
@@ -294,8 +319,8 @@ template <class MemorySpace>
 LanczosResult<MemorySpace> lanczos(const typename MemorySpace::execution_space &space,
                                    const LinearOperator<MemorySpace> &op, std::size_t n,
                                    const LanczosOptions &options, linalg::Portable) {
-  return detail::lanczos_with<linalg::detail::PortableTridiagonalEigen, MemorySpace>(space, op, n,
-                                                                                     options);
+  return detail::lanczos_with<linalg::detail::PortableTridiagonalEigen, MemorySpace>(
+      space, op, n, options, detail::LocalLanczosReduction{n});
 }
 
 /// kat::lanczos with the tridiagonal eigenproblem solved by LAPACK's DSTEV (the default).

@@ -12,6 +12,7 @@
 #include "kat/core/state.hpp"
 #include "kat/optim/adam.hpp"
 #include "kat/optim/fosi.hpp"
+#include "kat/optim/fosi_partition.hpp"
 #include "kat/optim/optimizer.hpp"
 #include "kat/optim/sgd.hpp"
 
@@ -411,6 +412,62 @@ TEST_CASE("fosi: the complement step is orthogonal to the eigenvectors", "[fosi]
       }
     }
   }
+}
+
+/// The whole vector as one process's partition, with an offset and global size to test the
+/// checks: sum and gather have nothing to do, and lanczos is kat::lanczos.
+struct WholePartition : kat::optim::FOSIPartition<double, Mem> {
+  std::size_t n, first, count;
+  WholePartition(std::size_t global, std::size_t offset, std::size_t local)
+      : n(global), first(offset), count(local) {}
+  std::size_t global_size() const override { return n; }
+  std::size_t offset() const override { return first; }
+  std::size_t local_size() const override { return count; }
+  std::size_t vector_length() const override { return count; }
+  void sum(const Space &, const Vec<double> &) override {}
+  kat::LanczosResult<Mem> lanczos(const Space &space, const kat::LinearOperator<Mem> &op,
+                                  const kat::LanczosOptions &options) override {
+    return kat::lanczos<Mem>(space, op, n, options);
+  }
+  void gather(const Space &, const Vec<double> &) override {}
+};
+
+TEST_CASE("fosi: a partition's slice is checked, and one slice of everything is plain FOSI",
+          "[fosi][optim]") {
+  const std::size_t n = 20;
+  const Hessian H(uniform_values(n, 31, 0.5, 9.0), 8);
+  const auto base = [](std::size_t size) {
+    return std::make_unique<SGD<double>>(size, sgd_options<double>(0.05, 0.9, false, 0.0));
+  };
+  const auto o = fosi_options<double>(3, 1, 12, 2, 2, 0.3);
+  FOSI<double> plain(n, base(n), H.op(), o);
+  FOSI<double> partitioned(n, base(n), H.op(), o, std::make_shared<WholePartition>(n, 0, n));
+  CHECK(partitioned.local_size() == n);
+  CHECK(partitioned.curvature_bytes() == plain.curvature_bytes());
+  const auto p = to_device<double>(uniform_values(n, 2));
+  const auto q = to_device<double>(uniform_values(n, 2));
+  const auto g = to_device<double>(std::vector<double>(n, 0.0));
+  for (int s = 0; s < 4; ++s) {
+    assign(g, uniform_values(n, 40 + s));
+    plain.step(Space(), p, g);
+    partitioned.step(Space(), q, g);
+    CHECK(bitwise_equal(p, q));
+  }
+  CHECK(partitioned.refresh_count() == 2);
+
+  CHECK_THROWS_MATCHES(
+      FOSI<double>(n, base(n), H.op(), o, std::make_shared<WholePartition>(n + 1, 0, n)),
+      kat::ShapeError,
+      MessageContains("partition->global_size() (the parameter count n) must be 20"));
+  CHECK_THROWS_MATCHES(
+      FOSI<double>(n, base(5), H.op(), o, std::make_shared<WholePartition>(n, 16, 5)),
+      kat::ShapeError, MessageContains("non-empty part of [0, n = 20), got [16, 21)"));
+  CHECK_THROWS_MATCHES(
+      FOSI<double>(n, base(1), H.op(), o, std::make_shared<WholePartition>(n, 3, 0)),
+      kat::ShapeError, MessageContains("got [3, 3)"));
+  CHECK_THROWS_MATCHES(
+      FOSI<double>(n, base(n), H.op(), o, std::make_shared<WholePartition>(n, 5, 10)),
+      kat::ShapeError, MessageContains("local_size()) must be 10, got 20"));
 }
 
 TEST_CASE("fosi: the refresh schedule", "[fosi][optim]") {

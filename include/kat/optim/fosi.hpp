@@ -12,6 +12,7 @@
 #include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
 #include "kat/optim/adam.hpp"
+#include "kat/optim/fosi_partition.hpp"
 #include "kat/optim/optimizer.hpp"
 #include "kat/optim/sgd.hpp"
 
@@ -100,6 +101,15 @@ inline const char *to_string(FOSIMomentum m) {
 /// Memory in MemorySpace beyond the base optimizer: V (n (k + l) doubles), the momentum and
 /// two work vectors (3 n doubles), a scratch parameter copy and the complement gradient
 /// (2 n Scalars), and during a refresh Lanczos's n x m basis.
+///
+/// Partitioned (a FOSIPartition given at construction; kat::distributed::DHO2): each process
+/// keeps and updates only its slice [offset(), offset() + local_size()) of every n-vector
+/// above (n becomes local_size() in the memory figures), the base optimizer is built for that
+/// slice (its state sharded too), the two projections V g and V u are completed by
+/// FOSIPartition::sum, the refresh runs FOSIPartition::lanczos on the curvature operator
+/// (whose vectors are then the partition's slices), and each step ends with
+/// FOSIPartition::gather, so every process's params holds the whole updated vector. The
+/// arithmetic per entry is the unpartitioned one.
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace>
 class FOSI : public Optimizer<Scalar, MemorySpace> {
   using Base = Optimizer<Scalar, MemorySpace>;
@@ -109,6 +119,7 @@ public:
   using typename Base::vector_type;
   using base_type = Optimizer<Scalar, MemorySpace>;
   using operator_type = kat::LinearOperator<MemorySpace>;
+  using partition_type = FOSIPartition<Scalar, MemorySpace>;
   /// n x (k + l) column-major double matrix: the paper's Vᵀ.
   using basis_type = Kokkos::View<double **, Kokkos::LayoutLeft, MemorySpace>;
   using double_vector = kat::Vector<double, MemorySpace>;
@@ -142,21 +153,28 @@ public:
   };
 
   /// Builds FOSI for a flat parameter vector of length n around `base` (whose size() must be
-  /// n; FOSI takes ownership and its lr() is FOSI's rate) and `curvature`, the operator whose
-  /// extreme eigenpairs are estimated (see kat::LinearOperator). Allocates V, the momentum and
-  /// the work vectors (labels "kat::optim::FOSI::...").
+  /// n, or the partition's local_size(); FOSI takes ownership and its lr() is FOSI's rate) and
+  /// `curvature`, the operator whose extreme eigenpairs are estimated (see
+  /// kat::LinearOperator). Allocates V, the momentum and the work vectors (labels
+  /// "kat::optim::FOSI::...").
+  /// @param partition  null: one process holds everything; else the slices (see the class
+  ///   comment), shared with the caller.
   /// @throws ValueError naming the option, its valid range and its value if base or
   ///   curvature is empty, k < 1, alpha < 0, T < 1, W < 1, learning_rate_clip < 1, beta
   ///   outside [0, 1), a real option is not finite, or m is outside [k + l, n].
-  /// @throws ShapeError if base->size() != n.
+  /// @throws ShapeError if base->size() is not the (local) size, or the partition's global
+  ///   size is not n or its slice is empty or outside [0, n).
   FOSI(std::size_t n, std::unique_ptr<base_type> base, operator_type curvature,
-       const Options &options)
-      : Base(n, checked_base(n, base)), base_(std::move(base)),
+       const Options &options, std::shared_ptr<partition_type> partition = nullptr)
+      : Base(n, checked_base(local_size_of(n, partition.get()), partition != nullptr, base)),
+        partition_(std::move(partition)), offset_(partition_ ? partition_->offset() : 0),
+        local_n_(local_size_of(n, partition_.get())), base_(std::move(base)),
         curvature_(checked_curvature(std::move(curvature))), opt_(resolved(n, *base_, options)),
-        V_("kat::optim::FOSI::eigenvectors", n, opt_.k + opt_.l),
-        momentum_("kat::optim::FOSI::momentum", n), work_("kat::optim::FOSI::work", n),
-        work2_("kat::optim::FOSI::work2", n), scratch_("kat::optim::FOSI::scratch", n),
-        g2_("kat::optim::FOSI::complement_gradient", n),
+        V_("kat::optim::FOSI::eigenvectors", local_n_, opt_.k + opt_.l),
+        momentum_("kat::optim::FOSI::momentum", local_n_),
+        work_("kat::optim::FOSI::work", local_n_), work2_("kat::optim::FOSI::work2", local_n_),
+        scratch_("kat::optim::FOSI::scratch", local_n_),
+        g2_("kat::optim::FOSI::complement_gradient", local_n_),
         coefficients_("kat::optim::FOSI::coefficients", opt_.k + opt_.l),
         momentum_coefficients_("kat::optim::FOSI::momentum_coefficients", opt_.k + opt_.l),
         inv_abs_lambda_("kat::optim::FOSI::inv_abs_eigenvalues", opt_.k + opt_.l),
@@ -184,7 +202,8 @@ public:
     this->begin_step(params, grads);
     base_->set_lr(this->lr_);
     if (refreshes_ == 0) {
-      base_->step(space, params, grads);
+      base_->step(space, slice(params), slice(grads));
+      gather(space, params);
       return;
     }
 
@@ -195,8 +214,8 @@ public:
     const double_vector mom = momentum_;
     const vector_type scratch = scratch_;
     const vector_type g2 = g2_;
-    const vector_type p = params;
-    const vector_type g = grads;
+    const vector_type p = slice(params);
+    const vector_type g = slice(grads);
     const double_vector coef = coefficients_;
     const double_vector mk = momentum_coefficients_;
     const double_vector inv_abs = inv_abs_lambda_;
@@ -211,7 +230,7 @@ public:
       a_g1 = 1.0 - beta;
     }
     using Policy = Kokkos::RangePolicy<execution_space, Kokkos::IndexType<std::int64_t>>;
-    const Policy all(space, 0, static_cast<std::int64_t>(this->size_));
+    const Policy all(space, 0, static_cast<std::int64_t>(local_n_));
     const Policy subspace(space, 0, static_cast<std::int64_t>(V.extent(1)));
 
     // With profiling, the projections (everything but the base step) are timed, fenced.
@@ -229,6 +248,7 @@ public:
         "kat::optim::FOSI::gradient_to_double", all,
         KOKKOS_LAMBDA(const std::int64_t i) { w(i) = static_cast<double>(g(i)); });
     kat::gemv(space, Trans::T, 1.0, V, w, 0.0, coef);
+    sum_over_partition(space, coef);
     kat::gemv(space, Trans::N, 1.0, V, coef, 0.0, w2);
     Kokkos::parallel_for(
         "kat::optim::FOSI::split_gradient", all, KOKKOS_LAMBDA(const std::int64_t i) {
@@ -259,6 +279,7 @@ public:
 
     // Δθ = c u⊥ - α d = c u - V (c V u + α diag(1/|λ|) V m).
     kat::gemv(space, Trans::T, 1.0, V, w, 0.0, coef);
+    sum_over_partition(space, coef);
     Kokkos::parallel_for(
         "kat::optim::FOSI::subspace_coefficients", subspace, KOKKOS_LAMBDA(const std::int64_t j) {
           coef(j) = c * coef(j) + alpha * inv_abs(j) * mk(j);
@@ -268,6 +289,7 @@ public:
         "kat::optim::FOSI::apply", all, KOKKOS_LAMBDA(const std::int64_t i) {
           p(i) = static_cast<Scalar>(static_cast<double>(p(i)) + c * w(i) - w2(i));
         });
+    gather(space, params);
     if (timed) {
       space.fence();
       projection_seconds_ += std::chrono::duration<double>(t1 - t0).count() +
@@ -293,10 +315,11 @@ public:
     return t >= 0 && t % opt_.num_iters_to_approx_eigs == 0;
   }
 
-  /// Estimates (λ, V) now with kat::lanczos on the curvature operator (at whatever parameters
-  /// it reads) and recomputes c; step() calls it on schedule, a caller may call it at other
-  /// times. Refresh r (0-based, refresh_count() before the call) starts Lanczos from seed
-  /// kat::counter_bits(seed, stream, r). Fences.
+  /// Estimates (λ, V) now with kat::lanczos (partitioned: FOSIPartition::lanczos) on the
+  /// curvature operator (at whatever parameters it reads) and recomputes c; step() calls it on
+  /// schedule, a caller may call it at other times (on every process when partitioned). Refresh r
+  /// (0-based, refresh_count() before the call) starts Lanczos from seed kat::counter_bits(seed,
+  /// stream, r). Fences.
   /// @throws NumericalError if the operator returns non-finite values or an eigenvalue
   ///   estimate is 0 (its inverse is the Newton step); the previous estimate is kept then.
   void refresh(const execution_space &space) {
@@ -307,11 +330,16 @@ public:
     lo.l = opt_.l;
     lo.seed = kat::counter_bits(opt_.seed, fosi_stream, static_cast<std::uint64_t>(refreshes_));
     const auto start = std::chrono::steady_clock::now();
-    LanczosResult<MemorySpace> r = kat::lanczos<MemorySpace>(space, curvature_, this->size_, lo);
+    LanczosResult<MemorySpace> r =
+        partition_ ? partition_->lanczos(space, curvature_, lo)
+                   : kat::lanczos<MemorySpace>(space, curvature_, this->size_, lo);
     const auto stop = std::chrono::steady_clock::now();
     check_eigenvalues("kat::optim::FOSI::refresh", r.eigenvalues);
-    Kokkos::deep_copy(space, V_, r.eigenvectors);
+    Kokkos::deep_copy(
+        space, V_,
+        Kokkos::subview(r.eigenvectors, std::make_pair(std::size_t(0), local_n_), Kokkos::ALL));
     kat::gemv(space, kat::Trans::T, 1.0, V_, momentum_, 0.0, momentum_coefficients_);
+    sum_over_partition(space, momentum_coefficients_);
     set_eigenvalues(r.eigenvalues);
     space.fence();
     ++refreshes_;
@@ -361,14 +389,34 @@ public:
   const std::vector<double> &eigenvalues() const { return lambda_; }
 
   /// The current eigenvectors, n x (k + l) column-major (the paper's Vᵀ; column j belongs to
-  /// eigenvalues()[j]); zeros before the first refresh.
+  /// eigenvalues()[j]); zeros before the first refresh. Partitioned: this process's rows
+  /// (local_size() x (k + l)).
   const basis_type &eigenvectors() const { return V_; }
 
-  /// The subspace momentum m (length n, double).
+  /// The subspace momentum m (length n, or local_size() when partitioned; double).
   const double_vector &subspace_momentum() const { return momentum_; }
 
   /// V m (length k + l, double), which step() keeps instead of recomputing it from m.
   const double_vector &subspace_momentum_coefficients() const { return momentum_coefficients_; }
+
+  /// Bytes of curvature state in MemorySpace on this process: the eigenvectors V
+  /// (local_size() x (k + l) doubles) and the subspace momentum (local_size() doubles), plus
+  /// what a refresh allocates while it runs, Lanczos's basis, residual and Ritz vectors
+  /// (L x (m + 1 + k + l) doubles, L = n, or the partition's vector_length()). The base
+  /// optimizer's state and the step's work vectors are not included.
+  std::size_t curvature_bytes() const {
+    const std::size_t kl = opt_.k + opt_.l;
+    const std::size_t L = partition_ ? partition_->vector_length() : this->size_;
+    return sizeof(double) * (local_n_ * (kl + 1) + L * (opt_.lanczos_iterations + 1 + kl));
+  }
+
+  /// The partition given at construction (null: none).
+  const std::shared_ptr<partition_type> &partition() const { return partition_; }
+  /// First index of this process's slice of the flat vector (0 without a partition).
+  std::size_t offset() const { return offset_; }
+  /// Length of this process's slice (n without a partition): the length of the momentum, the
+  /// rows of eigenvectors() and the base optimizer's size().
+  std::size_t local_size() const { return local_n_; }
 
   /// The base optimizer's per-parameter buffers (what a sparse mask keeps consistent).
   /// FOSI's own momentum lies in the span of past eigenvectors and is not among them.
@@ -378,6 +426,7 @@ public:
   /// "momentum" (float64 [n]), "momentum_coefficients" (V m, float64 [k + l]), "eigenvectors"
   /// (float64 [n, k + l]), "eigenvalues" (float64 [k + l]) and "refreshes" (int64): with the
   /// same options and operator, a FOSI loaded from it continues bit for bit as the one saved.
+  /// Partitioned, n is local_size(): each process saves and loads its own slice.
   StateDict state_dict() const override {
     StateDict s = Base::state_dict();
     s.merge("base", base_->state_dict());
@@ -399,7 +448,7 @@ public:
     const std::string where = "kat::optim::FOSI::load_state_dict";
     state.require_names(where, {"steps", "lr", "momentum", "momentum_coefficients", "eigenvectors",
                                 "eigenvalues", "refreshes", "base."});
-    const auto n = static_cast<std::uint64_t>(this->size_);
+    const auto n = static_cast<std::uint64_t>(local_n_);
     const auto kl = static_cast<std::uint64_t>(lambda_.size());
     state.checked<double>("momentum", {n});
     state.checked<double>("momentum_coefficients", {kl});
@@ -434,13 +483,57 @@ public:
   static constexpr std::uint64_t fosi_stream = 0x464f5349ull;
 
 private:
-  static double checked_base(std::size_t n, const std::unique_ptr<base_type> &base) {
+  /// The length of this process's slice: n, or the partition's after checking it against n.
+  static std::size_t local_size_of(std::size_t n, const partition_type *partition) {
+    if (!partition) {
+      return n;
+    }
+    const char *who = "kat::optim::FOSI";
+    kat::detail::require_extent(who, "partition->global_size() (the parameter count n)", n,
+                                partition->global_size());
+    const std::size_t local = partition->local_size();
+    if (local == 0 || partition->offset() > n || local > n - partition->offset()) {
+      throw ShapeError(kat::detail::concat(
+          who,
+          ": the partition's slice [offset, offset + local_size) must be a non-empty part of "
+          "[0, n = ",
+          n, "), got [", partition->offset(), ", ", partition->offset() + local, ")"));
+    }
+    return local;
+  }
+
+  static double checked_base(std::size_t n, bool partitioned,
+                             const std::unique_ptr<base_type> &base) {
     if (!base) {
       throw ValueError("kat::optim::FOSI: base must be an optimizer, got nullptr");
     }
-    kat::detail::require_extent("kat::optim::FOSI", "base->size() (the parameter count n)", n,
-                                base->size());
+    kat::detail::require_extent("kat::optim::FOSI",
+                                partitioned ? "base->size() (the partition's local_size())"
+                                            : "base->size() (the parameter count n)",
+                                n, base->size());
     return base->lr();
+  }
+
+  /// This process's slice of a flat n-vector (the vector itself without a partition).
+  vector_type slice(const vector_type &v) const {
+    if (!partition_) {
+      return v;
+    }
+    return Kokkos::subview(v, std::make_pair(offset_, offset_ + local_n_));
+  }
+
+  /// Completes a projection onto V: the sum of every process's coefficients (no-op alone).
+  void sum_over_partition(const execution_space &space, const double_vector &coefficients) {
+    if (partition_) {
+      partition_->sum(space, coefficients);
+    }
+  }
+
+  /// Reassembles params from every process's slice (no-op alone).
+  void gather(const execution_space &space, const vector_type &params) {
+    if (partition_) {
+      partition_->gather(space, params);
+    }
   }
 
   static operator_type checked_curvature(operator_type curvature) {
@@ -519,6 +612,9 @@ private:
     scaling_ = std::min(std::max(ratio, 1.0), *opt_.learning_rate_clip);
   }
 
+  std::shared_ptr<partition_type> partition_;
+  std::size_t offset_;
+  std::size_t local_n_;
   std::unique_ptr<base_type> base_;
   operator_type curvature_;
   Options opt_;

@@ -41,6 +41,7 @@
 
 #include "kat/optim/adam.hpp"
 #include "kat/optim/fosi.hpp"
+#include "kat/optim/fosi_partition.hpp"
 #include "kat/optim/lr_schedule.hpp"
 #include "kat/optim/optimizer.hpp"
 #include "kat/optim/sgd.hpp"
@@ -76,17 +77,21 @@
 #include "kat/sparse/options.hpp"
 #include "kat/sparse/sparse_training.hpp"
 
-// DistributedSampler needs no MPI; the rest of kat::distributed does (KAT configured with
-// -DKAT_ENABLE_MPI=ON).
+// DistributedSampler and ParameterShard need no MPI; the rest of kat::distributed does (KAT
+// configured with -DKAT_ENABLE_MPI=ON).
 #include "kat/distributed/distributed_sampler.hpp"
+#include "kat/distributed/parameter_shard.hpp"
 #ifdef KAT_ENABLE_MPI
 #include "kat/distributed/communicator.hpp"
 #include "kat/distributed/data_parallel.hpp"
+#include "kat/distributed/dho2.hpp"
 #include "kat/distributed/dkfac.hpp"
 #include "kat/distributed/dpkfac.hpp"
 #include "kat/distributed/kaisa.hpp"
 #include "kat/distributed/kfac_strategies.hpp"
 #include "kat/distributed/mpi_environment.hpp"
 #include "kat/distributed/process_group.hpp"
+#include "kat/distributed/sharded_lanczos.hpp"
+#include "kat/distributed/sharded_operator.hpp"
 #include "kat/distributed/thread_budget.hpp"
 #endif

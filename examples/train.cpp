@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unistd.h>
@@ -52,6 +53,9 @@ struct Setup {
   std::size_t local_batch;
   std::uint64_t seed;
   bool profile;
+  // What the optimizer is built for: the model's parameter count, or with DHO2 this rank's
+  // slice of the parameters (its base optimizer's state is sharded).
+  std::size_t parameters = model.parameter_count();
   std::unique_ptr<kat::optim::Optimizer<Scalar, Mem>> optimizer{};
   kat::Hyperparameter<double> lr = 0.0;
   std::vector<std::shared_ptr<kat::train::GradientTransform<Scalar, Mem>>> transforms{};
@@ -70,7 +74,7 @@ void make_sgd(Setup &s, bool nesterov = false) {
   o.momentum = s.config.number("momentum");
   o.nesterov = nesterov || s.config.flag("nesterov");
   o.weight_decay = s.config.has("weight-decay") ? s.config.number("weight-decay") : 0.0;
-  s.optimizer = std::make_unique<kat::optim::SGD<Scalar, Mem>>(s.model.parameter_count(), o);
+  s.optimizer = std::make_unique<kat::optim::SGD<Scalar, Mem>>(s.parameters, o);
   s.lr = s.schedule_from(o.lr);
 }
 
@@ -78,7 +82,7 @@ template <class AdamT> void make_adam(Setup &s, double default_decay) {
   typename AdamT::Options o;
   o.lr = base_lr(s.config, 1e-3);
   o.weight_decay = s.config.has("weight-decay") ? s.config.number("weight-decay") : default_decay;
-  s.optimizer = std::make_unique<AdamT>(s.model.parameter_count(), o);
+  s.optimizer = std::make_unique<AdamT>(s.parameters, o);
   s.lr = s.schedule_from(o.lr);
 }
 
@@ -110,28 +114,46 @@ void make_kfac(Setup &s) {
                  : (factor_double ? add_kfac<float, double>(s) : add_kfac<float, float>(s));
 }
 
-// FOSI (docs/fosi.md) around the base optimizer `base` already in s.optimizer: the curvature
-// is the loss's Hessian on one fixed batch, the first batch of the training set shuffled with
-// the run's seed (copied, so the loader's buffers can move on).
-void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum) {
-  if (s.group.size() > 1) {
-    throw kat::ValueError(kat::detail::concat(
-        "--optimizer fosi-* runs on one process (FOSI's curvature estimate is per process); got ",
-        s.group.size(), " ranks"));
+// Whether FOSI runs distributed as DHO2 (--dist-strategy dho2, its only choice for fosi-*);
+// then the base optimizer is built for this rank's slice of the parameters.
+bool prepare_fosi(Setup &s) {
+  const bool dho2 = s.config.has("dist-strategy");
+  if (s.group.size() > 1 && !dho2) {
+    throw kat::ValueError(kat::detail::concat("--optimizer fosi-* on ", s.group.size(),
+                                              " ranks needs --dist-strategy dho2 (distributed "
+                                              "FOSI, docs/distributed.md)"));
   }
+#ifdef KAT_ENABLE_MPI
+  if (dho2) {
+    s.parameters =
+        kat::distributed::parameter_shard(s.model.parameter_count(), s.group.rank(), s.group.size())
+            .size;
+  }
+#endif
+  return dho2;
+}
+
+// FOSI (docs/fosi.md) around the base optimizer `base` already in s.optimizer: the curvature
+// is the loss's Hessian on one fixed batch, the first global batch of the training set
+// shuffled with the run's seed (copied, so the loader's buffers can move on). With DHO2 each
+// rank differentiates its own rows of that batch and keeps its slice of the curvature.
+void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
   const Space space;
-  kat::data::DataLoader<Scalar, Mem> loader(s.train_set, s.local_batch, true, s.seed);
+  const auto ranks = static_cast<std::size_t>(s.group.size());
+  kat::data::DataLoader<Scalar, Mem> loader(s.train_set, s.local_batch * ranks, true, s.seed);
   loader.start_epoch(0);
   kat::Matrix<Scalar, Mem> xb;
   kat::Vector<std::int32_t, Mem> yb;
   loader.next(space, xb, yb);
-  kat::Matrix<Scalar, Mem> x("kat_train::fosi_batch_x", xb.extent(0), xb.extent(1));
-  kat::Vector<std::int32_t, Mem> y("kat_train::fosi_batch_y", yb.extent(0));
-  Kokkos::deep_copy(space, x, xb);
-  Kokkos::deep_copy(space, y, yb);
+  const std::size_t rows = xb.extent(0) / ranks;
+  const auto mine = std::make_pair(rows * static_cast<std::size_t>(s.group.rank()),
+                                   rows * static_cast<std::size_t>(s.group.rank() + 1));
+  kat::Matrix<Scalar, Mem> x("kat_train::fosi_batch_x", rows, xb.extent(1));
+  kat::Vector<std::int32_t, Mem> y("kat_train::fosi_batch_y", rows);
+  Kokkos::deep_copy(space, x, Kokkos::subview(xb, mine, Kokkos::ALL));
+  Kokkos::deep_copy(space, y, Kokkos::subview(yb, mine));
   const kat::Vector<const std::int32_t, Mem> labels = y;
-  auto curvature =
-      kat::nn::curvature_operator(s.model, kat::nn::SoftmaxCrossEntropy<Scalar, Mem>(), x, labels);
+  const kat::nn::SoftmaxCrossEntropy<Scalar, Mem> loss;
   kat::optim::FOSI<Scalar, Mem>::Options o;
   o.momentum = momentum;
   o.k = static_cast<std::size_t>(s.config.integer("k"));
@@ -146,9 +168,24 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum) {
     o.beta = s.config.number("momentum");
   }
   o.seed = s.seed;
-  auto fosi = std::make_unique<kat::optim::FOSI<Scalar, Mem>>(
-      s.model.parameter_count(), std::move(s.optimizer), std::move(curvature), o);
-  s.description = kat::detail::concat("FOSI-", kat::optim::to_string(momentum), " (k ", o.k, ", l ",
+  const std::size_t n = s.model.parameter_count();
+  std::unique_ptr<kat::optim::FOSI<Scalar, Mem>> fosi;
+  std::string method = "FOSI-";
+#ifdef KAT_ENABLE_MPI
+  if (dho2) {
+    const auto shard = kat::distributed::parameter_shard(n, s.group.rank(), s.group.size());
+    fosi = std::make_unique<kat::distributed::DHO2<Scalar, Mem>>(
+        *s.comm, n, std::move(s.optimizer),
+        kat::distributed::sharded_curvature_operator(*s.comm, shard, s.model, loss, x, labels), o);
+    method = kat::detail::concat("DHO2 (", s.group.size(), " shards of ", shard.padded,
+                                 " parameters), FOSI-");
+  }
+#endif
+  if (!fosi) {
+    fosi = std::make_unique<kat::optim::FOSI<Scalar, Mem>>(
+        n, std::move(s.optimizer), kat::nn::curvature_operator(s.model, loss, x, labels), o);
+  }
+  s.description = kat::detail::concat(method, kat::optim::to_string(momentum), " (k ", o.k, ", l ",
                                       o.l, ", alpha ", o.alpha, ", T ", o.num_iters_to_approx_eigs,
                                       ", W ", o.warmup_w, ") + ", fosi->base_optimizer().name());
   s.callbacks.push_back(std::make_shared<kat::train::FOSIReport<Scalar, Mem>>(*fosi, s.profile));
@@ -176,7 +213,9 @@ Optimizers optimizers() {
   }
 #ifdef KAT_ENABLE_MPI
   const auto strategies = kat::distributed::kfac_strategies<kat::precond::KFAC<Scalar, Mem>>();
-  kfac.push_back({"dist-strategy", "Distributed K-FAC on several ranks", "", strategies.names()});
+  kfac.push_back({"dist-strategy",
+                  "Distributed strategy on several ranks: K-FAC's for kfac, dho2 for fosi-*", "",
+                  strategies.names()});
   for (const auto &e : strategies.entries()) {
     kfac.insert(kfac.end(), e.options.begin(), e.options.end());
   }
@@ -189,7 +228,14 @@ Optimizers optimizers() {
       {"alpha", "FOSI: Newton step size in the subspace", "0.1"},
       {"num-iters-to-approx-eigs", "FOSI: steps T between curvature refreshes", "100"},
       {"warmup-w", "FOSI: step W of the first refresh [default: T]"},
-      {"learning-rate-clip", "FOSI: upper bound of the complement scale c [default: 3, adam 1]"}};
+      {"learning-rate-clip", "FOSI: upper bound of the complement scale c [default: 3, adam 1]"},
+#ifdef KAT_ENABLE_MPI
+      {"dist-strategy",
+       "Distributed FOSI on several ranks: dho2 (docs/distributed.md)",
+       "",
+       {"dho2"}},
+#endif
+  };
   std::vector<Opt> fosi_sgd = sgd;
   fosi_sgd.erase(std::remove_if(fosi_sgd.begin(), fosi_sgd.end(),
                                 [](const Opt &o) { return o.name == "nesterov"; }),
@@ -199,17 +245,20 @@ Optimizers optimizers() {
   fosi_adam.insert(fosi_adam.end(), fosi_options.begin(), fosi_options.end());
   r.add("fosi-momentum", "FOSI around SGD with heavy-ball momentum (docs/fosi.md)", fosi_sgd,
         [](Setup &s) {
+          const bool dho2 = prepare_fosi(s);
           make_sgd(s);
-          make_fosi(s, kat::optim::FOSIMomentum::heavy_ball);
+          make_fosi(s, kat::optim::FOSIMomentum::heavy_ball, dho2);
         });
   r.add("fosi-nesterov", "FOSI around SGD with Nesterov momentum (docs/fosi.md)", fosi_sgd,
         [](Setup &s) {
+          const bool dho2 = prepare_fosi(s);
           make_sgd(s, /*nesterov=*/true);
-          make_fosi(s, kat::optim::FOSIMomentum::nesterov);
+          make_fosi(s, kat::optim::FOSIMomentum::nesterov, dho2);
         });
   r.add("fosi-adam", "FOSI around Adam (docs/fosi.md)", fosi_adam, [](Setup &s) {
+    const bool dho2 = prepare_fosi(s);
     make_adam<kat::optim::Adam<Scalar, Mem>>(s, 0.0);
-    make_fosi(s, kat::optim::FOSIMomentum::adam);
+    make_fosi(s, kat::optim::FOSIMomentum::adam, dho2);
   });
   return r;
 }
@@ -221,7 +270,20 @@ struct Flag {
 };
 
 // Every option of `registry`'s entries as a flag of `app` (once per name), in a group per entry.
+// An option that several entries declare with choices (--dist-strategy) accepts all of them;
+// each entry checks the value it gets.
 template <class R> void add_flags(CLI::App &app, const R &registry, std::vector<Flag> &flags) {
+  std::map<std::string, std::vector<std::string>> choices;
+  for (const auto &e : registry.entries()) {
+    for (const auto &o : e.options) {
+      auto &all = choices[o.name];
+      for (const auto &c : o.choices) {
+        if (std::find(all.begin(), all.end(), c) == all.end()) {
+          all.push_back(c);
+        }
+      }
+    }
+  }
   for (const auto &e : registry.entries()) {
     auto *group = app.add_option_group(e.name, e.help);
     for (const auto &o : e.options) {
@@ -239,7 +301,7 @@ template <class R> void add_flags(CLI::App &app, const R &registry, std::vector<
       auto *opt = group->add_option("--" + o.name, value, o.help);
       flags.back().option = opt;
       if (!o.choices.empty()) {
-        opt->check(CLI::IsMember(o.choices));
+        opt->check(CLI::IsMember(choices[o.name]));
       }
       if (!o.default_value.empty()) {
         opt->capture_default_str();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# kat_train's checkpoints with distributed K-FAC on 2 ranks: for every strategy, a run resumed
-# from a checkpoint inside an epoch ends with the same bytes on every rank as a run never
-# stopped; a different rank count is refused with a clear error.
+# kat_train's checkpoints with distributed K-FAC and DHO2 on 2 ranks: for every strategy, a run
+# resumed from a checkpoint inside an epoch ends with the same bytes on every rank as a run
+# never stopped; a different rank count is refused with a clear error.
 #
 #   resume_mpi_test.sh KAT_TRAIN DATA_DIR MPIEXEC [mpiexec flags...]
 set -euo pipefail
@@ -10,17 +10,23 @@ shift 3
 launch=("$mpiexec" -n 2 "$@")
 work=$(mktemp -d /tmp/kat-resume-mpi-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-base=(--data-dir "$data" --model mlp --optimizer kfac --train-subset 640 --batch-size 64
-      --schedule cosine --warmup-steps 5 --seed 7 --progress never
-      --factor-update-steps 2 --inv-update-steps 6)
-args=("${base[@]}" --epochs 3)
+base=(--data-dir "$data" --model mlp --train-subset 640 --batch-size 64
+      --schedule cosine --warmup-steps 5 --seed 7 --progress never)
+kfac=(--optimizer kfac --factor-update-steps 2 --inv-update-steps 6)
+# DHO2: curvature refreshes on steps 4, 10, 16, ..., between checkpoints.
+dho2=(--optimizer fosi-momentum --k 3 --warmup-w 4 --num-iters-to-approx-eigs 6)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-for strategy in dkfac dp-kfac kaisa; do
+for strategy in dkfac dp-kfac kaisa dho2; do
+  if [ "$strategy" = dho2 ]; then
+    args=("${base[@]}" "${dho2[@]}" --epochs 3)
+  else
+    args=("${base[@]}" "${kfac[@]}" --epochs 3)
+  fi
   echo "== $strategy: straight run, a checkpoint every 2 steps"
   "${launch[@]}" "$train" "${args[@]}" --dist-strategy "$strategy" --checkpoint-dir "$work/a" \
     --checkpoint-every 2 --keep-checkpoints 100 > "$work/a.log"
-  echo "== $strategy: resumed from step 14 (inside epoch 2, between decompositions)"
+  echo "== $strategy: resumed from step 14 (inside epoch 2, between second-order updates)"
   rm -rf "$work/b" && mkdir -p "$work/b"
   cp "$work"/a/checkpoint-000000000014.rank*-of-2.kat "$work/b/"
   "${launch[@]}" "$train" "${args[@]}" --dist-strategy "$strategy" --checkpoint-dir "$work/b" \
@@ -35,9 +41,10 @@ for strategy in dkfac dp-kfac kaisa; do
 done
 
 echo "== one rank cannot resume a 2-rank run"
+args=("${base[@]}" "${kfac[@]}" --epochs 3)
 mkdir -p "$work/c"
-"${launch[@]}" "$train" "${base[@]}" --epochs 1 --dist-strategy kaisa --checkpoint-dir "$work/c" \
-  > /dev/null
+"${launch[@]}" "$train" "${base[@]}" "${kfac[@]}" --epochs 1 --dist-strategy kaisa \
+  --checkpoint-dir "$work/c" > /dev/null
 if "$train" "${args[@]}" --checkpoint-dir "$work/c" --resume latest > "$work/c.log" 2>&1; then
   fail "a 2-rank checkpoint was resumed on one rank"
 fi

@@ -170,6 +170,7 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
   o.seed = s.seed;
   const std::size_t n = s.model.parameter_count();
   std::unique_ptr<kat::optim::FOSI<Scalar, Mem>> fosi;
+  std::function<std::uint64_t()> communicated;
   std::string method = "FOSI-";
 #ifdef KAT_ENABLE_MPI
   if (dho2) {
@@ -179,6 +180,13 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
         kat::distributed::sharded_curvature_operator(*s.comm, shard, s.model, loss, x, labels), o);
     method = kat::detail::concat("DHO2 (", s.group.size(), " shards of ", shard.padded,
                                  " parameters), FOSI-");
+    // DHO2's own communicator and the operator's (s.comm, which FOSI uses for nothing else).
+    const auto *dho2 = static_cast<const kat::distributed::DHO2<Scalar, Mem> *>(fosi.get());
+    const kat::distributed::Communicator *op_comm = s.comm;
+    communicated = [dho2, op_comm] {
+      return static_cast<std::uint64_t>(dho2->stats().total().bytes +
+                                        op_comm->stats().total().bytes);
+    };
   }
 #endif
   if (!fosi) {
@@ -188,7 +196,8 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
   s.description = kat::detail::concat(method, kat::optim::to_string(momentum), " (k ", o.k, ", l ",
                                       o.l, ", alpha ", o.alpha, ", T ", o.num_iters_to_approx_eigs,
                                       ", W ", o.warmup_w, ") + ", fosi->base_optimizer().name());
-  s.callbacks.push_back(std::make_shared<kat::train::FOSIReport<Scalar, Mem>>(*fosi, s.profile));
+  s.callbacks.push_back(
+      std::make_shared<kat::train::FOSIReport<Scalar, Mem>>(*fosi, s.profile, communicated));
   s.optimizer = std::move(fosi);
 }
 
@@ -567,6 +576,8 @@ int main(int argc, char **argv) {
       if (profile) {
         extra_columns.push_back("fosi_lanczos_s");
         extra_columns.push_back("fosi_projection_ms");
+        extra_columns.push_back("fosi_curvature_bytes");
+        extra_columns.push_back("fosi_bytes_per_step");
       }
     }
     if (profile) {

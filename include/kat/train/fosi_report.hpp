@@ -7,9 +7,11 @@
 #include "kat/train/callback.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <iomanip>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace kat::train {
 
@@ -18,15 +20,21 @@ namespace kat::train {
 /// c = clip(|λ_max| / |λ_k|, 1, learning_rate_clip)), the metrics `fosi_lambda_max` and
 /// `fosi_c`. With `profile` (which turns on FOSI::set_profile) also the mean Lanczos wall time
 /// per refresh during the epoch and the mean projection time per step: "Lanczos 1.2 s/refresh
-/// (1), projections 0.41 ms/step", metrics `fosi_lanczos_s` (seconds per refresh, 0 without a
-/// refresh in the epoch) and `fosi_projection_ms`. Stateless; `fosi` must outlive it.
+/// (1), projections 0.41 ms/step, curvature 12.7 MiB", metrics `fosi_lanczos_s` (seconds per
+/// refresh, 0 without a refresh in the epoch), `fosi_projection_ms` and
+/// `fosi_curvature_bytes` (FOSI::curvature_bytes(), this process's). With `communicated`, a
+/// counter of the bytes this process has passed to MPI for FOSI (DHO2: its and its curvature
+/// operator's communicators), profiling adds their mean per step over the epoch, refreshes
+/// included ("5,120 B/step", metric `fosi_bytes_per_step`; 0 without a counter). `fosi` must
+/// outlive it.
 template <class Scalar, class MemorySpace>
 class FOSIReport final : public Callback<Scalar, MemorySpace> {
 public:
   using trainer_type = typename Callback<Scalar, MemorySpace>::trainer_type;
 
-  FOSIReport(optim::FOSI<Scalar, MemorySpace> &fosi, bool profile)
-      : fosi_(fosi), profile_(profile) {
+  FOSIReport(optim::FOSI<Scalar, MemorySpace> &fosi, bool profile,
+             std::function<std::uint64_t()> communicated = {})
+      : fosi_(fosi), profile_(profile), communicated_(std::move(communicated)) {
     fosi_.set_profile(profile);
   }
 
@@ -38,6 +46,7 @@ public:
   }
   void on_step_end(trainer_type &trainer) override {
     (void)trainer;
+    ++epoch_steps_;
     if (fosi_.refresh_count() != refreshes_seen_) {
       refreshes_seen_ = fosi_.refresh_count();
       ++epoch_refreshes_;
@@ -56,10 +65,20 @@ public:
       const std::int64_t steps = fosi_.projected_steps() - steps_at_start_;
       const double projection_ms =
           steps > 0 ? (fosi_.projection_seconds() - seconds_at_start_) / double(steps) * 1e3 : 0.0;
+      const double curvature = static_cast<double>(fosi_.curvature_bytes());
       os << std::fixed << std::setprecision(3) << ", Lanczos " << lanczos << " s/refresh ("
-         << epoch_refreshes_ << "), projections " << projection_ms << " ms/step";
+         << epoch_refreshes_ << "), projections " << projection_ms << " ms/step, curvature "
+         << std::setprecision(1) << curvature / (1024.0 * 1024.0) << " MiB";
+      double bytes_per_step = 0;
+      if (communicated_) {
+        const auto bytes = static_cast<double>(communicated_() - bytes_at_start_);
+        bytes_per_step = epoch_steps_ > 0 ? bytes / double(epoch_steps_) : 0.0;
+        os << std::setprecision(0) << ", " << bytes_per_step << " B/step";
+      }
       summary.metrics.push_back({"fosi_lanczos_s", lanczos, 4});
       summary.metrics.push_back({"fosi_projection_ms", projection_ms, 4});
+      summary.metrics.push_back({"fosi_curvature_bytes", curvature, 0});
+      summary.metrics.push_back({"fosi_bytes_per_step", bytes_per_step, 1});
     }
     summary.note += "  " + os.str();
   }
@@ -71,11 +90,15 @@ private:
     epoch_lanczos_seconds_ = 0;
     steps_at_start_ = fosi_.projected_steps();
     seconds_at_start_ = fosi_.projection_seconds();
+    epoch_steps_ = 0;
+    bytes_at_start_ = communicated_ ? communicated_() : 0;
   }
 
   optim::FOSI<Scalar, MemorySpace> &fosi_;
   bool profile_;
-  std::int64_t refreshes_seen_ = 0, epoch_refreshes_ = 0, steps_at_start_ = 0;
+  std::function<std::uint64_t()> communicated_;
+  std::int64_t refreshes_seen_ = 0, epoch_refreshes_ = 0, steps_at_start_ = 0, epoch_steps_ = 0;
+  std::uint64_t bytes_at_start_ = 0;
   double epoch_lanczos_seconds_ = 0, seconds_at_start_ = 0;
 };
 

@@ -432,7 +432,7 @@ struct WholePartition : kat::optim::FOSIPartition<double, Mem> {
   void gather(const Space &, const Vec<double> &) override {}
 };
 
-TEST_CASE("fosi: a partition's slice is checked, and one slice of everything is plain FOSI",
+TEST_CASE("fosi: a partition's slice is checked and one slice of everything is plain FOSI",
           "[fosi][optim]") {
   const std::size_t n = 20;
   const Hessian H(uniform_values(n, 31, 0.5, 9.0), 8);

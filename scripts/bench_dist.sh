@@ -8,18 +8,22 @@
 #                                  K-FAC memory per rank, second-order compute time per step
 #   scripts/bench_dist.sh train    accuracy and time per epoch with the trainer's K-FAC
 #                                  defaults (10/100), single rank against P ranks
+#   scripts/bench_dist.sh dho2     DHO2 (fosi-momentum --dist-strategy dho2) against FOSI on
+#                                  one rank: curvature memory per rank, bytes per step and the
+#                                  refresh's time, over KAT_DIST_STEPS steps with a refresh
+#                                  every 5 (k = 10, m = 40)
 #
 #   KAT_DIST_MODELS="mlp cnn"   models
 #   KAT_DIST_RANKS="2 4"        rank counts
 #   KAT_DIST_EPOCHS="2"         epochs of the train part
-#   KAT_DIST_STEPS="10"         steps of the update part
+#   KAT_DIST_STEPS="10"         steps of the update and dho2 parts
 #
 # Ranks use one thread each (ranks >= cores here); the single-rank runs use both cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 part=${1:-}
-case $part in update | train) ;; *)
-  echo "usage: $0 update|train" >&2
+case $part in update | train | dho2) ;; *)
+  echo "usage: $0 update|train|dho2" >&2
   exit 2
   ;;
 esac
@@ -85,6 +89,35 @@ if [ "$part" = update ]; then
               f, d, q, f + d + q, $c["comm_ms"]
           }' "$csv"
       done < <(strategies "$p")
+    done
+  done
+  exit 0
+fi
+
+if [ "$part" = dho2 ]; then
+  printf '| model | ranks | run | curvature per rank (MiB) | × one rank | bytes per step | Lanczos per refresh (s) | projections per step (ms) |\n'
+  printf '|---|---|---|---|---|---|---|---|\n'
+  fosi=(--optimizer fosi-momentum --k 10 --warmup-w 5 --num-iters-to-approx-eigs 5 --epochs 1)
+  for model in $models; do
+    single=
+    for p in 1 $rank_counts; do
+      if [ "$p" -eq 1 ]; then
+        name=fosi flags=()
+      else
+        name=dho2 flags=(--dist-strategy dho2)
+      fi
+      tag=dho2-$model-$p-$name
+      run "$tag" "$p" --model "$model" "${fosi[@]}" "${flags[@]}" \
+        --train-subset $((steps * 128))
+      line=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) c[$i] = i; next }
+        END { print $c["fosi_curvature_bytes"], $c["fosi_bytes_per_step"], $c["fosi_lanczos_s"],
+                    $c["fosi_projection_ms"] }' "$out/$tag.csv")
+      read -r bytes per_step lanczos projection <<<"$line"
+      [ -n "$single" ] || single=$bytes
+      awk -v model="$model" -v p="$p" -v name="$name" -v b="$bytes" -v s="$single" \
+        -v ps="$per_step" -v l="$lanczos" -v q="$projection" 'BEGIN {
+          printf "| %s | %d | %s | %.2f | %.3f (1/P = %.3f) | %.0f | %.2f | %.2f |\n",
+            model, p, name, b / 1048576, b / s, 1 / p, ps, l, q }'
     done
   done
   exit 0

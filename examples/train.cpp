@@ -181,13 +181,15 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
     method = kat::detail::concat("DHO2 (", s.group.size(), " shards of ", shard.padded,
                                  " parameters), FOSI-");
     // DHO2's own communicator and the operator's (s.comm, which FOSI uses for nothing else).
-    const auto *dho2 = static_cast<const kat::distributed::DHO2<Scalar, Mem> *>(fosi.get());
+    const auto *sharded = static_cast<const kat::distributed::DHO2<Scalar, Mem> *>(fosi.get());
     const kat::distributed::Communicator *op_comm = s.comm;
-    communicated = [dho2, op_comm] {
-      return static_cast<std::uint64_t>(dho2->stats().total().bytes +
+    communicated = [sharded, op_comm] {
+      return static_cast<std::uint64_t>(sharded->stats().total().bytes +
                                         op_comm->stats().total().bytes);
     };
   }
+#else
+  (void)dho2; // false: --dist-strategy exists only in MPI builds
 #endif
   if (!fosi) {
     fosi = std::make_unique<kat::optim::FOSI<Scalar, Mem>>(

@@ -93,13 +93,7 @@ std::vector<double> host_values(std::size_t n, std::uint64_t seed) {
 }
 
 template <class T> Vec<T> device_vector(const std::vector<double> &x) {
-  Vec<T> v("test_dho2::vector", x.size());
-  auto h = Kokkos::create_mirror_view(v);
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    h(i) = static_cast<T>(x[i]);
-  }
-  Kokkos::deep_copy(v, h);
-  return v;
+  return test::vector_of<T>(x.size(), [&x](std::size_t i) { return x[i]; });
 }
 
 template <class V> std::vector<double> host_vector(const V &v) {

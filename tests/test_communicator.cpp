@@ -230,6 +230,53 @@ TEST_CASE("communicator: non-blocking collectives equal the blocking ones", "[mp
   empty.wait();
 }
 
+TEST_CASE("communicator: isend and irecv pass a ring of messages, counted and checked",
+          "[mpi][dist]") {
+  for (Staging staging : {Staging::never, Staging::always}) {
+    CommunicatorOptions options;
+    options.staging = staging;
+    auto comm = Communicator::world(options).dup();
+    const int P = comm.size(), r = comm.rank();
+    const int next = (r + 1) % P, previous = (r + P - 1) % P;
+    // Rank r sends 3 values to r + 1 with tag 5 and 2 with tag 6; the tags keep them apart
+    // even though the receives are posted in the other order.
+    auto a = vector_of<float>(3, [&](std::size_t i) { return 10.0f * r + float(i); });
+    auto b = vector_of<std::int64_t>(2, [&](std::size_t i) { return 100 * r + std::int64_t(i); });
+    Vector<float, Mem> got_a("got_a", 3);
+    Vector<std::int64_t, Mem> got_b("got_b", 2);
+    Request rb = comm.irecv(Space(), got_b, previous, 6);
+    Request ra = comm.irecv(Space(), got_a, previous, 5);
+    Request sa = comm.isend(Space(), a, next, 5);
+    Request sb = comm.isend(Space(), b, next, 6);
+    while (!ra.test()) {
+    }
+    rb.wait();
+    sa.wait();
+    sb.wait();
+    const double p = previous;
+    CHECK(values(got_a) == std::vector<double>{10 * p, 10 * p + 1, 10 * p + 2});
+    CHECK(values(got_b) == std::vector<double>{100 * p, 100 * p + 1});
+    const auto s = comm.stats();
+    CHECK(s.send.calls == 2);
+    CHECK(s.send.bytes == 3 * 4 + 2 * 8);
+    CHECK(s.recv.calls == 2);
+    CHECK(s.recv.bytes == 3 * 4 + 2 * 8);
+    CHECK(s.total().bytes == 2 * (3 * 4 + 2 * 8));
+    CHECK(s.shape_check.calls == 0); // nothing is agreed across ranks
+    CHECK_THROWS_MATCHES(comm.isend(Space(), a, P, 0), ValueError,
+                         MessageContains("dest must be a rank in [0, " + std::to_string(P) +
+                                         ") on rank " + std::to_string(r)));
+    CHECK_THROWS_MATCHES(comm.irecv(Space(), got_a, -1, 0), ValueError,
+                         MessageContains("source must be a rank in"));
+    CHECK_THROWS_MATCHES(comm.isend(Space(), a, next, -3), ValueError,
+                         MessageContains("tag must be >= 0"));
+    Kokkos::View<float **, Kokkos::LayoutLeft, Mem> m("m", 4, 3);
+    CHECK_THROWS_MATCHES(
+        comm.isend(Space(), Kokkos::subview(m, 1, Kokkos::ALL), next, 0), // a strided row
+        ShapeError, MessageContains("must be contiguous"));
+  }
+}
+
 TEST_CASE("communicator: staging always gives the same results as never on host memory",
           "[mpi][dist]") {
   // Every collective on the same inputs under both policies; 'always' copies through a fresh

@@ -99,6 +99,8 @@ struct CollectiveCounter {
 /// | allgather      | n of `in`, this rank's contribution (not the size() x n gathered)     |
 /// | reduce_scatter | n of `in`, the whole input (size() x the block this rank receives)    |
 /// | barrier        | 0                                                                     |
+/// | send           | n of the view sent (isend)                                            |
+/// | recv           | n of the view received into (irecv), counted when the receive is posted |
 /// | shape_check    | 40 (5 int64) per checked collective; not part of total()              |
 /// | staging        | bytes copied between a view and a host staging buffer, each direction |
 ///
@@ -112,23 +114,42 @@ struct CommunicatorStats {
   CollectiveCounter allgather;
   CollectiveCounter reduce_scatter;
   CollectiveCounter barrier;
+  /// Point-to-point messages (isend, irecv).
+  CollectiveCounter send;
+  CollectiveCounter recv;
   /// The agreement all-reduces of CommunicatorOptions::checked.
   CollectiveCounter shape_check;
   /// Host staging copies (calls = copies, bytes = bytes copied); not part of total().
   CollectiveCounter staging;
 
-  /// Sum over the payload collectives (everything but shape_check and staging).
+  /// Adds every counter of `other` (e.g. to total several communicators).
+  CommunicatorStats &operator+=(const CommunicatorStats &other) {
+    allreduce += other.allreduce;
+    iallreduce += other.iallreduce;
+    broadcast += other.broadcast;
+    ibroadcast += other.ibroadcast;
+    allgather += other.allgather;
+    reduce_scatter += other.reduce_scatter;
+    barrier += other.barrier;
+    send += other.send;
+    recv += other.recv;
+    shape_check += other.shape_check;
+    staging += other.staging;
+    return *this;
+  }
+
+  /// Sum over the payload operations (everything but shape_check and staging).
   CollectiveCounter total() const {
     CollectiveCounter t;
-    for (const auto *c :
-         {&allreduce, &iallreduce, &broadcast, &ibroadcast, &allgather, &reduce_scatter, &barrier})
+    for (const auto *c : {&allreduce, &iallreduce, &broadcast, &ibroadcast, &allgather,
+                          &reduce_scatter, &barrier, &send, &recv})
       t += *c;
     return t;
   }
 };
 
-/// An in-flight non-blocking collective (iallreduce, ibroadcast). It holds the views and any
-/// host staging buffers until the operation completes; completion (wait(), a test() that
+/// An in-flight non-blocking operation (iallreduce, ibroadcast, isend, irecv). It holds the views
+/// and any host staging buffers until the operation completes; completion (wait(), a test() that
 /// returns true, or the destructor) copies staged results back into the view. The destructor
 /// waits, so a request is never leaked; an error found there is printed to stderr, since a
 /// destructor cannot throw: call wait() to get it as an exception.
@@ -627,6 +648,60 @@ public:
     });
   }
 
+  // --- point-to-point ----------------------------------------------------------------
+
+  /// Non-blocking send of `view` to rank `dest` with `tag` (MPI_Isend); the view must not be
+  /// written until the request completes. Unlike the collectives, nothing is agreed across
+  /// ranks: the matching irecv must name this rank, the same tag, and a view of the same
+  /// scalar type with at least as many elements.
+  /// @throws ValueError if dest is not a rank of the communicator or tag is negative;
+  ///   ShapeError if the view is not contiguous; MPIError.
+  template <class ExecSpace, class View>
+  [[nodiscard]] Request isend(const ExecSpace &space, const View &view, int dest, int tag) {
+    static_check<ExecSpace, View, false>();
+    ScopedRegion region("kat::distributed::isend");
+    using T = typename View::non_const_value_type;
+    const char *what = "isend";
+    require_peer(what, "dest", dest, tag);
+    if (auto error = view_error(what, "view", view); !error.empty()) {
+      throw ShapeError(error);
+    }
+    auto buffer = stage(space, view, true);
+    space.fence();
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(what, MPI_Isend(buffer.data, count(view), detail::mpi_datatype<T>(), dest, tag, comm_,
+                          &request));
+    add(stats_.send, view.size() * sizeof(T));
+    // `view` and `buffer` are captured to keep MPI's input alive until completion.
+    return make_request(what, request, [view, buffer]() {});
+  }
+
+  /// Non-blocking receive into `view` from rank `source` with `tag` (MPI_Irecv); the message
+  /// must have exactly view.size() elements. The view must not be read until the request
+  /// completes.
+  /// @throws ValueError if source is not a rank of the communicator or tag is negative;
+  ///   ShapeError if the view is not contiguous; MPIError (also on completion, e.g. for a
+  ///   message longer than the view).
+  template <class ExecSpace, class View>
+  [[nodiscard]] Request irecv(const ExecSpace &space, const View &view, int source, int tag) {
+    static_check<ExecSpace, View, true>();
+    ScopedRegion region("kat::distributed::irecv");
+    using T = typename View::non_const_value_type;
+    const char *what = "irecv";
+    require_peer(what, "source", source, tag);
+    if (auto error = view_error(what, "view", view); !error.empty()) {
+      throw ShapeError(error);
+    }
+    auto buffer = stage(space, view, false);
+    space.fence();
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(what, MPI_Irecv(buffer.data, count(view), detail::mpi_datatype<T>(), source, tag, comm_,
+                          &request));
+    add(stats_.recv, view.size() * sizeof(T));
+    count_copy_back(view, buffer);
+    return make_request(what, request, [space, view, buffer]() { copy_back(space, view, buffer); });
+  }
+
 private:
   /// Where MPI reads or writes a view's data: the view itself, or a host staging buffer.
   template <class Pointee> struct Staged {
@@ -680,6 +755,18 @@ private:
     if (comm_ == MPI_COMM_NULL) {
       throw Error(name(op) + ": the communicator is null (moved from, or this rank passed "
                              "undefined_color to split)");
+    }
+  }
+
+  void require_peer(const char *op, const char *arg, int peer, int tag) const {
+    require_valid(op);
+    if (peer < 0 || peer >= size_) {
+      throw ValueError(kat::detail::concat(name(op), ": ", arg, " must be a rank in [0, ", size_,
+                                           ") on ", rank_text(), ", got ", peer));
+    }
+    if (tag < 0) {
+      throw ValueError(
+          kat::detail::concat(name(op), ": tag must be >= 0 on ", rank_text(), ", got ", tag));
     }
   }
 

@@ -59,6 +59,7 @@ TEST_CASE("parameter_shard: contiguous padded slices that cover the vector", "[d
 #include <kat/core/lanczos.hpp>
 #include <kat/distributed/communicator.hpp>
 #include <kat/distributed/dho2.hpp>
+#include <kat/distributed/dho2_overlap.hpp>
 #include <kat/distributed/sharded_lanczos.hpp>
 #include <kat/distributed/sharded_operator.hpp>
 #include <kat/nn/hessian_vector_product.hpp>
@@ -68,8 +69,10 @@ TEST_CASE("parameter_shard: contiguous padded slices that cover the vector", "[d
 #include <kat/optim/sgd.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace test_dho2 {
@@ -446,6 +449,233 @@ TEST_CASE("dho2: the base optimizer must be built for the rank's slice", "[mpi][
   CHECK_THROWS_MATCHES(DHO2d(world, n, make_base(false, wrong), op, fosi_options()), ShapeError,
                        MessageContains("local_size()) must be " + std::to_string(shard.size) +
                                        ", got " + std::to_string(wrong)));
+}
+
+namespace {
+
+/// The curvature ranks' side of an overlapped test: serve with their share of the curvature
+/// batch (the same 12 rows as the reference's, split over the curvature ranks). `slow` sleeps
+/// in each product, `fail` makes curvature rank 0's products throw.
+std::int64_t serve_curvature(const distributed::DHO2Roles &roles, std::size_t n, bool slow = false,
+                             bool fail = false) {
+  const Space space;
+  Model model{FeatureShape{1, 2, 3}};
+  test::build_mlp(model, 11);
+  const std::size_t rows = kBatch / std::size_t(roles.curvature_ranks);
+  const int c = roles.group->rank();
+  const auto shard = distributed::parameter_shard(n, c, roles.curvature_ranks);
+  const auto mine = batch_rows(99, rows * std::size_t(c), rows);
+  const nn::SoftmaxCrossEntropy<double, Mem> loss;
+  auto product = std::make_shared<nn::CurvatureVectorProduct<double, Mem, decltype(loss)>>(
+      nn::CurvatureProduct::hessian);
+  Model *m = &model;
+  const auto op = distributed::sharded_operator<double, Mem>(
+      *roles.group, shard, [=](const Space &s, const Vec<double> &v, const Vec<double> &out) {
+        if (fail && c == 0) {
+          throw ValueError("test_dho2: curvature rank 0's product fails on purpose");
+        }
+        if (slow) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        product->apply(s, *m, loss, mine.x, mine.y, v, out);
+      });
+  distributed::DHO2Estimator<double, Mem> estimator(roles, n, model.parameters(), op);
+  CHECK(estimator.shard().size == shard.size);
+  return estimator.serve(space);
+}
+
+} // namespace
+
+TEST_CASE("dho2 overlap: curvature ranks estimate; a fixed staleness S equals FOSI refreshed S "
+          "steps late on the snapshot",
+          "[mpi][dho2]") {
+  auto world = Communicator::world();
+  INFO(test::rank_of(world));
+  if (world.size() < 2) {
+    return; // needs a training and a curvature rank
+  }
+  const Space space;
+  const nn::SoftmaxCrossEntropy<double, Mem> loss;
+  for (int C = 1; C < world.size(); ++C) {
+    for (const std::int64_t S : {std::int64_t(0), std::int64_t(1)}) {
+      INFO(C << " curvature ranks, staleness bound " << S);
+      const auto roles = distributed::dho2_roles(world, C);
+      CHECK(roles.training_ranks == world.size() - C);
+      CHECK(roles.curvature == (world.rank() >= world.size() - C));
+      Model probe{FeatureShape{1, 2, 3}};
+      test::build_mlp(probe, 11);
+      const std::size_t n = probe.parameter_count();
+      auto o = fosi_options();
+      o.num_iters_to_approx_eigs = 3; // refreshes due at steps 1, 4, 7
+      if (roles.curvature) {
+        CHECK(serve_curvature(roles, n) == 3);
+        continue;
+      }
+      // The reference: FOSI refreshing S steps late (W + S) on a snapshot model that holds the
+      // parameters of the step the overlapped refresh was due at.
+      Model reference{FeatureShape{1, 2, 3}}, snapshot{FeatureShape{1, 2, 3}};
+      test::build_mlp(reference, 11);
+      test::build_mlp(snapshot, 11);
+      const auto curvature_batch = batch_rows(99, 0, kBatch);
+      auto late = o;
+      late.warmup_w = o.warmup_w + S;
+      FOSId fosi(n, make_base(false, n),
+                 nn::curvature_operator(snapshot, loss, curvature_batch.x, curvature_batch.y),
+                 late);
+
+      Model model{FeatureShape{1, 2, 3}};
+      test::build_mlp(model, 11);
+      const auto shard = distributed::parameter_shard(n, roles.group->rank(), roles.training_ranks);
+      distributed::DHO2Overlap overlap;
+      overlap.staleness_bound = S;
+      overlap.swap = distributed::DHO2Swap::fixed;
+      DHO2d dho2(roles, n, make_base(false, shard.size), o, overlap);
+      CHECK(dho2.overlapped());
+      CHECK(dho2.local_size() == shard.size);
+      std::size_t expected_bytes = 0;
+      for (int s = 0; s < 9; ++s) {
+        INFO("step " << s);
+        if (dho2.refresh_due(s)) {
+          Kokkos::deep_copy(snapshot.parameters(), reference.parameters());
+        }
+        whole_batch_gradient(space, reference, s);
+        whole_batch_gradient(space, model, s);
+        fosi.step(space, reference.parameters(), reference.gradients());
+        const auto installed = dho2.staleness().estimates;
+        dho2.step(space, model.parameters(), model.gradients());
+        if (dho2.staleness().estimates > installed) {
+          expected_bytes += dho2.estimate_bytes();
+        }
+        expected_bytes += dho2.step_bytes(dho2.has_estimate());
+        REQUIRE(dho2.refresh_count() == fosi.refresh_count());
+        CHECK(dho2.estimate_pending() == (S > 0 && (s == 1 || s == 4 || s == 7)));
+        const auto p = host_vector(model.parameters());
+        const auto q = host_vector(reference.parameters());
+        double err = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          err = std::max(err, std::abs(p[i] - q[i]));
+        }
+        CHECK(err < 1e-11);
+        if (dho2.has_estimate()) {
+          for (std::size_t j = 0; j < 3; ++j) {
+            CHECK(dho2.eigenvalues()[j] == Approx(fosi.eigenvalues()[j]).epsilon(1e-10));
+          }
+        }
+      }
+      // Every estimate came exactly S steps after its snapshot; bytes as counted by hand.
+      CHECK(dho2.refresh_count() == 3);
+      CHECK(dho2.staleness().estimates == 3);
+      CHECK(dho2.staleness().max_steps == S);
+      CHECK(dho2.staleness().total_steps == 3 * S);
+      CHECK(dho2.staleness().estimation_seconds > 0.0);
+      CHECK(dho2.stats().total().bytes == expected_bytes);
+      CHECK(dho2.curvature_bytes() == sizeof(double) * (shard.size * (3 + 1) + shard.padded * 3));
+      CHECK_THROWS_MATCHES(dho2.refresh(space), Error, MessageContains("asynchronously"));
+      if (S > 0) { // an estimate in flight is not part of the state: no save then
+        whole_batch_gradient(space, model, 9);
+        dho2.step(space, model.parameters(), model.gradients()); // step 9: no refresh
+        CHECK_FALSE(dho2.estimate_pending());
+        CHECK_NOTHROW(dho2.state_dict());
+      }
+    }
+  }
+}
+
+TEST_CASE("dho2 overlap: eager swaps never exceed the staleness bound", "[mpi][dho2]") {
+  auto world = Communicator::world();
+  INFO(test::rank_of(world));
+  if (world.size() < 2) {
+    return;
+  }
+  const Space space;
+  const auto roles = distributed::dho2_roles(world, 1);
+  Model model{FeatureShape{1, 2, 3}};
+  test::build_mlp(model, 11);
+  const std::size_t n = model.parameter_count();
+  auto o = fosi_options();
+  o.num_iters_to_approx_eigs = 6; // refreshes at steps 1, 7, 13
+  if (roles.curvature) {
+    CHECK(serve_curvature(roles, n, /*slow=*/true) == 3);
+    return;
+  }
+  const auto shard = distributed::parameter_shard(n, roles.group->rank(), roles.training_ranks);
+  distributed::DHO2Overlap overlap;
+  overlap.staleness_bound = 2; // a slow estimate (about 8 x 20 ms) arrives after 2 fast steps
+  DHO2d dho2(roles, n, make_base(false, shard.size), o, overlap);
+  for (int s = 0; s < 18; ++s) {
+    whole_batch_gradient(space, model, s);
+    dho2.step(space, model.parameters(), model.gradients());
+    const auto &st = dho2.staleness();
+    REQUIRE(st.max_steps <= 2);
+    if (dho2.estimate_pending()) {
+      CHECK((s - 1) % 6 < 2); // started at 1, 7 or 13, in at 3, 9 or 15 at the latest
+    }
+  }
+  CHECK(dho2.staleness().estimates == 3);
+  CHECK(dho2.staleness().waited_seconds >= 0.0);
+  CHECK(dho2.staleness().estimation_seconds > 0.0);
+}
+
+TEST_CASE("dho2 overlap: a failing curvature rank fails every rank, without a hang",
+          "[mpi][dho2]") {
+  auto world = Communicator::world();
+  INFO(test::rank_of(world));
+  if (world.size() < 2) {
+    return;
+  }
+  const Space space;
+  const int C = world.size() > 2 ? 2 : 1;
+  const auto roles = distributed::dho2_roles(world, C);
+  Model model{FeatureShape{1, 2, 3}};
+  test::build_mlp(model, 11);
+  const std::size_t n = model.parameter_count();
+  if (roles.curvature) {
+    CHECK_THROWS_MATCHES(serve_curvature(roles, n, false, /*fail=*/true), Error,
+                         MessageContains("estimate 0 failed on curvature rank"));
+    return;
+  }
+  const auto shard = distributed::parameter_shard(n, roles.group->rank(), roles.training_ranks);
+  distributed::DHO2Overlap overlap;
+  overlap.staleness_bound = 1;
+  {
+    DHO2d dho2(roles, n, make_base(false, shard.size), fosi_options(), overlap);
+    whole_batch_gradient(space, model, 0);
+    dho2.step(space, model.parameters(), model.gradients()); // base step
+    dho2.step(space, model.parameters(), model.gradients()); // step 1 starts the estimate
+    CHECK_THROWS_MATCHES(dho2.step(space, model.parameters(), model.gradients()), Error,
+                         MessageContains("failed on the curvature ranks"));
+  } // the destructor stops the curvature ranks, which then throw
+}
+
+TEST_CASE("dho2 overlap: roles and options are checked", "[mpi][dho2]") {
+  auto world = Communicator::world();
+  const int P = world.size();
+  CHECK_THROWS_MATCHES(distributed::dho2_roles(world, 0), ValueError,
+                       MessageContains("curvature_ranks must be in [1, P - 1]"));
+  CHECK_THROWS_MATCHES(distributed::dho2_roles(world, P), ValueError,
+                       MessageContains("got " + std::to_string(P)));
+  if (P < 2) {
+    return;
+  }
+  const auto roles = distributed::dho2_roles(world, 1);
+  Model model{FeatureShape{1, 2, 3}};
+  test::build_mlp(model, 11);
+  const std::size_t n = model.parameter_count();
+  const std::size_t local =
+      roles.curvature ? 1 : distributed::parameter_shard(n, world.rank(), P - 1).size;
+  distributed::DHO2Overlap negative;
+  negative.staleness_bound = -1;
+  if (roles.curvature) {
+    CHECK_THROWS_MATCHES(DHO2d(roles, n, make_base(false, local), fosi_options(), {}), ValueError,
+                         MessageContains("must be a training rank's"));
+  } else {
+    CHECK_THROWS_MATCHES(DHO2d(roles, n, make_base(false, local), fosi_options(), negative),
+                         ValueError, MessageContains("staleness_bound must be >= 0, got -1"));
+    const LinearOperator<Mem> none;
+    CHECK_THROWS_MATCHES(
+        (distributed::DHO2Estimator<double, Mem>(roles, n, model.parameters(), none)), ValueError,
+        MessageContains("must be a curvature rank's"));
+  }
 }
 
 } // namespace test_dho2

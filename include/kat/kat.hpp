@@ -85,6 +85,7 @@
 #include "kat/distributed/communicator.hpp"
 #include "kat/distributed/data_parallel.hpp"
 #include "kat/distributed/dho2.hpp"
+#include "kat/distributed/dho2_overlap.hpp"
 #include "kat/distributed/dkfac.hpp"
 #include "kat/distributed/dpkfac.hpp"
 #include "kat/distributed/kaisa.hpp"

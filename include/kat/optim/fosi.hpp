@@ -110,6 +110,25 @@ inline const char *to_string(FOSIMomentum m) {
 /// (whose vectors are then the partition's slices), and each step ends with
 /// FOSIPartition::gather, so every process's params holds the whole updated vector. The
 /// arithmetic per entry is the unpartitioned one.
+/// How late FOSI's curvature estimates were when it estimates asynchronously (a
+/// FOSIPartition with asynchronous(), kat::distributed::DHO2 with curvature ranks). The
+/// staleness of an estimate is the number of steps between the step that started it (whose
+/// parameters it describes) and the first step that uses it: 0 is synchronous.
+struct FOSIStaleness {
+  /// Estimates installed asynchronously.
+  std::int64_t estimates = 0;
+  /// Sum, maximum and last of their staleness in steps (mean: total_steps / estimates).
+  std::int64_t total_steps = 0;
+  std::int64_t max_steps = 0;
+  std::int64_t last_steps = 0;
+  /// Wall seconds of their Lanczos runs, measured where they ran.
+  double estimation_seconds = 0.0;
+  /// Wall seconds this process spent blocked waiting for an estimate (at the staleness bound,
+  /// or when the next refresh was due): estimation_seconds - waited_seconds of the estimation
+  /// was hidden behind training.
+  double waited_seconds = 0.0;
+};
+
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace>
 class FOSI : public Optimizer<Scalar, MemorySpace> {
   using Base = Optimizer<Scalar, MemorySpace>;
@@ -196,7 +215,9 @@ public:
                                 static_cast<std::size_t>(params.extent(0)));
     kat::detail::require_extent(where.c_str(), "grads.extent(0)", this->size_,
                                 static_cast<std::size_t>(grads.extent(0)));
-    if (refresh_due(this->steps_)) {
+    if (partition_ && partition_->asynchronous()) {
+      estimate_asynchronously(space, params);
+    } else if (refresh_due(this->steps_)) {
       refresh(space);
     }
     this->begin_step(params, grads);
@@ -322,29 +343,21 @@ public:
   /// stream, r). Fences.
   /// @throws NumericalError if the operator returns non-finite values or an eigenvalue
   ///   estimate is 0 (its inverse is the Newton step); the previous estimate is kept then.
+  /// @throws Error with an asynchronous partition (its estimates run inside step()).
   void refresh(const execution_space &space) {
     kat::ScopedRegion region("kat::optim::FOSI::refresh");
-    LanczosOptions lo;
-    lo.m = opt_.lanczos_iterations;
-    lo.k = opt_.k;
-    lo.l = opt_.l;
-    lo.seed = kat::counter_bits(opt_.seed, fosi_stream, static_cast<std::uint64_t>(refreshes_));
+    if (partition_ && partition_->asynchronous()) {
+      throw Error("kat::optim::FOSI::refresh: the partition estimates asynchronously; its "
+                  "refreshes start and finish inside step()");
+    }
+    const LanczosOptions lo = lanczos_options();
     const auto start = std::chrono::steady_clock::now();
-    LanczosResult<MemorySpace> r =
+    const LanczosResult<MemorySpace> r =
         partition_ ? partition_->lanczos(space, curvature_, lo)
                    : kat::lanczos<MemorySpace>(space, curvature_, this->size_, lo);
     const auto stop = std::chrono::steady_clock::now();
-    check_eigenvalues("kat::optim::FOSI::refresh", r.eigenvalues);
-    Kokkos::deep_copy(
-        space, V_,
-        Kokkos::subview(r.eigenvectors, std::make_pair(std::size_t(0), local_n_), Kokkos::ALL));
-    kat::gemv(space, kat::Trans::T, 1.0, V_, momentum_, 0.0, momentum_coefficients_);
-    sum_over_partition(space, momentum_coefficients_);
-    set_eigenvalues(r.eigenvalues);
-    space.fence();
-    ++refreshes_;
+    install(space, r);
     last_lanczos_seconds_ = std::chrono::duration<double>(stop - start).count();
-    last_lanczos_iterations_ = r.iterations;
   }
 
   /// Sets the learning rate of FOSI and of the base optimizer.
@@ -376,6 +389,11 @@ public:
   /// Lanczos iterations of the last refresh (m, or fewer on an invariant subspace); 0 before.
   std::size_t last_lanczos_iterations() const { return last_lanczos_iterations_; }
 
+  /// With an asynchronous partition: whether an estimate is in flight (started, not yet
+  /// installed), and how late the installed ones were (zeros otherwise).
+  bool estimate_pending() const { return pending_; }
+  const FOSIStaleness &staleness() const { return staleness_; }
+
   /// The largest kept eigenvalue of the current estimate, λ_max (the last of eigenvalues());
   /// 0 before the first refresh.
   double lambda_max() const { return lambda_.back(); }
@@ -404,7 +422,7 @@ public:
   /// what a refresh allocates while it runs, Lanczos's basis, residual and Ritz vectors
   /// (L x (m + 1 + k + l) doubles, L = n, or the partition's vector_length()). The base
   /// optimizer's state and the step's work vectors are not included.
-  std::size_t curvature_bytes() const {
+  virtual std::size_t curvature_bytes() const {
     const std::size_t kl = opt_.k + opt_.l;
     const std::size_t L = partition_ ? partition_->vector_length() : this->size_;
     return sizeof(double) * (local_n_ * (kl + 1) + L * (opt_.lanczos_iterations + 1 + kl));
@@ -427,7 +445,14 @@ public:
   /// (float64 [n, k + l]), "eigenvalues" (float64 [k + l]) and "refreshes" (int64): with the
   /// same options and operator, a FOSI loaded from it continues bit for bit as the one saved.
   /// Partitioned, n is local_size(): each process saves and loads its own slice.
+  /// @throws StateError while an asynchronous estimate is in flight (estimate_pending()): its
+  ///   result is not part of the state, so a save now could not be resumed exactly.
   StateDict state_dict() const override {
+    if (pending_) {
+      throw StateError(kat::detail::concat(
+          "kat::optim::FOSI::state_dict: a curvature estimate started at step ", estimate_step_,
+          " is in flight (asynchronous partition); save when estimate_pending() is false"));
+    }
     StateDict s = Base::state_dict();
     s.merge("base", base_->state_dict());
     s.set_view("momentum", momentum_);
@@ -612,6 +637,73 @@ private:
     scaling_ = std::min(std::max(ratio, 1.0), *opt_.learning_rate_clip);
   }
 
+  /// The next refresh's Lanczos options; refresh r (0-based, refreshes_) is seeded with
+  /// counter_bits(seed, fosi_stream, r).
+  LanczosOptions lanczos_options() const {
+    LanczosOptions lo;
+    lo.m = opt_.lanczos_iterations;
+    lo.k = opt_.k;
+    lo.l = opt_.l;
+    lo.seed = kat::counter_bits(opt_.seed, fosi_stream, static_cast<std::uint64_t>(refreshes_));
+    return lo;
+  }
+
+  /// Makes `r` (this process's rows first) the current estimate: V, V m, λ and c. Checks the
+  /// eigenvalues first, so a failure changes nothing. Fences.
+  void install(const execution_space &space, const LanczosResult<MemorySpace> &r) {
+    check_eigenvalues("kat::optim::FOSI::refresh", r.eigenvalues);
+    Kokkos::deep_copy(
+        space, V_,
+        Kokkos::subview(r.eigenvectors, std::make_pair(std::size_t(0), local_n_), Kokkos::ALL));
+    kat::gemv(space, kat::Trans::T, 1.0, V_, momentum_, 0.0, momentum_coefficients_);
+    sum_over_partition(space, momentum_coefficients_);
+    set_eigenvalues(r.eigenvalues);
+    space.fence();
+    ++refreshes_;
+    last_lanczos_iterations_ = r.iterations;
+  }
+
+  /// The refresh schedule with an asynchronous partition: an estimate in flight is installed
+  /// when the partition has it, and waited for when it is staleness_bound() steps old or the
+  /// next is due; a due refresh starts the next estimate at `params` (and waits for it at
+  /// once when the bound is 0).
+  void estimate_asynchronously(const execution_space &space, const vector_type &params) {
+    const bool due = refresh_due(this->steps_);
+    const std::int64_t bound = partition_->staleness_bound();
+    if (pending_) {
+      finish_estimate(space, due || this->steps_ - estimate_step_ >= bound);
+    }
+    if (due) {
+      partition_->start_estimate(space, params, lanczos_options());
+      pending_ = true;
+      estimate_step_ = this->steps_;
+      if (bound == 0) {
+        finish_estimate(space, true);
+      }
+    }
+  }
+
+  void finish_estimate(const execution_space &space, bool wait) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    std::optional<LanczosResult<MemorySpace>> r = partition_->finish_estimate(space, wait);
+    if (wait) {
+      staleness_.waited_seconds += std::chrono::duration<double>(clock::now() - start).count();
+    }
+    if (!r) {
+      return;
+    }
+    pending_ = false; // a result that fails its check is dropped: the old estimate stays
+    install(space, *r);
+    const std::int64_t age = this->steps_ - estimate_step_;
+    ++staleness_.estimates;
+    staleness_.total_steps += age;
+    staleness_.max_steps = std::max(staleness_.max_steps, age);
+    staleness_.last_steps = age;
+    last_lanczos_seconds_ = partition_->estimate_seconds();
+    staleness_.estimation_seconds += last_lanczos_seconds_;
+  }
+
   std::shared_ptr<partition_type> partition_;
   std::size_t offset_;
   std::size_t local_n_;
@@ -635,6 +727,10 @@ private:
   std::int64_t projected_steps_ = 0;
   double last_lanczos_seconds_ = 0.0;
   std::size_t last_lanczos_iterations_ = 0;
+  // Asynchronous estimation (a partition with asynchronous()).
+  bool pending_ = false;
+  std::int64_t estimate_step_ = 0; // steps() when the estimate in flight was started
+  FOSIStaleness staleness_;
 };
 
 } // namespace optim

@@ -4,10 +4,13 @@
 /// so that each keeps and updates one slice of the flat parameter vector (kat::distributed::DHO2
 /// supplies one over MPI; without one, FOSI holds everything).
 
+#include "kat/core/error.hpp"
 #include "kat/core/lanczos.hpp"
 #include "kat/core/views.hpp"
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 
 namespace kat {
 namespace optim {
@@ -54,6 +57,47 @@ public:
   /// `params` (length n) holds this process's updated slice; afterwards it holds every
   /// process's, on every process.
   virtual void gather(const execution_space &space, const vector_type &params) = 0;
+
+  // --- asynchronous estimation (DHO2 with curvature ranks) ------------------------------
+
+  /// Whether the curvature is estimated elsewhere while this process trains: then, at a
+  /// refresh step, FOSI calls start_estimate() instead of lanczos() and keeps stepping with the
+  /// previous estimate until finish_estimate() returns the new one, at most
+  /// staleness_bound() steps later. False by default (lanczos() runs synchronously).
+  virtual bool asynchronous() const { return false; }
+
+  /// The most steps between start_estimate() and the step that first uses its result (0: the
+  /// step that starts an estimate waits for it). Meaningful when asynchronous().
+  virtual std::int64_t staleness_bound() const { return 0; }
+
+  /// Starts an estimate with `options` at `params` (length global_size(), the whole vector,
+  /// as every process holds it at the start of a step) and returns without waiting for it.
+  /// Collective. At most one estimate is in flight: FOSI finishes one before starting the next.
+  /// @throws Error unless asynchronous().
+  virtual void start_estimate(const execution_space &space, const vector_type &params,
+                              const LanczosOptions &options) {
+    (void)space;
+    (void)params;
+    (void)options;
+    throw Error("kat::optim::FOSIPartition::start_estimate: this partition estimates "
+                "synchronously (asynchronous() is false)");
+  }
+
+  /// The estimate started last, in lanczos()'s layout, once every process has it; empty while
+  /// any has not (or, by the partition's policy, before the bound). With `wait`, blocks until
+  /// it is there. Collective: every process gets the same answer at the same step.
+  /// @throws Error unless asynchronous(), or if the estimate failed where it ran.
+  virtual std::optional<LanczosResult<MemorySpace>> finish_estimate(const execution_space &space,
+                                                                    bool wait) {
+    (void)space;
+    (void)wait;
+    throw Error("kat::optim::FOSIPartition::finish_estimate: this partition estimates "
+                "synchronously (asynchronous() is false)");
+  }
+
+  /// Wall seconds of the Lanczos run behind the last result of finish_estimate(), measured
+  /// where it ran; 0 before.
+  virtual double estimate_seconds() const { return 0.0; }
 };
 
 } // namespace optim

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -48,6 +49,7 @@ struct Setup {
   kat::train::ProcessGroup &group;
 #ifdef KAT_ENABLE_MPI
   kat::distributed::Communicator *comm = nullptr; // for distributed K-FAC; null on one rank
+  const kat::distributed::DHO2Roles *dho2_roles = nullptr; // DHO2 with curvature ranks
 #endif
   const kat::data::Dataset &train_set; // FOSI's curvature batch comes from it
   std::size_t local_batch;
@@ -173,7 +175,25 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
   std::function<std::uint64_t()> communicated;
   std::string method = "FOSI-";
 #ifdef KAT_ENABLE_MPI
-  if (dho2) {
+  if (dho2 && s.dho2_roles) {
+    // The curvature ranks (serve_dho2_curvature) estimate; these ranks only train.
+    kat::distributed::DHO2Overlap overlap;
+    if (s.config.has("dho2-staleness-bound")) {
+      overlap.staleness_bound = s.config.integer("dho2-staleness-bound");
+    }
+    overlap.swap = s.config.text("dho2-swap") == "fixed" ? kat::distributed::DHO2Swap::fixed
+                                                         : kat::distributed::DHO2Swap::eager;
+    auto dho2_optimizer = std::make_unique<kat::distributed::DHO2<Scalar, Mem>>(
+        *s.dho2_roles, n, std::move(s.optimizer), o, overlap);
+    method = kat::detail::concat(
+        "DHO2 (", s.group.size(), " training ranks, shards of ", dho2_optimizer->shard().padded,
+        " parameters; ", s.dho2_roles->curvature_ranks,
+        " curvature ranks, staleness <= ", *dho2_optimizer->overlap()->staleness_bound, ", ",
+        overlap.swap == kat::distributed::DHO2Swap::fixed ? "fixed" : "eager", " swap), FOSI-");
+    fosi = std::move(dho2_optimizer);
+    const auto *sharded = static_cast<const kat::distributed::DHO2<Scalar, Mem> *>(fosi.get());
+    communicated = [sharded] { return static_cast<std::uint64_t>(sharded->stats().total().bytes); };
+  } else if (dho2) {
     const auto shard = kat::distributed::parameter_shard(n, s.group.rank(), s.group.size());
     fosi = std::make_unique<kat::distributed::DHO2<Scalar, Mem>>(
         *s.comm, n, std::move(s.optimizer),
@@ -201,6 +221,107 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
   s.callbacks.push_back(
       std::make_shared<kat::train::FOSIReport<Scalar, Mem>>(*fosi, s.profile, communicated));
   s.optimizer = std::move(fosi);
+}
+
+// A registered option as a flag: its text (the default until given) and the flag.
+struct Flag {
+  std::string name, value;
+  CLI::Option *option = nullptr;
+};
+
+#ifdef KAT_ENABLE_MPI
+// A curvature rank of DHO2 with --dho2-curvature-ranks: serves the training ranks' estimates
+// until they finish. The curvature batch is FOSI's (make_fosi: the first global batch of the
+// training set shuffled with the run's seed), each curvature rank differentiating its rows.
+void serve_dho2_curvature(const kat::distributed::DHO2Roles &roles, Model &model,
+                          const kat::data::Dataset &train_set, std::size_t batch_size,
+                          std::uint64_t seed) {
+  const Space space;
+  kat::data::DataLoader<Scalar, Mem> loader(train_set, batch_size, true, seed);
+  loader.start_epoch(0);
+  kat::Matrix<Scalar, Mem> xb;
+  kat::Vector<std::int32_t, Mem> yb;
+  loader.next(space, xb, yb);
+  const auto C = static_cast<std::size_t>(roles.curvature_ranks);
+  const auto c = static_cast<std::size_t>(roles.group->rank());
+  const std::size_t rows = xb.extent(0) / C;
+  const auto mine = std::make_pair(rows * c, rows * (c + 1));
+  kat::Matrix<Scalar, Mem> x("kat_train::fosi_batch_x", rows, xb.extent(1));
+  kat::Vector<std::int32_t, Mem> y("kat_train::fosi_batch_y", rows);
+  Kokkos::deep_copy(space, x, Kokkos::subview(xb, mine, Kokkos::ALL));
+  Kokkos::deep_copy(space, y, Kokkos::subview(yb, mine));
+  const kat::Vector<const std::int32_t, Mem> labels = y;
+  const kat::nn::SoftmaxCrossEntropy<Scalar, Mem> loss;
+  const std::size_t n = model.parameter_count();
+  const auto shard =
+      kat::distributed::parameter_shard(n, roles.group->rank(), roles.curvature_ranks);
+  kat::distributed::DHO2Estimator<Scalar, Mem> estimator(
+      roles, n, model.parameters(),
+      kat::distributed::sharded_curvature_operator(*roles.group, shard, model, loss, x, labels));
+  const std::int64_t served = estimator.serve(space);
+  if (c == 0) {
+    std::printf("DHO2 curvature ranks: %lld estimates of %zu rows each, Lanczos %.3f s per "
+                "estimate\n",
+                static_cast<long long>(served), rows * C,
+                served > 0 ? estimator.lanczos_seconds() / double(served) : 0.0);
+    std::fflush(stdout);
+  }
+}
+#endif
+
+// --dho2-curvature-ranks C (0 without the flag), checked against the run's other flags.
+int dho2_curvature_ranks(const std::vector<Flag> &flags, int ranks, int batch_size,
+                         const std::string &checkpoint_dir) {
+  const auto find = [&flags](const std::string &name) -> const Flag * {
+    const auto f =
+        std::find_if(flags.begin(), flags.end(), [&name](const Flag &g) { return g.name == name; });
+    return f == flags.end() ? nullptr : &*f;
+  };
+  const Flag *c = find("dho2-curvature-ranks");
+  if (c == nullptr) {
+    return 0;
+  }
+  char *end = nullptr;
+  const long C = std::strtol(c->value.c_str(), &end, 10);
+  if (end == c->value.c_str() || *end != '\0' || C < 0) {
+    throw CLI::ValidationError("--dho2-curvature-ranks",
+                               "must be an integer >= 0, got " + c->value);
+  }
+  if (C == 0) {
+    for (const char *name : {"dho2-staleness-bound", "dho2-swap"}) {
+      if (find(name)->option->count() > 0) {
+        throw CLI::ValidationError(std::string("--") + name, "needs --dho2-curvature-ranks > 0");
+      }
+    }
+    return 0;
+  }
+  if (const Flag *bound = find("dho2-staleness-bound"); bound->option->count() > 0) {
+    const long S = std::strtol(bound->value.c_str(), &end, 10);
+    if (end == bound->value.c_str() || *end != '\0' || S < 0) {
+      throw CLI::ValidationError("--dho2-staleness-bound",
+                                 "must be an integer >= 0 (steps), got " + bound->value);
+    }
+  }
+  if (find("dist-strategy")->option->count() == 0) {
+    throw CLI::ValidationError("--dho2-curvature-ranks", "needs --dist-strategy dho2");
+  }
+  if (C >= ranks) {
+    throw CLI::ValidationError("--dho2-curvature-ranks",
+                               "must leave at least one training rank: at most " +
+                                   std::to_string(ranks - 1) + " of " + std::to_string(ranks) +
+                                   " ranks, got " + c->value);
+  }
+  if (!checkpoint_dir.empty()) {
+    throw CLI::ValidationError("--checkpoint-dir", "is not supported with --dho2-curvature-ranks "
+                                                   "(an estimate in flight is not part of the "
+                                                   "optimizer's state)");
+  }
+  if (batch_size % C != 0) {
+    throw CLI::ValidationError("--batch-size", "must be divisible by the " + c->value +
+                                                   " curvature ranks, which share its first "
+                                                   "batch as the curvature batch");
+  }
+  return static_cast<int>(C);
 }
 
 // The registered optimizers and their options (each option a flag of the same name).
@@ -245,6 +366,14 @@ Optimizers optimizers() {
        "Distributed FOSI on several ranks: dho2 (docs/distributed.md)",
        "",
        {"dho2"}},
+      {"dho2-curvature-ranks",
+       "DHO2: ranks that only estimate curvature, overlapped with training (0: synchronous)", "0"},
+      {"dho2-staleness-bound",
+       "DHO2: most steps an estimate may arrive after its snapshot [default: T]"},
+      {"dho2-swap",
+       "DHO2: swap an estimate in when every training rank has it, or exactly at the bound",
+       "eager",
+       {"eager", "fixed"}},
 #endif
   };
   std::vector<Opt> fosi_sgd = sgd;
@@ -273,12 +402,6 @@ Optimizers optimizers() {
   });
   return r;
 }
-
-// A registered option as a flag: its text (the default until given) and the flag.
-struct Flag {
-  std::string name, value;
-  CLI::Option *option = nullptr;
-};
 
 // Every option of `registry`'s entries as a flag of `app` (once per name), in a group per entry.
 // An option that several entries declare with choices (--dist-strategy) accepts all of them;
@@ -327,9 +450,9 @@ int main(int argc, char **argv) {
 #ifdef KAT_ENABLE_MPI
   kat::distributed::MPIEnvironment mpi(argc, argv);
   auto comm = kat::distributed::Communicator::world();
-  kat::distributed::MPIProcessGroup group(comm);
+  kat::distributed::MPIProcessGroup world_group(comm);
 #else
-  kat::train::ProcessGroup group;
+  kat::train::ProcessGroup world_group;
 #endif
   const Optimizers optimizer_registry = optimizers();
   const auto schedule_registry = kat::train::lr_schedules();
@@ -341,6 +464,7 @@ int main(int argc, char **argv) {
   std::size_t train_subset = 0, keep_checkpoints = 3;
   std::int64_t checkpoint_every = 0;
   bool profile = false;
+  int curvature_ranks = 0; // DHO2's --dho2-curvature-ranks
   CLI::App app{"Train a network on Fashion-MNIST with KAT (Kokkos Accelerated Training).\n"
                "Kokkos flags such as --kokkos-num-threads=N are accepted as well."};
   app.add_option("--data-dir", data_dir, "Directory with the IDX files (raw or .gz)")
@@ -405,7 +529,7 @@ int main(int argc, char **argv) {
     if (resume == "latest" && checkpoint_dir.empty()) {
       throw CLI::ValidationError("--resume latest", "needs --checkpoint-dir");
     }
-    if (!resume.empty() && resume != "latest" && group.size() > 1) {
+    if (!resume.empty() && resume != "latest" && world_group.size() > 1) {
       throw CLI::ValidationError("--resume", "takes latest with more than one rank");
     }
     // A registered option given on the command line must be one of the chosen components'.
@@ -438,12 +562,15 @@ int main(int argc, char **argv) {
                                                       schedule_name);
       }
     }
-    if (group.size() > 1 && batch_size % group.size() != 0) {
+    curvature_ranks = dho2_curvature_ranks(flags, world_group.size(), batch_size, checkpoint_dir);
+    const int training_ranks = world_group.size() - curvature_ranks;
+    if (training_ranks > 1 && batch_size % training_ranks != 0) {
       throw CLI::ValidationError("--batch-size", "is the global batch and must be divisible by " +
-                                                     std::to_string(group.size()) + " ranks");
+                                                     std::to_string(training_ranks) +
+                                                     " training ranks");
     }
   } catch (const CLI::ParseError &e) {
-    return group.rank() == 0 ? app.exit(e) : e.get_exit_code(); // every rank reaches it
+    return world_group.rank() == 0 ? app.exit(e) : e.get_exit_code(); // every rank reaches it
   }
   Config config;
   for (const auto &f : flags) {
@@ -453,9 +580,18 @@ int main(int argc, char **argv) {
   }
 #ifdef KAT_ENABLE_MPI
   const std::string threads = kat::distributed::apply_thread_budget(argc, argv, comm);
+  // DHO2 with curvature ranks: the last C ranks estimate curvature, the others train together.
+  std::optional<kat::distributed::DHO2Roles> dho2_roles;
+  if (curvature_ranks > 0) {
+    dho2_roles = kat::distributed::dho2_roles(comm, curvature_ranks);
+  }
+  kat::distributed::Communicator &train_comm = dho2_roles ? *dho2_roles->group : comm;
+  kat::distributed::MPIProcessGroup group(train_comm);
+#else
+  kat::train::ProcessGroup &group = world_group;
 #endif
   Kokkos::ScopeGuard kokkos(argc, argv);
-  const bool root = group.rank() == 0; // only rank 0 prints and writes --metrics
+  const bool root = world_group.rank() == 0; // only rank 0 prints and writes --metrics
   try {
     const Space space;
     const auto t0 = std::chrono::steady_clock::now();
@@ -474,6 +610,13 @@ int main(int argc, char **argv) {
     auto model =
         kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape, train_set.classes);
     model.compile(space, seed);
+#ifdef KAT_ENABLE_MPI
+    if (dho2_roles && dho2_roles->curvature) {
+      serve_dho2_curvature(*dho2_roles, model, train_set, static_cast<std::size_t>(batch_size),
+                           seed);
+      return 0;
+    }
+#endif
     const auto steps = static_cast<std::int64_t>(sampler.batches(local_batch)) * epochs;
     Setup setup{config,
                 model,
@@ -484,6 +627,7 @@ int main(int argc, char **argv) {
                 group,
 #ifdef KAT_ENABLE_MPI
                 nullptr,
+                nullptr,
 #endif
                 train_set,
                 local_batch,
@@ -491,8 +635,9 @@ int main(int argc, char **argv) {
                 profile};
 #ifdef KAT_ENABLE_MPI
     // K-FAC's strategies communicate on their own communicator (their own counters).
-    auto kfac_comm = comm.dup();
+    auto kfac_comm = train_comm.dup();
     setup.comm = &kfac_comm;
+    setup.dho2_roles = dho2_roles ? &*dho2_roles : nullptr;
 #endif
     optimizer_registry.at(optimizer_name).make(setup);
 
@@ -529,7 +674,7 @@ int main(int argc, char **argv) {
           shard.push_back(i);
         }
         // As DataParallel averages the step's gradient, on a communicator of its own.
-        average = [agent_comm = std::make_shared<kat::distributed::Communicator>(comm.dup())](
+        average = [agent_comm = std::make_shared<kat::distributed::Communicator>(train_comm.dup())](
                       const Space &s, const kat::Vector<Scalar, Mem> &g) {
           agent_comm->average(s, g);
         };
@@ -547,7 +692,7 @@ int main(int argc, char **argv) {
         std::shared_ptr<const kat::train::ProcessGroup>(&group, [](const auto *) {}));
     std::shared_ptr<kat::distributed::DataParallel<Scalar, Mem>> dp;
     if (group.size() > 1) {
-      dp = std::make_shared<kat::distributed::DataParallel<Scalar, Mem>>(comm, model);
+      dp = std::make_shared<kat::distributed::DataParallel<Scalar, Mem>>(train_comm, model);
       dp->broadcast_parameters(space); // equal seeds give equal models; make sure of it
       trainer.set_gradient_sync(dp);
       trainer.set_epoch_order([&sampler](std::size_t e) { return sampler.indices(e); });
@@ -575,6 +720,14 @@ int main(int argc, char **argv) {
             setup.callbacks.empty() ? nullptr : setup.callbacks.front())) {
       extra_columns.push_back("fosi_lambda_max");
       extra_columns.push_back("fosi_c");
+#ifdef KAT_ENABLE_MPI
+      if (dho2_roles) { // estimates arrive late: how late, and what their estimation cost
+        for (const char *c :
+             {"fosi_staleness_mean", "fosi_staleness_max", "fosi_estimation_s", "fosi_waited_s"}) {
+          extra_columns.push_back(c);
+        }
+      }
+#endif
       if (profile) {
         extra_columns.push_back("fosi_lanczos_s");
         extra_columns.push_back("fosi_projection_ms");
@@ -646,8 +799,9 @@ int main(int argc, char **argv) {
   } catch (const kat::Error &e) {
     std::fprintf(stderr, "kat_train: error: %s\n", e.what());
 #ifdef KAT_ENABLE_MPI
-    if (group.size() > 1) { // the other ranks may be waiting in a collective
-      std::fprintf(stderr, "kat_train: rank %d of %d aborts\n", group.rank(), group.size());
+    if (world_group.size() > 1) { // the other ranks may be waiting in a collective
+      std::fprintf(stderr, "kat_train: rank %d of %d aborts\n", world_group.rank(),
+                   world_group.size());
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
 #endif

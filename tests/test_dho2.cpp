@@ -676,6 +676,14 @@ TEST_CASE("dho2 overlap: roles and options are checked", "[mpi][dho2]") {
         (distributed::DHO2Estimator<double, Mem>(roles, n, model.parameters(), none)), ValueError,
         MessageContains("must be a curvature rank's"));
   }
+  // The default bound is T; destroying the training ranks' DHO2 stops the curvature ranks.
+  if (roles.curvature) {
+    CHECK(serve_curvature(roles, n) == 0);
+  } else {
+    DHO2d dho2(roles, n, make_base(false, local), fosi_options(), {});
+    CHECK(*dho2.overlap()->staleness_bound == fosi_options().num_iters_to_approx_eigs);
+    CHECK(dho2.roles()->curvature_ranks == 1);
+  }
 }
 
 } // namespace test_dho2

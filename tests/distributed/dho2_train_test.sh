@@ -2,7 +2,10 @@
 # kat_train with DHO2 on 2 ranks against FOSI on one process: the same global batches, the same
 # curvature batch (each rank differentiating its half), so every epoch's train loss, test loss
 # and test accuracy agree up to the rounding of the reductions; each rank's curvature memory is
-# half of one process's, and the bytes per step are the analytic count; and the flag's errors.
+# half of one process's, and the bytes per step are the analytic count. Then overlapped DHO2
+# (2 training ranks and a curvature rank): with staleness bound 0 it trains as FOSI too, with a
+# fixed staleness of 2 every estimate is 2 steps late and the bytes are the analytic count; and
+# the flags' errors.
 #
 #   dho2_train_test.sh KAT_TRAIN DATA_DIR MPIEXEC [mpiexec flags...]
 set -euo pipefail
@@ -50,6 +53,56 @@ dho2_bytes=$(column fosi_curvature_bytes "$work/dho2.csv")
 per_step=$(column fosi_bytes_per_step "$work/dho2.csv")
 [ "$per_step" = 2962755.0 ] || fail "DHO2's bytes per step: expected 2962755.0, got $per_step"
 [ "$(column fosi_bytes_per_step "$work/fosi.csv")" = 0.0 ] || fail "FOSI alone communicated"
+
+# compare FILE NAME: every epoch's train loss, test loss and test accuracy as FOSI's.
+compare() {
+  paste -d, "$work/fosi.csv" "$1" | awk -F, -v name="$2" -v cols="$(head -n 1 "$work/fosi.csv" |
+    awk -F, '{ print NF }')" '
+    NR == 1 { next }
+    { for (c = 4; c <= 6; ++c) {
+        a = $c; b = $(c + cols); d = a - b; if (d < 0) d = -d
+        if (d > 1e-3 * (a < 0 ? -a : a) + 1e-6) {
+          printf "epoch %d column %d: FOSI %s, %s %s\n", $1, c, a, name, b; bad = 1 } } }
+    END { exit bad }' || fail "$2 differs from FOSI on one process"
+}
+
+echo "== DHO2 on 2 training ranks and 1 curvature rank, staleness bound 0"
+"$mpiexec" -n 3 "$@" "$train" "${args[@]}" --dist-strategy dho2 --dho2-curvature-ranks 1 \
+  --dho2-staleness-bound 0 --metrics "$work/overlap0.csv" > "$work/overlap0.log"
+grep -q "1 curvature ranks, staleness <= 0, eager swap" "$work/overlap0.log" ||
+  fail "no overlapped DHO2 line: $(cat "$work/overlap0.log")"
+grep -q "DHO2 curvature ranks: 8 estimates of 64 rows each" "$work/overlap0.log" ||
+  fail "the curvature rank did not report 8 estimates: $(cat "$work/overlap0.log")"
+compare "$work/overlap0.csv" "overlapped DHO2 (S = 0)"
+
+echo "== the same with a fixed staleness of 2 steps"
+"$mpiexec" -n 3 "$@" "$train" "${args[@]}" --dist-strategy dho2 --dho2-curvature-ranks 1 \
+  --dho2-staleness-bound 2 --dho2-swap fixed --metrics "$work/overlap2.csv" > "$work/overlap2.log"
+[ "$(grep -c "stale 2.0 steps (max 2, 4 estimates)" "$work/overlap2.log")" -eq 2 ] ||
+  fail "expected 4 estimates 2 steps late per epoch: $(cat "$work/overlap2.log")"
+[ "$(column fosi_staleness_max "$work/overlap2.csv")" = 2 ] || fail "fosi_staleness_max is not 2"
+# Training rank 0 in epoch 2: 32 steps of 538692 bytes (as above) and 4 estimates, each the
+# command (40 bytes), its slice to the curvature rank (4 x 134661), the eigenvalues and its rows
+# of the Ritz vectors back (8 (3 + 3 + 3 x 134661)), the failure flag (4) and V m (8 x 3):
+# (32 x 538692 + 4 x 3770624) / 32 = 1010020 bytes per step.
+per_step=$(column fosi_bytes_per_step "$work/overlap2.csv")
+[ "$per_step" = 1010020.0 ] || fail "overlapped bytes per step: expected 1010020.0, got $per_step"
+# Each training rank keeps V, the momentum and its rows of the arriving Ritz vectors:
+# 8 (134661 x 4 + 134661 x 3) bytes, no Lanczos basis.
+[ "$(column fosi_curvature_bytes "$work/overlap2.csv")" = 7541016 ] ||
+  fail "training rank's curvature: expected 7541016 bytes"
+
+echo "== overlapped DHO2's flags are checked"
+for bad in "--dho2-curvature-ranks 3:must leave at least one training rank" \
+  "--dho2-staleness-bound 1:needs --dho2-curvature-ranks > 0" \
+  "--dho2-curvature-ranks 1 --checkpoint-dir $work/ck:is not supported with --dho2-curvature-ranks"; do
+  flags=${bad%%:*} message=${bad#*:}
+  # shellcheck disable=SC2086 # the flags are words
+  if "$mpiexec" -n 3 "$@" "$train" "${args[@]}" --dist-strategy dho2 $flags > "$work/bad.log" 2>&1; then
+    fail "$flags was accepted"
+  fi
+  grep -q -- "$message" "$work/bad.log" || fail "$flags: unclear error: $(cat "$work/bad.log")"
+done
 
 echo "== fosi-* on 2 ranks without --dist-strategy dho2 is refused"
 if "$mpiexec" -n 2 "$@" "$train" "${args[@]}" > "$work/refused.log" 2>&1; then

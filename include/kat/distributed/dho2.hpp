@@ -120,7 +120,7 @@ public:
   }
 
   bool asynchronous() const override { return true; }
-  std::int64_t staleness_bound() const override { return overlap_.staleness_bound; }
+  std::int64_t staleness_bound() const override { return *overlap_.staleness_bound; }
   double estimate_seconds() const override { return seconds_; }
 
   LanczosResult<MemorySpace> lanczos(const execution_space &, const LinearOperator<MemorySpace> &,
@@ -375,8 +375,9 @@ public:
   ///   other constructor otherwise.
   DHO2(const DHO2Roles &roles, std::size_t n, std::unique_ptr<base_type> base,
        const Options &options, const DHO2Overlap &overlap)
-      : DHO2(std::make_shared<OverlapPartition>(checked(roles, overlap), n, overlap), n,
-             std::move(base), remote_curvature(), options) {}
+      : DHO2(std::make_shared<OverlapPartition>(checked(roles, overlap), n,
+                                                resolved(overlap, options)),
+             n, std::move(base), remote_curvature(), options) {}
 
   /// Destroys the optimizer; with curvature ranks, training rank 0 stops them first (waiting
   /// for an estimate in flight).
@@ -389,6 +390,10 @@ public:
 
   /// Whether curvature ranks estimate (the overlapped constructor).
   bool overlapped() const { return overlap_ != nullptr; }
+  /// With curvature ranks: the overlap options, the staleness bound resolved; else null.
+  const DHO2Overlap *overlap() const { return overlap_ ? &overlap_->overlap() : nullptr; }
+  /// With curvature ranks: the roles given at construction; else null.
+  const DHO2Roles *roles() const { return overlap_ ? &overlap_->roles() : nullptr; }
 
   /// With curvature ranks: sends them stop (training rank 0; every training rank waits for an
   /// estimate in flight first); later refreshes throw. Collective over the training ranks. The
@@ -489,11 +494,18 @@ private:
           who, ": roles must be a training rank's (dho2_roles(...).curvature false); a curvature "
                "rank runs DHO2Estimator::serve instead"));
     }
-    if (overlap.staleness_bound < 0) {
+    if (overlap.staleness_bound && *overlap.staleness_bound < 0) {
       throw ValueError(kat::detail::concat(who, ": overlap.staleness_bound must be >= 0, got ",
-                                           overlap.staleness_bound));
+                                           *overlap.staleness_bound));
     }
     return roles;
+  }
+
+  static DHO2Overlap resolved(DHO2Overlap overlap, const Options &options) {
+    if (!overlap.staleness_bound) {
+      overlap.staleness_bound = options.num_iters_to_approx_eigs;
+    }
+    return overlap;
   }
 
   /// The training ranks' placeholder for the curvature operator, which lives on the curvature

@@ -82,8 +82,9 @@ struct DHO2Overlap {
   /// S: an estimate started at step s (from the parameters before update s) is used from
   /// update s + d on, 0 <= d <= S; the training ranks wait for it at s + S. Independently, an
   /// estimate is always finished before the next is started, so d <= T (FOSI's
-  /// num_iters_to_approx_eigs) too. 0: synchronous, computed on the curvature ranks.
-  std::int64_t staleness_bound = 10;
+  /// num_iters_to_approx_eigs) too. 0: synchronous, computed on the curvature ranks. Empty
+  /// (the default): T, so an estimate may take until the next one is due.
+  std::optional<std::int64_t> staleness_bound;
   DHO2Swap swap = DHO2Swap::eager;
 };
 

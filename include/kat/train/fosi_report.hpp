@@ -6,6 +6,7 @@
 #include "kat/optim/fosi.hpp"
 #include "kat/train/callback.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iomanip>
@@ -25,8 +26,13 @@ namespace kat::train {
 /// `fosi_curvature_bytes` (FOSI::curvature_bytes(), this process's). With `communicated`, a
 /// counter of the bytes this process has passed to MPI for FOSI (DHO2: its and its curvature
 /// operator's communicators), profiling adds their mean per step over the epoch, refreshes
-/// included ("5,120 B/step", metric `fosi_bytes_per_step`; 0 without a counter). `fosi` must
-/// outlive it.
+/// included ("5,120 B/step", metric `fosi_bytes_per_step`; 0 without a counter). When FOSI
+/// estimates asynchronously (DHO2 with curvature ranks), every epoch line also reports the
+/// staleness of the estimates installed in the epoch and how much of their estimation was
+/// hidden: "stale 3.0 steps (max 4, 2 estimates), estimation 12.41 s, waited 0.52 s",
+/// metrics `fosi_staleness_mean`, `fosi_staleness_max` (steps; 0 without an estimate in the
+/// epoch), `fosi_estimation_s` (Lanczos seconds on the curvature ranks) and `fosi_waited_s`
+/// (seconds this rank blocked for an estimate). `fosi` must outlive it.
 template <class Scalar, class MemorySpace>
 class FOSIReport final : public Callback<Scalar, MemorySpace> {
 public:
@@ -51,6 +57,9 @@ public:
       refreshes_seen_ = fosi_.refresh_count();
       ++epoch_refreshes_;
       epoch_lanczos_seconds_ += fosi_.last_lanczos_seconds();
+      const std::int64_t stale = fosi_.staleness().last_steps;
+      epoch_stale_sum_ += stale;
+      epoch_stale_max_ = std::max(epoch_stale_max_, stale);
     }
   }
   void on_epoch_end(trainer_type &trainer, EpochSummary &summary) override {
@@ -59,6 +68,21 @@ public:
     os << std::setprecision(4) << "λ_max " << fosi_.lambda_max() << ", c " << fosi_.scaling();
     summary.metrics.push_back({"fosi_lambda_max", fosi_.lambda_max(), 6});
     summary.metrics.push_back({"fosi_c", fosi_.scaling(), 6});
+    if (asynchronous()) {
+      const auto &st = fosi_.staleness();
+      const double mean =
+          epoch_refreshes_ > 0 ? double(epoch_stale_sum_) / double(epoch_refreshes_) : 0.0;
+      const double estimation = st.estimation_seconds - estimation_at_start_;
+      const double waited = st.waited_seconds - waited_at_start_;
+      os << std::fixed << std::setprecision(1) << ", stale " << mean << " steps (max "
+         << epoch_stale_max_ << ", " << epoch_refreshes_ << " estimates), estimation "
+         << std::setprecision(2) << estimation << " s, waited " << waited << " s"
+         << std::defaultfloat << std::setprecision(4);
+      summary.metrics.push_back({"fosi_staleness_mean", mean, 2});
+      summary.metrics.push_back({"fosi_staleness_max", double(epoch_stale_max_), 0});
+      summary.metrics.push_back({"fosi_estimation_s", estimation, 3});
+      summary.metrics.push_back({"fosi_waited_s", waited, 3});
+    }
     if (profile_) {
       const double lanczos =
           epoch_refreshes_ > 0 ? epoch_lanczos_seconds_ / double(epoch_refreshes_) : 0.0;
@@ -84,7 +108,13 @@ public:
   }
 
 private:
+  bool asynchronous() const { return fosi_.partition() && fosi_.partition()->asynchronous(); }
+
   void mark() {
+    epoch_stale_sum_ = 0;
+    epoch_stale_max_ = 0;
+    estimation_at_start_ = fosi_.staleness().estimation_seconds;
+    waited_at_start_ = fosi_.staleness().waited_seconds;
     refreshes_seen_ = fosi_.refresh_count();
     epoch_refreshes_ = 0;
     epoch_lanczos_seconds_ = 0;
@@ -100,6 +130,8 @@ private:
   std::int64_t refreshes_seen_ = 0, epoch_refreshes_ = 0, steps_at_start_ = 0, epoch_steps_ = 0;
   std::uint64_t bytes_at_start_ = 0;
   double epoch_lanczos_seconds_ = 0, seconds_at_start_ = 0;
+  std::int64_t epoch_stale_sum_ = 0, epoch_stale_max_ = 0;
+  double estimation_at_start_ = 0, waited_at_start_ = 0;
 };
 
 } // namespace kat::train

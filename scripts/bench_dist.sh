@@ -12,6 +12,13 @@
 #                                  one rank: curvature memory per rank, bytes per step and the
 #                                  refresh's time, over KAT_DIST_STEPS steps with a refresh
 #                                  every 5 (k = 10, m = 40)
+#   scripts/bench_dist.sh compare  the CNN at 4 ranks for KAT_DIST_EPOCHS epochs (default 6):
+#                                  data-parallel SGD-momentum and Adam, K-FAC with KAISA and
+#                                  DP-KFAC, DHO2 synchronous and with 2 curvature ranks (eager,
+#                                  and fixed at the staleness bound); time per epoch, test
+#                                  accuracy, epochs and time to 91%, bytes per step and rank,
+#                                  and DHO2's staleness, estimation and waiting time. Each at
+#                                  the rate of the single-process CNN sweep (docs/benchmarks.md)
 #
 #   KAT_DIST_MODELS="mlp cnn"   models
 #   KAT_DIST_RANKS="2 4"        rank counts
@@ -22,8 +29,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 part=${1:-}
-case $part in update | train | dho2) ;; *)
-  echo "usage: $0 update|train|dho2" >&2
+case $part in update | train | dho2 | compare) ;; *)
+  echo "usage: $0 update|train|dho2|compare" >&2
   exit 2
   ;;
 esac
@@ -39,7 +46,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 models=${KAT_DIST_MODELS:-mlp cnn}
 rank_counts=${KAT_DIST_RANKS:-2 4}
-epochs=${KAT_DIST_EPOCHS:-2}
+default_epochs=2
+[ "$part" = compare ] && default_epochs=6
+epochs=${KAT_DIST_EPOCHS:-$default_epochs}
 steps=${KAT_DIST_STEPS:-10}
 
 # run NAME RANKS ARGS...: kat_train on RANKS ranks (1: no mpiexec, both cores) into NAME.csv.
@@ -119,6 +128,46 @@ if [ "$part" = dho2 ]; then
           printf "| %s | %d | %s | %.2f | %.3f (1/P = %.3f) | %.0f | %.2f | %.2f |\n",
             model, p, name, b / 1048576, b / s, 1 / p, ps, l, q }'
     done
+  done
+  exit 0
+fi
+
+if [ "$part" = compare ]; then
+  # name, optimizer flags: the global batch is 128 as on one process, so the single-process
+  # CNN sweep's rates carry over (sgd 0.05, adam 0.002, fosi-momentum 0.02, kfac 0.05).
+  p=4
+  fosi=(--optimizer fosi-momentum --lr 0.02 --k 10 --dist-strategy dho2)
+  runs=(
+    "sgd --optimizer sgd --lr 0.05"
+    "adam --optimizer adam --lr 0.002"
+    "kaisa --optimizer kfac --lr 0.05 --dist-strategy kaisa --grad-worker-fraction 0.5"
+    "dp-kfac --optimizer kfac --lr 0.05 --dist-strategy dp-kfac"
+    "dho2 ${fosi[*]}"
+    "dho2-overlap ${fosi[*]} --dho2-curvature-ranks 2"
+    "dho2-overlap-fixed ${fosi[*]} --dho2-curvature-ranks 2 --dho2-swap fixed"
+  )
+  printf '| run | time per epoch (s) | test accuracy by epoch (%%) | epochs and training time to 91%% | bytes per step and rank | DHO2: staleness mean / max (steps), estimation / waited (s) |\n'
+  printf '|---|---|---|---|---|---|\n'
+  for entry in "${runs[@]}"; do
+    read -r name flags <<<"$entry"
+    tag=compare-cnn-$p-$name
+    # shellcheck disable=SC2086 # the flags are words
+    run "$tag" "$p" --model cnn --epochs "$epochs" --seed 0 $flags
+    # Bytes per step on training rank 0: the gradient all-reduce plus K-FAC's or DHO2's own.
+    awk -F, -v name="$name" -v target=0.91 '
+      NR == 1 { for (i = 1; i <= NF; ++i) c[$i] = i; next }
+      { wall += $2; n += 1; acc = acc (n > 1 ? ", " : "") sprintf("%.2f", 100 * $6)
+        if (!hit && $6 >= target) { hit = 1; at = wall; e = $1 }
+        bytes = $c["gradient_bytes_per_step"] + $c["kfac_bytes_per_step"] +
+                ("fosi_bytes_per_step" in c ? $c["fosi_bytes_per_step"] : 0)
+        if ("fosi_staleness_mean" in c) {
+          sm += $c["fosi_staleness_mean"] * 1; if ($c["fosi_staleness_max"] > smax) smax = $c["fosi_staleness_max"]
+          est += $c["fosi_estimation_s"]; waited += $c["fosi_waited_s"]; stale = 1 } }
+      END {
+        reach = hit ? sprintf("%d, %.1f s", e, at) : sprintf("not in %d", n)
+        extra = stale ? sprintf("%.1f / %d, %.1f / %.1f", sm / n, smax, est, waited) : ""
+        printf "| %s | %.1f | %s | %s | %.0f | %s |\n", name, wall / n, acc, reach, bytes, extra
+      }' "$out/$tag.csv"
   done
   exit 0
 fi

@@ -230,7 +230,7 @@ TEST_CASE("communicator: non-blocking collectives equal the blocking ones", "[mp
   empty.wait();
 }
 
-TEST_CASE("communicator: isend and irecv pass a ring of messages, counted and checked",
+TEST_CASE("communicator: isend and irecv pass a ring of messages counted and checked",
           "[mpi][dist]") {
   for (Staging staging : {Staging::never, Staging::always}) {
     CommunicatorOptions options;

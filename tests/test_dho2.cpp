@@ -616,8 +616,7 @@ TEST_CASE("dho2 overlap: eager swaps never exceed the staleness bound", "[mpi][d
   CHECK(dho2.staleness().estimation_seconds > 0.0);
 }
 
-TEST_CASE("dho2 overlap: a failing curvature rank fails every rank, without a hang",
-          "[mpi][dho2]") {
+TEST_CASE("dho2 overlap: a failing curvature rank fails every rank without a hang", "[mpi][dho2]") {
   auto world = Communicator::world();
   INFO(test::rank_of(world));
   if (world.size() < 2) {

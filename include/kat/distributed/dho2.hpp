@@ -333,8 +333,10 @@ private:
 ///
 /// With equal inputs (parameters, averaged gradients, and an operator equal to FOSI's), a
 /// DHO2 step equals FOSI's on one process up to the rounding of the reductions. On one rank
-/// it is FOSI with two no-op all-reduces and a copy. Estimation here is synchronous: every
-/// rank takes part in each refresh.
+/// it is FOSI with two no-op all-reduces and a copy. With the first constructor every rank
+/// takes part in each refresh (synchronous estimation); with the overlapped one
+/// (dho2_roles, DHO2Estimator) dedicated curvature ranks estimate on parameter snapshots while
+/// these ranks train, and estimates arrive at most DHO2Overlap::staleness_bound steps late.
 ///
 /// DHO2 communicates on a duplicate of the communicator it is given (its own counters:
 /// stats()). Construction and every step() and refresh() are collective. The state

@@ -109,7 +109,11 @@ inline const char *to_string(FOSIMomentum m) {
 /// FOSIPartition::sum, the refresh runs FOSIPartition::lanczos on the curvature operator
 /// (whose vectors are then the partition's slices), and each step ends with
 /// FOSIPartition::gather, so every process's params holds the whole updated vector. The
-/// arithmetic per entry is the unpartitioned one.
+/// arithmetic per entry is the unpartitioned one. An asynchronous partition
+/// (FOSIPartition::asynchronous(), DHO2 with curvature ranks) estimates elsewhere: a due
+/// refresh starts an estimate from the step's parameters and FOSI keeps the previous one (or
+/// the base optimizer) until the partition delivers it, at most staleness_bound() steps later;
+/// staleness() reports how late each was.
 /// How late FOSI's curvature estimates were when it estimates asynchronously (a
 /// FOSIPartition with asynchronous(), kat::distributed::DHO2 with curvature ranks). The
 /// staleness of an estimate is the number of steps between the step that started it (whose

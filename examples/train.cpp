@@ -135,25 +135,36 @@ bool prepare_fosi(Setup &s) {
   return dho2;
 }
 
+// FOSI's curvature batch, the first batch of `batch` samples of the training set shuffled with
+// `seed`, fixed for the run: part `part` of `parts` equal row blocks of it (copied, so the
+// loader's buffers can move on).
+std::pair<kat::Matrix<Scalar, Mem>, kat::Vector<std::int32_t, Mem>>
+curvature_batch(const kat::data::Dataset &train_set, std::size_t batch, std::uint64_t seed,
+                std::size_t part, std::size_t parts) {
+  const Space space;
+  kat::data::DataLoader<Scalar, Mem> loader(train_set, batch, true, seed);
+  loader.start_epoch(0);
+  kat::Matrix<Scalar, Mem> xb;
+  kat::Vector<std::int32_t, Mem> yb;
+  loader.next(space, xb, yb);
+  const std::size_t rows = xb.extent(0) / parts;
+  const auto mine = std::make_pair(rows * part, rows * (part + 1));
+  kat::Matrix<Scalar, Mem> x("kat_train::fosi_batch_x", rows, xb.extent(1));
+  kat::Vector<std::int32_t, Mem> y("kat_train::fosi_batch_y", rows);
+  Kokkos::deep_copy(space, x, Kokkos::subview(xb, mine, Kokkos::ALL));
+  Kokkos::deep_copy(space, y, Kokkos::subview(yb, mine));
+  space.fence();
+  return {x, y};
+}
+
 // FOSI (docs/fosi.md) around the base optimizer `base` already in s.optimizer: the curvature
 // is the loss's Hessian on one fixed batch, the first global batch of the training set
 // shuffled with the run's seed (copied, so the loader's buffers can move on). With DHO2 each
 // rank differentiates its own rows of that batch and keeps its slice of the curvature.
 void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
-  const Space space;
   const auto ranks = static_cast<std::size_t>(s.group.size());
-  kat::data::DataLoader<Scalar, Mem> loader(s.train_set, s.local_batch * ranks, true, s.seed);
-  loader.start_epoch(0);
-  kat::Matrix<Scalar, Mem> xb;
-  kat::Vector<std::int32_t, Mem> yb;
-  loader.next(space, xb, yb);
-  const std::size_t rows = xb.extent(0) / ranks;
-  const auto mine = std::make_pair(rows * static_cast<std::size_t>(s.group.rank()),
-                                   rows * static_cast<std::size_t>(s.group.rank() + 1));
-  kat::Matrix<Scalar, Mem> x("kat_train::fosi_batch_x", rows, xb.extent(1));
-  kat::Vector<std::int32_t, Mem> y("kat_train::fosi_batch_y", rows);
-  Kokkos::deep_copy(space, x, Kokkos::subview(xb, mine, Kokkos::ALL));
-  Kokkos::deep_copy(space, y, Kokkos::subview(yb, mine));
+  const auto [x, y] = curvature_batch(s.train_set, s.local_batch * ranks, s.seed,
+                                      static_cast<std::size_t>(s.group.rank()), ranks);
   const kat::Vector<const std::int32_t, Mem> labels = y;
   const kat::nn::SoftmaxCrossEntropy<Scalar, Mem> loss;
   kat::optim::FOSI<Scalar, Mem>::Options o;
@@ -237,19 +248,10 @@ void serve_dho2_curvature(const kat::distributed::DHO2Roles &roles, Model &model
                           const kat::data::Dataset &train_set, std::size_t batch_size,
                           std::uint64_t seed) {
   const Space space;
-  kat::data::DataLoader<Scalar, Mem> loader(train_set, batch_size, true, seed);
-  loader.start_epoch(0);
-  kat::Matrix<Scalar, Mem> xb;
-  kat::Vector<std::int32_t, Mem> yb;
-  loader.next(space, xb, yb);
   const auto C = static_cast<std::size_t>(roles.curvature_ranks);
   const auto c = static_cast<std::size_t>(roles.group->rank());
-  const std::size_t rows = xb.extent(0) / C;
-  const auto mine = std::make_pair(rows * c, rows * (c + 1));
-  kat::Matrix<Scalar, Mem> x("kat_train::fosi_batch_x", rows, xb.extent(1));
-  kat::Vector<std::int32_t, Mem> y("kat_train::fosi_batch_y", rows);
-  Kokkos::deep_copy(space, x, Kokkos::subview(xb, mine, Kokkos::ALL));
-  Kokkos::deep_copy(space, y, Kokkos::subview(yb, mine));
+  const auto [x, y] = curvature_batch(train_set, batch_size, seed, c, C);
+  const std::size_t rows = x.extent(0);
   const kat::Vector<const std::int32_t, Mem> labels = y;
   const kat::nn::SoftmaxCrossEntropy<Scalar, Mem> loss;
   const std::size_t n = model.parameter_count();

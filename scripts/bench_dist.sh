@@ -14,8 +14,9 @@
 #                                  every 5 (k = 10, m = 40)
 #   scripts/bench_dist.sh compare  the CNN at 4 ranks for KAT_DIST_EPOCHS epochs (default 6):
 #                                  data-parallel SGD-momentum and Adam, K-FAC with KAISA and
-#                                  DP-KFAC, DHO2 synchronous and with 2 curvature ranks (eager,
-#                                  and fixed at the staleness bound); time per epoch, test
+#                                  DP-KFAC, DHO2 synchronous and with 2 curvature ranks (bound
+#                                  0, which is synchronous on the overlapped runs' 2 training
+#                                  ranks; eager; fixed at the bound T); time per epoch, test
 #                                  accuracy, epochs and time to 91%, bytes per step and rank,
 #                                  and DHO2's staleness, estimation and waiting time. Each at
 #                                  the rate of the single-process CNN sweep (docs/benchmarks.md)
@@ -24,6 +25,7 @@
 #   KAT_DIST_RANKS="2 4"        rank counts
 #   KAT_DIST_EPOCHS="2"         epochs of the train part
 #   KAT_DIST_STEPS="10"         steps of the update and dho2 parts
+#   KAT_DIST_REUSE=1            compare: keep the CSVs of finished runs (to resume a sweep)
 #
 # Ranks use one thread each (ranks >= cores here); the single-rank runs use both cores.
 set -euo pipefail
@@ -143,6 +145,7 @@ if [ "$part" = compare ]; then
     "kaisa --optimizer kfac --lr 0.05 --dist-strategy kaisa --grad-worker-fraction 0.5"
     "dp-kfac --optimizer kfac --lr 0.05 --dist-strategy dp-kfac"
     "dho2 ${fosi[*]}"
+    "dho2-overlap-s0 ${fosi[*]} --dho2-curvature-ranks 2 --dho2-staleness-bound 0"
     "dho2-overlap ${fosi[*]} --dho2-curvature-ranks 2"
     "dho2-overlap-fixed ${fosi[*]} --dho2-curvature-ranks 2 --dho2-swap fixed"
   )
@@ -151,15 +154,19 @@ if [ "$part" = compare ]; then
   for entry in "${runs[@]}"; do
     read -r name flags <<<"$entry"
     tag=compare-cnn-$p-$name
-    # shellcheck disable=SC2086 # the flags are words
-    run "$tag" "$p" --model cnn --epochs "$epochs" --seed 0 $flags
+    # KAT_DIST_REUSE=1 keeps a finished run's CSV (a run of all epochs) instead of rerunning it.
+    if [ "${KAT_DIST_REUSE:-0}" != 1 ] || [ ! -f "$out/$tag.csv" ] ||
+      [ "$(wc -l <"$out/$tag.csv")" -ne $((epochs + 1)) ]; then
+      # shellcheck disable=SC2086 # the flags are words
+      run "$tag" "$p" --model cnn --epochs "$epochs" --seed 0 $flags
+    fi
     # Bytes per step on training rank 0: the gradient all-reduce plus K-FAC's or DHO2's own.
     awk -F, -v name="$name" -v target=0.91 '
       NR == 1 { for (i = 1; i <= NF; ++i) c[$i] = i; next }
       { wall += $2; n += 1; acc = acc (n > 1 ? ", " : "") sprintf("%.2f", 100 * $6)
         if (!hit && $6 >= target) { hit = 1; at = wall; e = $1 }
-        bytes = $c["gradient_bytes_per_step"] + $c["kfac_bytes_per_step"] +
-                ("fosi_bytes_per_step" in c ? $c["fosi_bytes_per_step"] : 0)
+        fosi = ("fosi_bytes_per_step" in c) ? $c["fosi_bytes_per_step"] : 0
+        bytes = $c["gradient_bytes_per_step"] + $c["kfac_bytes_per_step"] + fosi
         if ("fosi_staleness_mean" in c) {
           sm += $c["fosi_staleness_mean"] * 1; if ($c["fosi_staleness_max"] > smax) smax = $c["fosi_staleness_max"]
           est += $c["fosi_estimation_s"]; waited += $c["fosi_waited_s"]; stale = 1 } }

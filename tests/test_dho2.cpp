@@ -355,6 +355,27 @@ std::unique_ptr<optim::Optimizer<double, Mem>> make_base(bool adam, std::size_t 
   return std::make_unique<optim::SGD<double, Mem>>(n, o);
 }
 
+/// DHO2's parameters equal FOSI's to 1e-11 and, once both have an estimate, so do the
+/// eigenvalues and c (to 1e-10 relative).
+void check_as_fosi(const Model &model, const Model &reference, const DHO2d &dho2,
+                   const FOSId &fosi) {
+  const auto p = host_vector(model.parameters());
+  const auto q = host_vector(reference.parameters());
+  REQUIRE(p.size() == q.size());
+  double err = 0;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    err = std::max(err, std::abs(p[i] - q[i]));
+  }
+  CHECK(err < 1e-11);
+  REQUIRE(dho2.has_estimate() == fosi.has_estimate());
+  if (dho2.has_estimate()) {
+    for (std::size_t j = 0; j < 3; ++j) {
+      CHECK(dho2.eigenvalues()[j] == Approx(fosi.eigenvalues()[j]).epsilon(1e-10));
+    }
+    CHECK(dho2.scaling() == Approx(fosi.scaling()).epsilon(1e-10));
+  }
+}
+
 /// The whole batch of step s's gradient at the model's parameters.
 void whole_batch_gradient(const Space &space, Model &model, int s) {
   const nn::SoftmaxCrossEntropy<double, Mem> loss;
@@ -407,19 +428,7 @@ TEST_CASE("dho2: synchronous steps equal FOSI's on one process", "[mpi][dho2]") 
       dho2.step(space, model.parameters(), model.gradients());
       expected_bytes += dho2.step_bytes(dho2.has_estimate());
       REQUIRE(dho2.refresh_count() == fosi.refresh_count());
-      const auto p = host_vector(model.parameters());
-      const auto q = host_vector(reference.parameters());
-      double err = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        err = std::max(err, std::abs(p[i] - q[i]));
-      }
-      CHECK(err < 1e-11);
-      if (dho2.has_estimate()) {
-        for (std::size_t j = 0; j < 3; ++j) {
-          CHECK(dho2.eigenvalues()[j] == Approx(fosi.eigenvalues()[j]).epsilon(1e-10));
-        }
-        CHECK(dho2.scaling() == Approx(fosi.scaling()).epsilon(1e-10));
-      }
+      check_as_fosi(model, reference, dho2, fosi);
     }
     CHECK(dho2.refresh_count() == 2); // steps 1 and 3
     CHECK(dho2.stats().total().bytes == expected_bytes);
@@ -549,18 +558,7 @@ TEST_CASE("dho2 overlap: curvature ranks estimate; a fixed staleness S equals FO
         expected_bytes += dho2.step_bytes(dho2.has_estimate());
         REQUIRE(dho2.refresh_count() == fosi.refresh_count());
         CHECK(dho2.estimate_pending() == (S > 0 && (s == 1 || s == 4 || s == 7)));
-        const auto p = host_vector(model.parameters());
-        const auto q = host_vector(reference.parameters());
-        double err = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          err = std::max(err, std::abs(p[i] - q[i]));
-        }
-        CHECK(err < 1e-11);
-        if (dho2.has_estimate()) {
-          for (std::size_t j = 0; j < 3; ++j) {
-            CHECK(dho2.eigenvalues()[j] == Approx(fosi.eigenvalues()[j]).epsilon(1e-10));
-          }
-        }
+        check_as_fosi(model, reference, dho2, fosi);
       }
       // Every estimate came exactly S steps after its snapshot; bytes as counted by hand.
       CHECK(dho2.refresh_count() == 3);

@@ -662,10 +662,7 @@ public:
     ScopedRegion region("kat::distributed::isend");
     using T = typename View::non_const_value_type;
     const char *what = "isend";
-    require_peer(what, "dest", dest, tag);
-    if (auto error = view_error(what, "view", view); !error.empty()) {
-      throw ShapeError(error);
-    }
+    require_peer(what, "dest", dest, tag, view);
     auto buffer = stage(space, view, true);
     space.fence();
     MPI_Request request = MPI_REQUEST_NULL;
@@ -688,10 +685,7 @@ public:
     ScopedRegion region("kat::distributed::irecv");
     using T = typename View::non_const_value_type;
     const char *what = "irecv";
-    require_peer(what, "source", source, tag);
-    if (auto error = view_error(what, "view", view); !error.empty()) {
-      throw ShapeError(error);
-    }
+    require_peer(what, "source", source, tag, view);
     auto buffer = stage(space, view, false);
     space.fence();
     MPI_Request request = MPI_REQUEST_NULL;
@@ -758,7 +752,10 @@ private:
     }
   }
 
-  void require_peer(const char *op, const char *arg, int peer, int tag) const {
+  /// The local checks of a point-to-point call: a valid communicator, a peer in it, a tag
+  /// >= 0 and a view MPI can take.
+  template <class View>
+  void require_peer(const char *op, const char *arg, int peer, int tag, const View &view) const {
     require_valid(op);
     if (peer < 0 || peer >= size_) {
       throw ValueError(kat::detail::concat(name(op), ": ", arg, " must be a rank in [0, ", size_,
@@ -767,6 +764,9 @@ private:
     if (tag < 0) {
       throw ValueError(
           kat::detail::concat(name(op), ": tag must be >= 0 on ", rank_text(), ", got ", tag));
+    }
+    if (auto error = view_error(op, "view", view); !error.empty()) {
+      throw ShapeError(error);
     }
   }
 

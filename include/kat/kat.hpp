@@ -3,6 +3,7 @@
 /// @brief Umbrella header: everything KAT offers.
 
 #include "kat/core/allocation_tracker.hpp"
+#include "kat/core/bfloat16.hpp"
 #include "kat/core/blas.hpp"
 #include "kat/core/curvature.hpp"
 #include "kat/core/error.hpp"
@@ -77,12 +78,14 @@
 #include "kat/sparse/options.hpp"
 #include "kat/sparse/sparse_training.hpp"
 
-// DistributedSampler and ParameterShard need no MPI; the rest of kat::distributed does (KAT
-// configured with -DKAT_ENABLE_MPI=ON).
+// DistributedSampler, ParameterShard and DASOSchedule need no MPI; the rest of kat::distributed
+// does (KAT configured with -DKAT_ENABLE_MPI=ON).
+#include "kat/distributed/daso_schedule.hpp"
 #include "kat/distributed/distributed_sampler.hpp"
 #include "kat/distributed/parameter_shard.hpp"
 #ifdef KAT_ENABLE_MPI
 #include "kat/distributed/communicator.hpp"
+#include "kat/distributed/daso.hpp"
 #include "kat/distributed/data_parallel.hpp"
 #include "kat/distributed/dho2.hpp"
 #include "kat/distributed/dho2_overlap.hpp"

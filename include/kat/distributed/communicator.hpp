@@ -17,14 +17,19 @@
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <functional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace kat::distributed {
 
@@ -56,6 +61,38 @@ enum class Staging {
 /// Reduction applied element-wise by allreduce and reduce_scatter.
 enum class ReduceOp { sum, max, min };
 
+/// An emulated network link between nodes, for measuring hierarchical schemes (DASO, KAISA,
+/// DP-KFAC, DHO2 on split nodes) on one machine as if their nodes were joined by a slower
+/// network. This is emulation, not a network simulator: every operation of a Communicator whose
+/// ranks lie on more than one emulated node (a point-to-point message: whose peer lies on
+/// another node) completes no earlier than
+///
+///     latency_seconds + bytes / bandwidth_bytes_per_second
+///
+/// after it was started, `bytes` being the payload this rank hands to MPI for it (the
+/// CommunicatorStats byte of the call). A blocking operation returns no earlier; a non-blocking
+/// one's Request::test() reports it incomplete until then and Request::wait() sleeps until
+/// then, so computation that runs meanwhile hides the link time as it would hide a real
+/// transfer. The model is one message over one link per operation: for a ring all-reduce over
+/// two nodes (the DASO benchmark's case) that is the bytes each node sends, 2(N-1)/N x the
+/// payload with N = 2; over more nodes it understates the volume. Contention between
+/// operations is not modelled. The time the operation takes on the real transport (shared
+/// memory) comes on top when it is longer.
+struct EmulatedLink {
+  /// α in seconds, >= 0.
+  double latency_seconds = 0;
+  /// β in bytes per second, >= 0; 0: unlimited (the latency alone).
+  double bandwidth_bytes_per_second = 0;
+
+  /// Whether any delay is added.
+  bool active() const noexcept { return latency_seconds > 0 || bandwidth_bytes_per_second > 0; }
+  /// α + bytes / β (β = 0: α).
+  double seconds(std::size_t bytes) const noexcept {
+    return latency_seconds +
+           (bandwidth_bytes_per_second > 0 ? double(bytes) / bandwidth_bytes_per_second : 0.0);
+  }
+};
+
 /// Settings of a Communicator; communicators derived from it (dup, split) inherit them.
 struct CommunicatorOptions {
   /// See Staging.
@@ -71,6 +108,10 @@ struct CommunicatorOptions {
   /// "nodes" are blocks of k consecutive ranks (the last may be smaller), so hierarchical
   /// schemes can be tested on one machine.
   int ranks_per_virtual_node = 0;
+  /// The emulated link between the virtual nodes (EmulatedLink); needs ranks_per_virtual_node
+  /// > 0. The virtual node of a rank is then its MPI_COMM_WORLD rank divided by
+  /// ranks_per_virtual_node, for every communicator.
+  EmulatedLink internode_link{};
 };
 
 /// Calls and payload bytes of one kind of collective on one rank.
@@ -103,6 +144,7 @@ struct CollectiveCounter {
 /// | recv           | n of the view received into (irecv), counted when the receive is posted |
 /// | shape_check    | 40 (5 int64) per checked collective; not part of total()              |
 /// | staging        | bytes copied between a view and a host staging buffer, each direction |
+/// | internode      | with virtual nodes: the calls above whose ranks span several nodes    |
 ///
 /// These are buffer sizes, not wire traffic: a ring all-reduce of n bytes moves about
 /// 2 (size()-1)/size() x n bytes per rank. Compare analytic volumes in the same units.
@@ -121,6 +163,14 @@ struct CommunicatorStats {
   CollectiveCounter shape_check;
   /// Host staging copies (calls = copies, bytes = bytes copied); not part of total().
   CollectiveCounter staging;
+  /// With virtual nodes (CommunicatorOptions::ranks_per_virtual_node > 0): the operations
+  /// above, agreement all-reduces included, whose ranks span more than one node (messages to
+  /// a peer on another node), and their bytes: the traffic over the inter-node network. A
+  /// subset of the others, not part of total().
+  CollectiveCounter internode;
+  /// Seconds of emulated link time (EmulatedLink::seconds) of the internode operations: what
+  /// they cost if nothing hid them.
+  double internode_seconds = 0;
 
   /// Adds every counter of `other` (e.g. to total several communicators).
   CommunicatorStats &operator+=(const CommunicatorStats &other) {
@@ -135,6 +185,8 @@ struct CommunicatorStats {
     recv += other.recv;
     shape_check += other.shape_check;
     staging += other.staging;
+    internode += other.internode;
+    internode_seconds += other.internode_seconds;
     return *this;
   }
 
@@ -165,8 +217,10 @@ public:
   Request &operator=(const Request &) = delete;
   Request(Request &&other) noexcept
       : request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
-        active_(std::exchange(other.active_, false)), name_(std::move(other.name_)),
-        rank_text_(std::move(other.rank_text_)), finish_(std::exchange(other.finish_, nullptr)) {}
+        active_(std::exchange(other.active_, false)),
+        transferred_(std::exchange(other.transferred_, false)), not_before_(other.not_before_),
+        name_(std::move(other.name_)), rank_text_(std::move(other.rank_text_)),
+        finish_(std::exchange(other.finish_, nullptr)) {}
   /// Waits for the request held so far, then takes over `other`'s.
   /// @throws MPIError if waiting for the current request fails.
   Request &operator=(Request &&other) {
@@ -174,6 +228,8 @@ public:
       wait();
       request_ = std::exchange(other.request_, MPI_REQUEST_NULL);
       active_ = std::exchange(other.active_, false);
+      transferred_ = std::exchange(other.transferred_, false);
+      not_before_ = other.not_before_;
       name_ = std::move(other.name_);
       rank_text_ = std::move(other.rank_text_);
       finish_ = std::exchange(other.finish_, nullptr);
@@ -193,18 +249,21 @@ public:
   }
 
   /// Blocks until the operation is complete and its result is in the view (for work on the
-  /// execution space the collective was issued on, and on host).
+  /// execution space the collective was issued on, and on host). Under an EmulatedLink, not
+  /// before the link time has passed since the operation started.
   /// @throws MPIError if MPI reports an error for the operation.
   void wait() {
     if (!active_) {
       return;
     }
     active_ = false;
-    const int code = MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    const int code = transferred_ ? MPI_SUCCESS : MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    transferred_ = false;
     auto finish = std::exchange(finish_, nullptr);
     if (code != MPI_SUCCESS) {
       throw error(code);
     }
+    std::this_thread::sleep_until(not_before_);
     if (finish) {
       finish();
     }
@@ -216,17 +275,21 @@ public:
     if (!active_) {
       return true;
     }
-    int done = 0;
-    const int code = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
-    if (code != MPI_SUCCESS) {
-      active_ = false;
-      finish_ = nullptr;
-      throw error(code);
+    if (!transferred_) {
+      int done = 0;
+      const int code = MPI_Test(&request_, &done, MPI_STATUS_IGNORE);
+      if (code != MPI_SUCCESS) {
+        active_ = false;
+        finish_ = nullptr;
+        throw error(code);
+      }
+      transferred_ = done != 0;
     }
-    if (!done) {
+    if (!transferred_ || std::chrono::steady_clock::now() < not_before_) {
       return false;
     }
     active_ = false;
+    transferred_ = false;
     if (auto finish = std::exchange(finish_, nullptr)) {
       finish();
     }
@@ -239,9 +302,9 @@ public:
 private:
   friend class Communicator;
   Request(MPI_Request request, std::string name, std::string rank_text,
-          std::function<void()> finish)
-      : request_(request), active_(true), name_(std::move(name)), rank_text_(std::move(rank_text)),
-        finish_(std::move(finish)) {}
+          std::function<void()> finish, std::chrono::steady_clock::time_point not_before)
+      : request_(request), active_(true), not_before_(not_before), name_(std::move(name)),
+        rank_text_(std::move(rank_text)), finish_(std::move(finish)) {}
 
   MPIError error(int code) const {
     return MPIError(kat::detail::concat(name_, ": MPI error on ", rank_text_,
@@ -251,6 +314,8 @@ private:
 
   MPI_Request request_ = MPI_REQUEST_NULL;
   bool active_ = false;
+  bool transferred_ = false; // MPI completed it; the emulated link time may not have passed
+  std::chrono::steady_clock::time_point not_before_{};
   std::string name_;
   std::string rank_text_;
   std::function<void()> finish_;
@@ -279,6 +344,8 @@ private:
 /// MPI must be initialized before a Communicator is made and finalized after the last one
 /// is destroyed.
 class Communicator {
+  using Clock = std::chrono::steady_clock;
+
 public:
   /// Colour for split() that leaves the calling rank out: it gets a null communicator.
   static constexpr int undefined_color = MPI_UNDEFINED;
@@ -310,7 +377,9 @@ public:
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
         owned_(std::exchange(other.owned_, false)), rank_(std::exchange(other.rank_, -1)),
         size_(std::exchange(other.size_, 0)), world_rank_(other.world_rank_),
-        options_(other.options_), device_aware_(other.device_aware_), stats_(other.stats_) {}
+        options_(other.options_), device_aware_(other.device_aware_), stats_(other.stats_),
+        world_ranks_(std::move(other.world_ranks_)),
+        spans_nodes_(std::exchange(other.spans_nodes_, false)) {}
   Communicator &operator=(Communicator &&other) noexcept {
     if (this != &other) {
       release();
@@ -322,6 +391,8 @@ public:
       options_ = other.options_;
       device_aware_ = other.device_aware_;
       stats_ = other.stats_;
+      world_ranks_ = std::move(other.world_ranks_);
+      spans_nodes_ = std::exchange(other.spans_nodes_, false);
     }
     return *this;
   }
@@ -345,13 +416,28 @@ public:
   /// Must be the same on all ranks (it decides whether they run the agreement all-reduce).
   void set_checked(bool checked) noexcept { options_.checked = checked; }
   int ranks_per_virtual_node() const noexcept { return options_.ranks_per_virtual_node; }
-  /// @throws ValueError if k < 0.
+  /// @throws ValueError if k < 0, or k = 0 with an active internode_link().
   void set_ranks_per_virtual_node(int k) {
     CommunicatorOptions o = options_;
     o.ranks_per_virtual_node = k;
     validate(o);
     options_ = o;
+    find_nodes();
   }
+  /// The emulated inter-node link (CommunicatorOptions::internode_link).
+  const EmulatedLink &internode_link() const noexcept { return options_.internode_link; }
+  /// Must be the same on all ranks for the delays to agree (each rank delays its own calls).
+  /// @throws ValueError for a negative or non-finite latency or bandwidth, or an active link
+  ///   without ranks_per_virtual_node() > 0.
+  void set_internode_link(const EmulatedLink &link) {
+    CommunicatorOptions o = options_;
+    o.internode_link = link;
+    validate(o);
+    options_ = o;
+  }
+  /// With virtual nodes: whether this communicator's ranks lie on more than one (so its
+  /// collectives cross the inter-node link). False without virtual nodes.
+  bool spans_nodes() const noexcept { return spans_nodes_; }
   /// Whether a view in MemorySpace would be staged through host memory under the current
   /// staging policy.
   template <class MemorySpace> bool stages() const noexcept {
@@ -493,8 +579,10 @@ public:
     const bool is_root = rank_ == root;
     auto buffer = stage(space, view, is_root);
     space.fence();
+    const auto t0 = Clock::now();
     check(op, MPI_Bcast(buffer.data, count(view), detail::mpi_datatype<T>(), root, comm_));
     add(stats_.broadcast, view.size() * sizeof(T));
+    cross_link(view.size() * sizeof(T), t0);
     if (!is_root) {
       unstage(space, view, buffer);
     }
@@ -527,8 +615,10 @@ public:
     auto target = stage(space, out, false);
     space.fence();
     const MPI_Datatype type = detail::mpi_datatype<T>();
+    const auto t0 = Clock::now();
     check(op, MPI_Allgather(source.data, count(in), type, target.data, count(in), type, comm_));
     add(stats_.allgather, in.size() * sizeof(T));
+    cross_link(in.size() * sizeof(T), t0);
     unstage(space, out, target);
   }
 
@@ -559,9 +649,12 @@ public:
     auto source = stage(space, in, true);
     auto target = stage(space, out, false);
     space.fence();
+    const MPI_Op reduce = mpi_op<T>(what, op);
+    const auto t0 = Clock::now();
     check(what, MPI_Reduce_scatter_block(source.data, target.data, count(out),
-                                         detail::mpi_datatype<T>(), mpi_op(op), comm_));
+                                         detail::mpi_datatype<T>(), reduce, comm_));
     add(stats_.reduce_scatter, in.size() * sizeof(T));
+    cross_link(in.size() * sizeof(T), t0);
     unstage(space, out, target);
   }
 
@@ -569,8 +662,10 @@ public:
   /// @throws MPIError
   void barrier() {
     require_valid("barrier");
+    const auto t0 = Clock::now();
     check("barrier", MPI_Barrier(comm_));
     add(stats_.barrier, 0);
+    cross_link(0, t0);
   }
 
   // --- non-blocking collectives ----------------------------------------------------------
@@ -589,12 +684,15 @@ public:
     auto buffer = stage(space, inout, true);
     space.fence();
     MPI_Request request = MPI_REQUEST_NULL;
+    const MPI_Op reduce = mpi_op<T>(what, op);
+    const auto t0 = Clock::now();
     check(what, MPI_Iallreduce(MPI_IN_PLACE, buffer.data, count(inout), detail::mpi_datatype<T>(),
-                               mpi_op(op), comm_, &request));
+                               reduce, comm_, &request));
     add(stats_.iallreduce, inout.size() * sizeof(T));
     count_copy_back(inout, buffer);
-    return make_request(what, request,
-                        [space, inout, buffer]() { copy_back(space, inout, buffer); });
+    return make_request(
+        what, request, [space, inout, buffer]() { copy_back(space, inout, buffer); },
+        over_link(inout.size() * sizeof(T), t0));
   }
 
   /// Non-blocking out-of-place allreduce; shapes as the blocking form (`in` and `out` must not
@@ -614,13 +712,16 @@ public:
     auto target = stage(space, out, false);
     space.fence();
     MPI_Request request = MPI_REQUEST_NULL;
+    const MPI_Op reduce = mpi_op<T>(what, op);
+    const auto t0 = Clock::now();
     check(what, MPI_Iallreduce(source.data, target.data, count(in), detail::mpi_datatype<T>(),
-                               mpi_op(op), comm_, &request));
+                               reduce, comm_, &request));
     add(stats_.iallreduce, in.size() * sizeof(T));
     count_copy_back(out, target);
     // `in` and `source` are captured only to keep MPI's input alive until completion.
-    return make_request(what, request,
-                        [space, in, out, source, target]() { copy_back(space, out, target); });
+    return make_request(
+        what, request, [space, in, out, source, target]() { copy_back(space, out, target); },
+        over_link(in.size() * sizeof(T), t0));
   }
 
   /// Non-blocking broadcast (MPI_Ibcast); arguments as broadcast().
@@ -635,17 +736,21 @@ public:
     auto buffer = stage(space, view, is_root);
     space.fence();
     MPI_Request request = MPI_REQUEST_NULL;
+    const auto t0 = Clock::now();
     check(what,
           MPI_Ibcast(buffer.data, count(view), detail::mpi_datatype<T>(), root, comm_, &request));
     add(stats_.ibroadcast, view.size() * sizeof(T));
     if (!is_root) {
       count_copy_back(view, buffer);
     }
-    return make_request(what, request, [space, view, buffer, is_root]() {
-      if (!is_root) {
-        copy_back(space, view, buffer);
-      }
-    });
+    return make_request(
+        what, request,
+        [space, view, buffer, is_root]() {
+          if (!is_root) {
+            copy_back(space, view, buffer);
+          }
+        },
+        over_link(view.size() * sizeof(T), t0));
   }
 
   // --- point-to-point ----------------------------------------------------------------
@@ -666,11 +771,13 @@ public:
     auto buffer = stage(space, view, true);
     space.fence();
     MPI_Request request = MPI_REQUEST_NULL;
+    const auto t0 = Clock::now();
     check(what, MPI_Isend(buffer.data, count(view), detail::mpi_datatype<T>(), dest, tag, comm_,
                           &request));
     add(stats_.send, view.size() * sizeof(T));
     // `view` and `buffer` are captured to keep MPI's input alive until completion.
-    return make_request(what, request, [view, buffer]() {});
+    return make_request(
+        what, request, [view, buffer]() {}, over_link(view.size() * sizeof(T), t0, dest));
   }
 
   /// Non-blocking receive into `view` from rank `source` with `tag` (MPI_Irecv); the message
@@ -689,11 +796,14 @@ public:
     auto buffer = stage(space, view, false);
     space.fence();
     MPI_Request request = MPI_REQUEST_NULL;
+    const auto t0 = Clock::now();
     check(what, MPI_Irecv(buffer.data, count(view), detail::mpi_datatype<T>(), source, tag, comm_,
                           &request));
     add(stats_.recv, view.size() * sizeof(T));
     count_copy_back(view, buffer);
-    return make_request(what, request, [space, view, buffer]() { copy_back(space, view, buffer); });
+    return make_request(
+        what, request, [space, view, buffer]() { copy_back(space, view, buffer); },
+        over_link(view.size() * sizeof(T), t0, source));
   }
 
 private:
@@ -715,6 +825,7 @@ private:
       check("Communicator", MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
       check("Communicator", MPI_Comm_rank(comm_, &rank_));
       check("Communicator", MPI_Comm_size(comm_, &size_));
+      find_nodes();
     } catch (...) {
       release();
       throw;
@@ -730,10 +841,28 @@ private:
   }
 
   static void validate(const CommunicatorOptions &options) {
+    using kat::detail::concat;
     if (options.ranks_per_virtual_node < 0) {
-      throw ValueError(kat::detail::concat("kat::distributed::Communicator: ranks_per_virtual_node "
-                                           "must be >= 0 (0: real nodes), got ",
-                                           options.ranks_per_virtual_node));
+      throw ValueError(concat("kat::distributed::Communicator: ranks_per_virtual_node "
+                              "must be >= 0 (0: real nodes), got ",
+                              options.ranks_per_virtual_node));
+    }
+    const EmulatedLink &link = options.internode_link;
+    if (!(link.latency_seconds >= 0) || !std::isfinite(link.latency_seconds)) {
+      throw ValueError(concat("kat::distributed::Communicator: internode_link.latency_seconds "
+                              "must be finite and >= 0, got ",
+                              link.latency_seconds));
+    }
+    if (!(link.bandwidth_bytes_per_second >= 0) ||
+        !std::isfinite(link.bandwidth_bytes_per_second)) {
+      throw ValueError(concat("kat::distributed::Communicator: "
+                              "internode_link.bandwidth_bytes_per_second must be finite and >= 0 "
+                              "(0: unlimited), got ",
+                              link.bandwidth_bytes_per_second));
+    }
+    if (link.active() && options.ranks_per_virtual_node <= 0) {
+      throw ValueError("kat::distributed::Communicator: an emulated internode_link needs virtual "
+                       "nodes (ranks_per_virtual_node > 0), got ranks_per_virtual_node 0");
     }
   }
 
@@ -849,8 +978,10 @@ private:
     const auto n = static_cast<std::int64_t>(count);
     // One MAX all-reduce gives max and -min of both values and whether any rank is invalid.
     std::int64_t v[5] = {n, -n, local_error.empty() ? 0 : 1, root, -std::int64_t(root)};
+    const auto t0 = Clock::now();
     check(op, MPI_Allreduce(MPI_IN_PLACE, v, 5, MPI_INT64_T, MPI_MAX, comm_));
     add(stats_.shape_check, sizeof v);
+    cross_link(sizeof v, t0);
     if (!local_error.empty()) {
       throw ShapeError(local_error);
     }
@@ -921,9 +1052,12 @@ private:
     agree(op, inout.size(), 0, view_error(op, "inout", inout));
     auto buffer = stage(space, inout, true);
     space.fence();
+    const MPI_Op mpi_reduce = mpi_op<T>(op, reduce);
+    const auto t0 = Clock::now();
     check(op, MPI_Allreduce(MPI_IN_PLACE, buffer.data, count(inout), detail::mpi_datatype<T>(),
-                            mpi_op(reduce), comm_));
+                            mpi_reduce, comm_));
     add(stats_.allreduce, inout.size() * sizeof(T));
+    cross_link(inout.size() * sizeof(T), t0);
     unstage(space, inout, buffer);
   }
 
@@ -940,9 +1074,12 @@ private:
     auto source = stage(space, in, true);
     auto target = stage(space, out, false);
     space.fence();
+    const MPI_Op mpi_reduce = mpi_op<T>(op, reduce);
+    const auto t0 = Clock::now();
     check(op, MPI_Allreduce(source.data, target.data, count(in), detail::mpi_datatype<T>(),
-                            mpi_op(reduce), comm_));
+                            mpi_reduce, comm_));
     add(stats_.allreduce, in.size() * sizeof(T));
+    cross_link(in.size() * sizeof(T), t0);
     unstage(space, out, target);
   }
 
@@ -953,6 +1090,24 @@ private:
                   "kat::distributed::Communicator::average: the execution space cannot access the "
                   "view's memory");
     detail::scale(space, detail::flat(v), T(1) / T(size_));
+  }
+
+  /// MPI's operation for `op` on T. kat::bfloat16 has sum only (detail::bfloat16_sum_op).
+  /// @throws ValueError for max or min on bfloat16.
+  template <class T> MPI_Op mpi_op(const char *what, ReduceOp op) const {
+    if constexpr (std::is_same_v<T, kat::bfloat16>) {
+      if (op != ReduceOp::sum) {
+        throw ValueError(kat::detail::concat(name(what),
+                                             ": kat::bfloat16 views reduce with "
+                                             "ReduceOp::sum only, got ",
+                                             op == ReduceOp::max ? "max" : "min", " on ",
+                                             rank_text()));
+      }
+      return detail::bfloat16_sum_op();
+    } else {
+      (void)what;
+      return mpi_op(op);
+    }
   }
 
   static MPI_Op mpi_op(ReduceOp op) {
@@ -967,8 +1122,60 @@ private:
     return MPI_SUM;
   }
 
-  template <class Finish> Request make_request(const char *op, MPI_Request request, Finish f) {
-    return Request(request, name(op), rank_text(), std::function<void()>(std::move(f)));
+  template <class Finish>
+  Request make_request(const char *op, MPI_Request request, Finish f,
+                       Clock::time_point not_before) {
+    return Request(request, name(op), rank_text(), std::function<void()>(std::move(f)), not_before);
+  }
+
+  /// The virtual node of a world rank (ranks_per_virtual_node() > 0).
+  int node_of(int world_rank) const { return world_rank / options_.ranks_per_virtual_node; }
+
+  /// With virtual nodes: the members' world ranks, and whether they lie on several nodes.
+  void find_nodes() {
+    world_ranks_.clear();
+    spans_nodes_ = false;
+    if (comm_ == MPI_COMM_NULL || options_.ranks_per_virtual_node <= 0) {
+      return;
+    }
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    check("Communicator", MPI_Comm_group(comm_, &group));
+    check("Communicator", MPI_Comm_group(MPI_COMM_WORLD, &world));
+    std::vector<int> ranks(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      ranks[static_cast<std::size_t>(r)] = r;
+    }
+    world_ranks_.resize(ranks.size());
+    const int code =
+        MPI_Group_translate_ranks(group, size_, ranks.data(), world, world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    check("Communicator", code);
+    const auto [lo, hi] = std::minmax_element(world_ranks_.begin(), world_ranks_.end());
+    spans_nodes_ = node_of(*lo) != node_of(*hi);
+  }
+
+  /// An operation of `bytes` started at `start` over all ranks (peer < 0) or with rank `peer`:
+  /// if it crosses virtual nodes, counts it as internode and returns when the emulated link
+  /// lets it complete; otherwise returns `start`.
+  Clock::time_point over_link(std::size_t bytes, Clock::time_point start, int peer = -1) {
+    const bool crosses =
+        peer < 0 ? spans_nodes_
+                 : !world_ranks_.empty() && node_of(world_ranks_[static_cast<std::size_t>(peer)]) !=
+                                                node_of(world_rank_);
+    if (!crosses) {
+      return start;
+    }
+    add(stats_.internode, bytes);
+    const double seconds = options_.internode_link.seconds(bytes);
+    stats_.internode_seconds += seconds;
+    return start +
+           std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
+  /// The blocking form of over_link(): returns when the emulated link lets the operation end.
+  void cross_link(std::size_t bytes, Clock::time_point start) {
+    std::this_thread::sleep_until(over_link(bytes, start));
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -979,6 +1186,8 @@ private:
   CommunicatorOptions options_;
   bool device_aware_ = false;
   CommunicatorStats stats_;
+  std::vector<int> world_ranks_; // with virtual nodes: each member's MPI_COMM_WORLD rank
+  bool spans_nodes_ = false;     // with virtual nodes: members on more than one node
 };
 
 } // namespace kat::distributed

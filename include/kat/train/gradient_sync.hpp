@@ -4,6 +4,7 @@
 
 #include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
+#include "kat/train/callback.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -27,9 +28,19 @@ struct SyncStats {
 ///     (gradient transforms, optimizer step)
 ///     after_step(space)                 after the optimizer (e.g. parameter averaging)
 ///
+/// and around each epoch (kat::train::Trainer::fit; a hand-written loop calls them too when its
+/// sync needs them, as DASO does):
+///
+///     begin_epoch(space, epoch, epochs, steps, first)   before the epoch's first step
+///     end_epoch(space)                  after its last step, before evaluation: nothing of
+///                                       the epoch may still be in flight afterwards
+///     on_epoch_end(summary)             with the epoch's loss summed over the processes,
+///                                       before the callbacks see the summary
+///
 /// kat::train::Trainer installs on_gradients_ready() as the model's backward hook; a
 /// hand-written loop does the same with kat::nn::Sequential::set_backward_hook. Implementations:
-/// none (one process needs no synchronization), kat::distributed::DataParallel.
+/// none (one process needs no synchronization), kat::distributed::DataParallel,
+/// kat::distributed::DASO.
 template <class Scalar, class MemorySpace> class GradientSync {
 public:
   using execution_space = typename MemorySpace::execution_space;
@@ -46,6 +57,21 @@ public:
   virtual void before_step(const execution_space &space) = 0;
   /// After the optimizer updated the parameters.
   virtual void after_step(const execution_space &space) { (void)space; }
+  /// Epoch `epoch` (1-based) of `epochs` starts; it has `steps` steps on every process, of
+  /// which `first` (> 0 in a resumed epoch) are done already.
+  virtual void begin_epoch(const execution_space &space, std::int64_t epoch, std::int64_t epochs,
+                           std::size_t steps, std::size_t first) {
+    (void)space;
+    (void)epoch;
+    (void)epochs;
+    (void)steps;
+    (void)first;
+  }
+  /// The epoch's last step is done: complete whatever is in flight.
+  virtual void end_epoch(const execution_space &space) { (void)space; }
+  /// The epoch's summary (its mean training loss is over all processes): a sync may adapt
+  /// to it and add metrics and a note.
+  virtual void on_epoch_end(EpochSummary &summary) { (void)summary; }
   /// What it does and how it is configured, for logs.
   virtual std::string summary() const { return name(); }
   /// What was communicated since the last reset_stats().

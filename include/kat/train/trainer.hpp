@@ -56,6 +56,10 @@ struct Evaluation {
 ///     GradientSync::after_step
 ///     callbacks' on_step_end                  (progress, checkpoints, mask updates, ...)
 ///
+/// Around each epoch the gradient sync gets begin_epoch() before the first step, end_epoch()
+/// after the last (before evaluation) and on_epoch_end() with the summary before the
+/// callbacks' on_epoch_end().
+///
 /// Every role is usable without the Trainer (see docs/guide.md, "A training loop of your
 /// own"); the Trainer owns no component, so each must outlive fit(). On several processes
 /// (set_process_group()) the loader yields this process's share of each global batch
@@ -350,6 +354,8 @@ private:
     }
     if (sync_) {
       sync_->reset_stats();
+      sync_->begin_epoch(space, epoch, epochs_, train_->batches(),
+                         static_cast<std::size_t>(position_.batch));
     }
     group_->barrier(); // the epoch's wall time starts together everywhere
     for (auto &c : callbacks_) {
@@ -371,6 +377,9 @@ private:
         c->on_step_end(*this);
       }
     }
+    if (sync_) {
+      sync_->end_epoch(space);
+    }
     space.fence();
     EpochSummary summary;
     summary.epoch = epoch;
@@ -385,6 +394,9 @@ private:
     summary.test_accuracy = test.accuracy();
     summary.lr = optimizer_->lr();
     position_ = {position_.step, epoch + 1, 0, 0.0, 0};
+    if (sync_) {
+      sync_->on_epoch_end(summary);
+    }
     for (auto &c : callbacks_) {
       c->on_epoch_end(*this, summary);
     }

@@ -9,6 +9,8 @@
 #error "kat/distributed needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
+#include "kat/core/bfloat16.hpp"
+
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
 #if __has_include(<mpi-ext.h>)
@@ -27,13 +29,14 @@ namespace kat::distributed::detail {
 template <class T>
 inline constexpr bool is_mpi_scalar_v =
     std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-    std::is_same_v<T, std::int64_t>;
+    std::is_same_v<T, std::int64_t> || std::is_same_v<T, kat::bfloat16>;
 
 template <class T> MPI_Datatype mpi_datatype() {
-  static_assert(
-      is_mpi_scalar_v<T>,
-      "kat::distributed: collectives take float, double, std::int32_t or std::int64_t views");
-  if constexpr (std::is_same_v<T, float>) {
+  static_assert(is_mpi_scalar_v<T>, "kat::distributed: collectives take float, double, "
+                                    "std::int32_t, std::int64_t or kat::bfloat16 views");
+  if constexpr (std::is_same_v<T, kat::bfloat16>) {
+    return MPI_UINT16_T; // its bits; reductions use bfloat16_sum_op()
+  } else if constexpr (std::is_same_v<T, float>) {
     return MPI_FLOAT;
   } else if constexpr (std::is_same_v<T, double>) {
     return MPI_DOUBLE;
@@ -42,6 +45,39 @@ template <class T> MPI_Datatype mpi_datatype() {
   } else {
     return MPI_INT64_T;
   }
+}
+
+/// The element-wise sum of bfloat16 values for MPI: each addition in float, rounded to
+/// bfloat16 (PyTorch's bfloat16 `+=`, as the DASO reference's MPI operation does).
+inline void bfloat16_sum(void *in, void *inout, int *length, MPI_Datatype *) {
+  const auto *a = static_cast<const kat::bfloat16 *>(in);
+  auto *b = static_cast<kat::bfloat16 *>(inout);
+  for (int i = 0; i < *length; ++i) {
+    b[i] = kat::bfloat16::from_float(a[i].to_float() + b[i].to_float());
+  }
+}
+
+/// MPI's operation for bfloat16_sum, created at first use and freed at MPI_Finalize (through
+/// the delete callback of an attribute on MPI_COMM_SELF, which MPI_Finalize frees first).
+inline MPI_Op bfloat16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op created = MPI_OP_NULL;
+    MPI_Op_create(&bfloat16_sum, /*commute=*/1, &created);
+    int key = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(
+        MPI_COMM_NULL_COPY_FN,
+        [](MPI_Comm, int, void *value, void *) {
+          auto *handle = static_cast<MPI_Op *>(value);
+          MPI_Op_free(handle);
+          delete handle;
+          return MPI_SUCCESS;
+        },
+        &key, nullptr);
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, new MPI_Op(created));
+    MPI_Comm_free_keyval(&key);
+    return created;
+  }();
+  return op;
 }
 
 /// MPI's text for an error code ("MPI_ERR_ROOT: invalid root").

@@ -48,7 +48,8 @@ struct Setup {
   std::function<kat::Hyperparameter<double>(double base_lr)> schedule_from;
   kat::train::ProcessGroup &group;
 #ifdef KAT_ENABLE_MPI
-  kat::distributed::Communicator *comm = nullptr; // for distributed K-FAC; null on one rank
+  kat::distributed::Communicator *comm = nullptr;      // for distributed K-FAC; null on one rank
+  kat::distributed::Communicator *node_comm = nullptr; // this rank's node (K-FAC with DASO)
   const kat::distributed::DHO2Roles *dho2_roles = nullptr; // DHO2 with curvature ranks
 #endif
   const kat::data::Dataset &train_set; // FOSI's curvature batch comes from it
@@ -66,6 +67,10 @@ struct Setup {
 };
 
 using Optimizers = kat::train::Registry<std::function<void(Setup &)>>;
+
+// Whether --dist-strategy daso was chosen (DASO is the gradient sync; the optimizer runs on
+// every rank as on one).
+bool daso(const Config &c) { return c.has("dist-strategy") && c.text("dist-strategy") == "daso"; }
 
 // The base rate: --lr, or the optimizer's default.
 double base_lr(const Config &c, double fallback) { return c.has("lr") ? c.number("lr") : fallback; }
@@ -95,7 +100,11 @@ template <class InverseScalar, class FactorScalar> void add_kfac(Setup &s) {
   kfac->register_model(s.model);
   std::shared_ptr<kat::precond::KFACStrategy<KFAC>> strategy;
 #ifdef KAT_ENABLE_MPI
-  if (s.config.has("dist-strategy")) {
+  if (daso(s.config)) {
+    // DASO averages gradients inside a node: K-FAC averages its factors there too (D-KFAC on
+    // the node's ranks), so a node's replicas take the same preconditioned step.
+    strategy = std::make_shared<kat::distributed::DKFAC<KFAC>>(*s.node_comm, *kfac);
+  } else if (s.config.has("dist-strategy")) {
     strategy = kat::distributed::kfac_strategies<KFAC>()
                    .at(s.config.text("dist-strategy"))
                    .make(*s.comm, *kfac, s.config);
@@ -116,11 +125,12 @@ void make_kfac(Setup &s) {
                  : (factor_double ? add_kfac<float, double>(s) : add_kfac<float, float>(s));
 }
 
-// Whether FOSI runs distributed as DHO2 (--dist-strategy dho2, its only choice for fosi-*);
-// then the base optimizer is built for this rank's slice of the parameters.
+// Whether FOSI runs distributed as DHO2 (--dist-strategy dho2); then the base optimizer is
+// built for this rank's slice of the parameters. With --dist-strategy daso every rank runs
+// FOSI whole.
 bool prepare_fosi(Setup &s) {
-  const bool dho2 = s.config.has("dist-strategy");
-  if (s.group.size() > 1 && !dho2) {
+  const bool dho2 = s.config.has("dist-strategy") && s.config.text("dist-strategy") == "dho2";
+  if (s.group.size() > 1 && !dho2 && !daso(s.config)) {
     throw kat::ValueError(kat::detail::concat("--optimizer fosi-* on ", s.group.size(),
                                               " ranks needs --dist-strategy dho2 (distributed "
                                               "FOSI, docs/distributed.md)"));
@@ -162,9 +172,12 @@ curvature_batch(const kat::data::Dataset &train_set, std::size_t batch, std::uin
 // shuffled with the run's seed (copied, so the loader's buffers can move on). With DHO2 each
 // rank differentiates its own rows of that batch and keeps its slice of the curvature.
 void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
-  const auto ranks = static_cast<std::size_t>(s.group.size());
-  const auto [x, y] = curvature_batch(s.train_set, s.local_batch * ranks, s.seed,
-                                      static_cast<std::size_t>(s.group.rank()), ranks);
+  // With DASO every rank differentiates the whole batch, so a node's replicas (equal
+  // parameters) get equal estimates.
+  const auto ranks = daso(s.config) ? std::size_t(1) : static_cast<std::size_t>(s.group.size());
+  const auto [x, y] =
+      curvature_batch(s.train_set, s.local_batch * static_cast<std::size_t>(s.group.size()), s.seed,
+                      ranks == 1 ? 0 : static_cast<std::size_t>(s.group.rank()), ranks);
   const kat::Vector<const std::int32_t, Mem> labels = y;
   const kat::nn::SoftmaxCrossEntropy<Scalar, Mem> loss;
   kat::optim::FOSI<Scalar, Mem>::Options o;
@@ -233,6 +246,43 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
       std::make_shared<kat::train::FOSIReport<Scalar, Mem>>(*fosi, s.profile, communicated));
   s.optimizer = std::move(fosi);
 }
+
+#ifdef KAT_ENABLE_MPI
+// With --ranks-per-node: what this epoch sent between the nodes, from every communicator the
+// training uses (CommunicatorStats::internode): the bytes summed over the training ranks
+// (internode_bytes) and the emulated link time per rank (internode_s, their mean), as metrics
+// and a note on the epoch line.
+class InternodeReport : public kat::train::Callback<Scalar, Mem> {
+public:
+  explicit InternodeReport(std::vector<const kat::distributed::Communicator *> comms)
+      : comms_(std::move(comms)) {}
+  std::string name() const override { return "internode"; }
+  void on_epoch_begin(Trainer &) override { start_ = totals(); }
+  void on_epoch_end(Trainer &trainer, kat::train::EpochSummary &summary) override {
+    const auto now = totals();
+    std::vector<double> v{now[0] - start_[0], now[1] - start_[1]};
+    trainer.process_group().sum(v);
+    const double seconds = v[1] / trainer.process_group().size();
+    summary.metrics.push_back({"internode_bytes", v[0], 0});
+    summary.metrics.push_back({"internode_s", seconds, 3});
+    char note[64];
+    std::snprintf(note, sizeof note, "  inter-node %.1f MB", v[0] / 1e6);
+    summary.note += note;
+  }
+
+private:
+  std::vector<double> totals() const {
+    std::vector<double> t{0, 0};
+    for (const auto *c : comms_) {
+      t[0] += static_cast<double>(c->stats().internode.bytes);
+      t[1] += c->stats().internode_seconds;
+    }
+    return t;
+  }
+  std::vector<const kat::distributed::Communicator *> comms_;
+  std::vector<double> start_{0, 0};
+};
+#endif
 
 // A registered option as a flag: its text (the default until given) and the flag.
 struct Flag {
@@ -304,7 +354,7 @@ int dho2_curvature_ranks(const std::vector<Flag> &flags, int ranks, int batch_si
                                  "must be an integer >= 0 (steps), got " + bound->value);
     }
   }
-  if (find("dist-strategy")->option->count() == 0) {
+  if (find("dist-strategy")->option->count() == 0 || find("dist-strategy")->value != "dho2") {
     throw CLI::ValidationError("--dho2-curvature-ranks", "needs --dist-strategy dho2");
   }
   if (C >= ranks) {
@@ -336,10 +386,22 @@ Optimizers optimizers() {
                              {"momentum", "SGD momentum", "0.9"},
                              {"nesterov", "Nesterov momentum (sgd)", "", {}, true},
                              wd};
-  r.add("sgd", "SGD with momentum (PyTorch's torch.optim.SGD)", sgd, [](Setup &s) { make_sgd(s); });
-  r.add("adam", "Adam (Kingma & Ba 2015)", {lr, wd},
+  // Data parallelism (the default on several ranks) or DASO; K-FAC and FOSI add their own.
+  std::vector<Opt> plain_sgd = sgd, adam{lr, wd};
+#ifdef KAT_ENABLE_MPI
+  const Opt daso{"dist-strategy",
+                 "Distributed strategy on several ranks: daso (docs/distributed.md) instead of "
+                 "synchronous data parallelism",
+                 "",
+                 {"daso"}};
+  plain_sgd.push_back(daso);
+  adam.push_back(daso);
+#endif
+  r.add("sgd", "SGD with momentum (PyTorch's torch.optim.SGD)", plain_sgd,
+        [](Setup &s) { make_sgd(s); });
+  r.add("adam", "Adam (Kingma & Ba 2015)", adam,
         [](Setup &s) { make_adam<kat::optim::Adam<Scalar, Mem>>(s, 0.0); });
-  r.add("adamw", "AdamW (Loshchilov & Hutter 2019)", {lr, wd},
+  r.add("adamw", "AdamW (Loshchilov & Hutter 2019)", adam,
         [](Setup &s) { make_adam<kat::optim::AdamW<Scalar, Mem>>(s, 0.01); });
   std::vector<Opt> kfac = sgd;
   for (const auto &o : kat::train::kfac_option_specs()) {
@@ -347,9 +409,12 @@ Optimizers optimizers() {
   }
 #ifdef KAT_ENABLE_MPI
   const auto strategies = kat::distributed::kfac_strategies<kat::precond::KFAC<Scalar, Mem>>();
+  auto kfac_choices = strategies.names();
+  kfac_choices.push_back("daso");
   kfac.push_back({"dist-strategy",
-                  "Distributed strategy on several ranks: K-FAC's for kfac, dho2 for fosi-*", "",
-                  strategies.names()});
+                  "Distributed strategy on several ranks: K-FAC's for kfac, dho2 for fosi-*, "
+                  "daso for any (K-FAC then averages its factors inside each node)",
+                  "", kfac_choices});
   for (const auto &e : strategies.entries()) {
     kfac.insert(kfac.end(), e.options.begin(), e.options.end());
   }
@@ -365,9 +430,9 @@ Optimizers optimizers() {
       {"learning-rate-clip", "FOSI: upper bound of the complement scale c [default: 3, adam 1]"},
 #ifdef KAT_ENABLE_MPI
       {"dist-strategy",
-       "Distributed FOSI on several ranks: dho2 (docs/distributed.md)",
+       "Distributed FOSI on several ranks: dho2, or daso (docs/distributed.md)",
        "",
-       {"dho2"}},
+       {"dho2", "daso"}},
       {"dho2-curvature-ranks",
        "DHO2: ranks that only estimate curvature, overlapped with training (0: synchronous)", "0"},
       {"dho2-staleness-bound",
@@ -467,6 +532,8 @@ int main(int argc, char **argv) {
   std::int64_t checkpoint_every = 0;
   bool profile = false;
   int curvature_ranks = 0; // DHO2's --dho2-curvature-ranks
+  int ranks_per_node = 0;  // virtual nodes (0: the machine's)
+  double internode_latency = 0, internode_bandwidth = 0;
   CLI::App app{"Train a network on Fashion-MNIST with KAT (Kokkos Accelerated Training).\n"
                "Kokkos flags such as --kokkos-num-threads=N are accepted as well."};
   app.add_option("--data-dir", data_dir, "Directory with the IDX files (raw or .gz)")
@@ -509,12 +576,32 @@ int main(int argc, char **argv) {
   app.add_option("--keep-checkpoints", keep_checkpoints, "How many of the newest to keep")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+#ifdef KAT_ENABLE_MPI
+  app.add_option("--ranks-per-node", ranks_per_node,
+                 "Treat blocks of G consecutive ranks as nodes (0: ranks sharing memory), to "
+                 "run hierarchical strategies (DASO) on one machine")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--emulate-internode-latency", internode_latency,
+                 "Emulated inter-node link: seconds added to every operation between the "
+                 "--ranks-per-node nodes (docs/distributed.md)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--emulate-internode-bandwidth", internode_bandwidth,
+                 "Emulated inter-node link: bytes per second (0: unlimited)")
+      ->check(CLI::NonNegativeNumber);
+#endif
   // Sparse training (kat::sparse) works with every optimizer: its options are one group.
   kat::train::Registry<int> sparse_registry("sparse training");
   sparse_registry.add("sparse", "Sparse training: masks, SET, RigL (docs/sparse.md)",
                       kat::sparse::sparse_option_specs(), 0);
   sparse_registry.add("agent", "Adaptive gradient correction, with any optimizer",
                       kat::sparse::agent_option_specs(), 0);
+#ifdef KAT_ENABLE_MPI
+  sparse_registry.add("daso",
+                      "DASO: hierarchical asynchronous data parallelism (--dist-strategy "
+                      "daso, docs/distributed.md)",
+                      kat::distributed::daso_option_specs(), 0);
+#endif
   std::vector<Flag> flags;
   flags.reserve(64); // add_flags keeps references into it
   add_flags(app, optimizer_registry, flags);
@@ -557,6 +644,16 @@ int main(int argc, char **argv) {
         }
         continue;
       }
+#ifdef KAT_ENABLE_MPI
+      if (f.option->count() > 0 && declares(sparse_registry.at("daso"))) {
+        const auto strategy = std::find_if(flags.begin(), flags.end(),
+                                           [](const Flag &g) { return g.name == "dist-strategy"; });
+        if (strategy->value != "daso") {
+          throw CLI::ValidationError("--" + f.name, "needs --dist-strategy daso");
+        }
+        continue;
+      }
+#endif
       if (f.option->count() > 0 && !declares(optimizer_registry.at(optimizer_name)) &&
           !declares(schedule_registry.at(schedule_name))) {
         throw CLI::ValidationError("--" + f.name, "is not an option of --optimizer " +
@@ -565,6 +662,17 @@ int main(int argc, char **argv) {
       }
     }
     curvature_ranks = dho2_curvature_ranks(flags, world_group.size(), batch_size, checkpoint_dir);
+    if ((internode_latency > 0 || internode_bandwidth > 0) && ranks_per_node == 0) {
+      throw CLI::ValidationError("--emulate-internode-latency/bandwidth",
+                                 "needs --ranks-per-node G > 0 (the emulated nodes)");
+    }
+    const auto strategy = std::find_if(flags.begin(), flags.end(),
+                                       [](const Flag &g) { return g.name == "dist-strategy"; });
+    if (strategy->value == "daso" && checkpoint_every > 0) {
+      throw CLI::ValidationError("--checkpoint-every",
+                                 "must be 0 with --dist-strategy daso (its parameter sends are in "
+                                 "flight inside an epoch; it checkpoints at epoch ends)");
+    }
     const int training_ranks = world_group.size() - curvature_ranks;
     if (training_ranks > 1 && batch_size % training_ranks != 0) {
       throw CLI::ValidationError("--batch-size", "is the global batch and must be divisible by " +
@@ -582,6 +690,10 @@ int main(int argc, char **argv) {
   }
 #ifdef KAT_ENABLE_MPI
   const std::string threads = kat::distributed::apply_thread_budget(argc, argv, comm);
+  // Virtual nodes and their emulated link, for every communicator derived from here on (the
+  // thread budget above used the machine's real nodes).
+  comm.set_ranks_per_virtual_node(ranks_per_node);
+  comm.set_internode_link({internode_latency, internode_bandwidth});
   // DHO2 with curvature ranks: the last C ranks estimate curvature, the others train together.
   std::optional<kat::distributed::DHO2Roles> dho2_roles;
   if (curvature_ranks > 0) {
@@ -630,6 +742,7 @@ int main(int argc, char **argv) {
 #ifdef KAT_ENABLE_MPI
                 nullptr,
                 nullptr,
+                nullptr,
 #endif
                 train_set,
                 local_batch,
@@ -638,7 +751,9 @@ int main(int argc, char **argv) {
 #ifdef KAT_ENABLE_MPI
     // K-FAC's strategies communicate on their own communicator (their own counters).
     auto kfac_comm = train_comm.dup();
+    auto node_comm = train_comm.split_shared(); // K-FAC's with DASO
     setup.comm = &kfac_comm;
+    setup.node_comm = &node_comm;
     setup.dho2_roles = dho2_roles ? &*dho2_roles : nullptr;
 #endif
     optimizer_registry.at(optimizer_name).make(setup);
@@ -693,10 +808,22 @@ int main(int argc, char **argv) {
     trainer.set_process_group(
         std::shared_ptr<const kat::train::ProcessGroup>(&group, [](const auto *) {}));
     std::shared_ptr<kat::distributed::DataParallel<Scalar, Mem>> dp;
-    if (group.size() > 1) {
+    std::shared_ptr<kat::distributed::DASO<Scalar, Mem>> daso_sync;
+    // What crosses the nodes: every communicator the training uses.
+    std::vector<const kat::distributed::Communicator *> comms{&train_comm, &kfac_comm, &node_comm};
+    if (group.size() > 1 && daso(config)) {
+      daso_sync = std::make_shared<kat::distributed::DASO<Scalar, Mem>>(
+          train_comm, model, kat::distributed::daso_options(config));
+      daso_sync->broadcast_parameters(space);
+      trainer.set_gradient_sync(daso_sync);
+      comms.push_back(&daso_sync->node_communicator());
+      comms.push_back(&daso_sync->global_communicator());
+    } else if (group.size() > 1) {
       dp = std::make_shared<kat::distributed::DataParallel<Scalar, Mem>>(train_comm, model);
       dp->broadcast_parameters(space); // equal seeds give equal models; make sure of it
       trainer.set_gradient_sync(dp);
+    }
+    if (group.size() > 1) {
       trainer.set_epoch_order([&sampler](std::size_t e) { return sampler.indices(e); });
     }
 #endif
@@ -737,6 +864,24 @@ int main(int argc, char **argv) {
         extra_columns.push_back("fosi_bytes_per_step");
       }
     }
+#ifdef KAT_ENABLE_MPI
+    if (daso_sync) {
+      for (const char *c : {"daso_global_skip", "daso_local_skip", "daso_batches_to_wait"}) {
+        extra_columns.push_back(c);
+      }
+      if (profile) { // DASO's local and global communication, split
+        for (const char *c : {"daso_local_bytes", "daso_global_bytes", "daso_internode_bytes",
+                              "daso_local_s", "daso_global_s"}) {
+          extra_columns.push_back(c);
+        }
+      }
+    }
+    if (ranks_per_node > 0) {
+      trainer.add_callback(std::make_shared<InternodeReport>(comms));
+      extra_columns.push_back("internode_bytes");
+      extra_columns.push_back("internode_s");
+    }
+#endif
     if (profile) {
       trainer.add_callback(std::make_shared<kat::train::Profiler<Scalar, Mem>>());
       for (const auto &c : kat::train::Profiler<Scalar, Mem>::columns()) {

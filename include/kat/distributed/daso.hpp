@@ -18,12 +18,14 @@
 #include "kat/distributed/daso_schedule.hpp"
 #include "kat/distributed/data_parallel.hpp"
 #include "kat/train/gradient_sync.hpp"
+#include "kat/train/registry.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -512,13 +514,15 @@ public:
     summary.metrics.push_back({"daso_internode_bytes", double(s.internode_bytes), 0});
     summary.metrics.push_back({"daso_local_s", s.local_seconds, 3});
     summary.metrics.push_back({"daso_global_s", s.global_seconds, 3});
-    const std::string skips =
-        ended.blocking() ? std::string("blocking")
-                         : kat::detail::concat("skips ", ended.global_skip, "/", ended.local_skip,
-                                               "/", ended.batches_to_wait);
-    summary.note += (summary.note.empty() ? "" : "; ") +
-                    kat::detail::concat("daso ", skips, ", local ", s.local_seconds, " s, global ",
-                                        s.global_seconds, " s");
+    char times[96];
+    std::snprintf(times, sizeof times, ", local %.3f s, global %.3f s", s.local_seconds,
+                  s.global_seconds);
+    summary.note +=
+        "  daso " +
+        (ended.blocking() ? std::string("blocking")
+                          : kat::detail::concat("skips ", ended.global_skip, "/", ended.local_skip,
+                                                "/", ended.batches_to_wait)) +
+        times;
   }
 
   /// kat::train::GradientSync: the steps, payload bytes (local + global) and exposed seconds.
@@ -805,6 +809,84 @@ private:
   CommunicatorStats local_base_; // the communicators' counters at reset_stats()
   CommunicatorStats global_base_;
 };
+
+/// DASO's options as command-line flags (kat_train's, with --dist-strategy daso): the
+/// DASOOptions and DASOScheduleOptions fields with the reference's names and defaults.
+inline std::vector<train::OptionSpec> daso_option_specs() {
+  return {
+      {"daso-warmup-epochs", "DASO: blocking epochs at the start", "4"},
+      {"daso-cooldown-epochs", "DASO: blocking epochs at the end", "4"},
+      {"daso-max-global-skips", "DASO: global_skip after a plateau at global_skip 1", "8"},
+      {"daso-skip-reduction-factor",
+       "DASO: global_skip and local_skip are divided by it on a plateau", "2"},
+      {"daso-local-skip-factor",
+       "DASO: local_skip and batches_to_wait after a reset are max-global-skips over it", "4"},
+      {"daso-stability-level", "DASO: the plateau detector's relative threshold", "0.05"},
+      {"daso-patience", "DASO: epochs without improvement before a plateau", "2"},
+      {"daso-sending-chunk-size", "DASO: elements per non-blocking all-reduce of a global sync",
+       "10000000"},
+      {"daso-downcast", "DASO: the blocking averages' wire type", "bf16", {"bf16", "none"}},
+      {"daso-fixed-skips",
+       "DASO: global_skip,local_skip,batches_to_wait held every epoch instead of the schedule "
+       "(1,1,0: synchronous)"},
+  };
+}
+
+/// DASOOptions from `c` (daso_option_specs() names; missing ones take their defaults).
+/// @throws ValueError naming the option for a value that is not a number of the expected
+///   kind or out of range, or daso-fixed-skips that is not three integers.
+inline DASOOptions daso_options(const train::Config &c) {
+  using kat::detail::concat;
+  DASOOptions o;
+  auto &s = o.schedule;
+  const auto integer = [&](const char *name, std::int64_t fallback, std::int64_t min) {
+    const std::int64_t v = c.has(name) ? c.integer(name) : fallback;
+    if (v < min) {
+      throw ValueError(concat("option --", name, " must be >= ", min, ", got ", v));
+    }
+    return v;
+  };
+  s.warmup_epochs = integer("daso-warmup-epochs", s.warmup_epochs, 0);
+  s.cooldown_epochs = integer("daso-cooldown-epochs", s.cooldown_epochs, 0);
+  s.max_global_skips = integer("daso-max-global-skips", s.max_global_skips, 1);
+  s.skip_reduction_factor = integer("daso-skip-reduction-factor", s.skip_reduction_factor, 1);
+  s.local_skip_factor = integer("daso-local-skip-factor", s.local_skip_factor, 1);
+  s.patience = integer("daso-patience", s.patience, 0);
+  if (c.has("daso-stability-level")) {
+    s.stability_level = c.number("daso-stability-level");
+    if (!(s.stability_level >= 0 && s.stability_level < 1)) {
+      throw ValueError(
+          concat("option --daso-stability-level must be in [0, 1), got ", s.stability_level));
+    }
+  }
+  o.sending_chunk_size = static_cast<std::size_t>(
+      integer("daso-sending-chunk-size", std::int64_t(o.sending_chunk_size), 1));
+  if (c.has("daso-downcast")) {
+    const std::string &d = c.text("daso-downcast");
+    if (d != "bf16" && d != "none") {
+      throw ValueError("option --daso-downcast must be bf16 or none, got '" + d + "'");
+    }
+    o.downcast = d == "bf16" ? DASODowncast::bf16 : DASODowncast::none;
+  }
+  if (c.has("daso-fixed-skips") && !c.text("daso-fixed-skips").empty()) {
+    const auto parts = c.list("daso-fixed-skips");
+    train::Config one;
+    std::int64_t v[3] = {0, 0, 0};
+    const bool three = parts.size() == 3;
+    for (std::size_t i = 0; three && i < 3; ++i) {
+      one.set("daso-fixed-skips", parts[i]);
+      v[i] = one.integer("daso-fixed-skips");
+    }
+    if (!three || v[0] < 0 || (v[0] >= 1 && (v[1] < 1 || v[2] < 0))) {
+      throw ValueError("option --daso-fixed-skips must be global_skip,local_skip,batches_to_wait "
+                       "(global_skip 0 for blocking, else local_skip >= 1 and batches_to_wait "
+                       ">= 0), got '" +
+                       c.text("daso-fixed-skips") + "'");
+    }
+    o.fixed_skips = DASOSkips{v[0], v[1], v[2]};
+  }
+  return o;
+}
 
 } // namespace kat::distributed
 

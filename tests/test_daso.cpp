@@ -5,8 +5,8 @@
 #include "test_helpers.hpp"
 
 #include <kat/core/bfloat16.hpp>
-#include <kat/distributed/communicator.hpp>
 #include <kat/distributed/daso_schedule.hpp>
+#include <kat/distributed/emulated_link.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -18,6 +18,7 @@
 #ifdef KAT_ENABLE_MPI
 #include "mpi_test_helpers.hpp"
 
+#include <kat/distributed/communicator.hpp>
 #include <kat/distributed/daso.hpp>
 #include <kat/distributed/data_parallel.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>

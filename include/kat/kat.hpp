@@ -78,10 +78,11 @@
 #include "kat/sparse/options.hpp"
 #include "kat/sparse/sparse_training.hpp"
 
-// DistributedSampler, ParameterShard and DASOSchedule need no MPI; the rest of kat::distributed
-// does (KAT configured with -DKAT_ENABLE_MPI=ON).
+// DistributedSampler, ParameterShard, DASOSchedule and EmulatedLink need no MPI; the rest of
+// kat::distributed does (KAT configured with -DKAT_ENABLE_MPI=ON).
 #include "kat/distributed/daso_schedule.hpp"
 #include "kat/distributed/distributed_sampler.hpp"
+#include "kat/distributed/emulated_link.hpp"
 #include "kat/distributed/parameter_shard.hpp"
 #ifdef KAT_ENABLE_MPI
 #include "kat/distributed/communicator.hpp"

@@ -12,8 +12,9 @@ shift 3
 work=$(mktemp -d /tmp/kat-daso-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-args=(--data-dir "$data" --model mlp --train-subset 2048 --batch-size 64 --epochs 2 --seed 3
-      --progress never --lr 0.05)
+common=(--data-dir "$data" --model mlp --train-subset 2048 --batch-size 64 --seed 3
+        --progress never --lr 0.05)
+args=("${common[@]}" --epochs 2)
 # column NAME FILE EPOCH: the value of NAME in that epoch.
 column() {
   awk -F, -v name="$1" -v epoch="$3" '
@@ -60,6 +61,15 @@ awk -v b="$(column internode_bytes "$work/link.csv" 2)" -v s="$(column internode
 # Both runs train the same steps: the link only delays.
 [ "$(cut -d, -f4-6 "$work/two.csv")" = "$(cut -d, -f4-6 "$work/link.csv")" ] ||
   fail "the emulated link changed the training"
+
+echo "== K-FAC and FOSI under DASO (every optimizer runs on it)"
+for opt in "kfac" "fosi-momentum --k 3 --warmup-w 5 --num-iters-to-approx-eigs 8"; do
+  # shellcheck disable=SC2086 # the optimizer's flags are words
+  "$mpiexec" -n 2 "$@" "$train" "${common[@]}" --epochs 1 --optimizer $opt --dist-strategy daso \
+    --ranks-per-node 1 --daso-fixed-skips 2,1,1 > "$work/opt.log" 2>&1 ||
+    fail "--optimizer $opt with DASO failed: $(cat "$work/opt.log")"
+  grep -q "daso skips 2/1/1" "$work/opt.log" || fail "no DASO epoch with $opt: $(cat "$work/opt.log")"
+done
 
 echo "== flag errors"
 expect_error() { # expect_error TEXT ARGS...: the run fails and prints TEXT

@@ -741,7 +741,17 @@ private:
       detail::daso_copy(space, head, params_);
       detail::daso_set(space, node_buffer_, n, static_cast<Scalar>(status_));
     }
-    node_.broadcast(space, node_buffer_, root);
+    // The ranks agree on the length at construction; an agreement all-reduce per broadcast
+    // would cost a collective more per sync.
+    const bool checked = node_.checked();
+    node_.set_checked(false);
+    try {
+      node_.broadcast(space, node_buffer_, root);
+    } catch (...) {
+      node_.set_checked(checked);
+      throw;
+    }
+    node_.set_checked(checked);
     const double status = detail::daso_status(space, node_buffer_);
     stats_.local_seconds += seconds_since(t0);
     status_ = 0;

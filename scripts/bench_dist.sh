@@ -21,18 +21,26 @@
 #                                  and DHO2's staleness, estimation and waiting time. Each at
 #                                  the rate of the single-process CNN sweep (docs/benchmarks.md)
 #
+#   scripts/bench_dist.sh daso     the CNN at 4 ranks as 2 emulated nodes x 2 ranks
+#                                  (--ranks-per-node 2) under an emulated inter-node link of
+#                                  10 us and 1 GB/s and one of 100 us and 100 MB/s, for
+#                                  KAT_DIST_EPOCHS epochs (default 6): synchronous data-parallel
+#                                  SGD-momentum against DASO (1 warm-up and 1 cool-down epoch,
+#                                  the reference's schedule in between); time per epoch, bytes
+#                                  over the link per epoch, test accuracy by epoch, DASO's skips
+#
 #   KAT_DIST_MODELS="mlp cnn"   models
 #   KAT_DIST_RANKS="2 4"        rank counts
 #   KAT_DIST_EPOCHS="2"         epochs of the train part
 #   KAT_DIST_STEPS="10"         steps of the update and dho2 parts
-#   KAT_DIST_REUSE=1            compare: keep the CSVs of finished runs (to resume a sweep)
+#   KAT_DIST_REUSE=1            compare, daso: keep the CSVs of finished runs (to resume)
 #
 # Ranks use one thread each (ranks >= cores here); the single-rank runs use both cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 part=${1:-}
-case $part in update | train | dho2 | compare) ;; *)
-  echo "usage: $0 update|train|dho2|compare" >&2
+case $part in update | train | dho2 | compare | daso) ;; *)
+  echo "usage: $0 update|train|dho2|compare|daso" >&2
   exit 2
   ;;
 esac
@@ -49,7 +57,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 models=${KAT_DIST_MODELS:-mlp cnn}
 rank_counts=${KAT_DIST_RANKS:-2 4}
 default_epochs=2
-[ "$part" = compare ] && default_epochs=6
+[ "$part" = compare ] || [ "$part" = daso ] && default_epochs=6
 epochs=${KAT_DIST_EPOCHS:-$default_epochs}
 steps=${KAT_DIST_STEPS:-10}
 
@@ -175,6 +183,43 @@ if [ "$part" = compare ]; then
         extra = stale ? sprintf("%.1f / %d, %.1f / %.1f", sm / n, smax, est, waited) : ""
         printf "| %s | %.1f | %s | %s | %.0f | %s |\n", name, wall / n, acc, reach, bytes, extra
       }' "$out/$tag.csv"
+  done
+  exit 0
+fi
+
+if [ "$part" = daso ]; then
+  p=4
+  links=("fast 10e-6 1e9" "slow 100e-6 1e8")
+  runs=(
+    "dp"
+    "daso --dist-strategy daso --daso-warmup-epochs 1 --daso-cooldown-epochs 1"
+  )
+  printf '| link | run | time per epoch (s) | epoch times (s) | over the link per epoch (MB) | test accuracy by epoch (%%) | DASO skips by epoch |\n'
+  printf '|---|---|---|---|---|---|---|\n'
+  for link in "${links[@]}"; do
+    read -r link_name latency bandwidth <<<"$link"
+    for entry in "${runs[@]}"; do
+      read -r name flags <<<"$entry"
+      tag=daso-cnn-$p-$link_name-$name
+      if [ "${KAT_DIST_REUSE:-0}" != 1 ] || [ ! -f "$out/$tag.csv" ] ||
+        [ "$(wc -l <"$out/$tag.csv")" -ne $((epochs + 1)) ]; then
+        # shellcheck disable=SC2086 # the flags are words
+        run "$tag" "$p" --model cnn --optimizer sgd --lr 0.05 --epochs "$epochs" --seed 0 \
+          --ranks-per-node 2 --emulate-internode-latency "$latency" \
+          --emulate-internode-bandwidth "$bandwidth" $flags
+      fi
+      awk -F, -v link="$link_name ($latency s, $bandwidth B/s)" -v name="$name" '
+        NR == 1 { for (i = 1; i <= NF; ++i) c[$i] = i; next }
+        { wall += $2; n += 1; bytes += $c["internode_bytes"]
+          acc = acc (n > 1 ? ", " : "") sprintf("%.2f", 100 * $6)
+          times = times (n > 1 ? ", " : "") sprintf("%.1f", $2)
+          if ("daso_global_skip" in c) {
+            g = $c["daso_global_skip"]
+            skips = skips (n > 1 ? ", " : "") (g == 0 ? "blocking" : g "/" $c["daso_local_skip"] "/" $c["daso_batches_to_wait"])
+          } }
+        END { printf "| %s | %s | %.1f | %s | %.1f | %s | %s |\n", link, name, wall / n, times,
+                     bytes / n / 1e6, acc, skips }' "$out/$tag.csv"
+    done
   done
   exit 0
 fi

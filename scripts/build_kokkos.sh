@@ -3,8 +3,11 @@
 # package into a cached prefix, for the backends Debian's binary packages (Serial only) lack.
 #
 #   scripts/build_kokkos.sh openmp   OpenMP + Serial, g++; Kokkos Kernels with BLAS/LAPACK
-#   scripts/build_kokkos.sh cuda     CUDA (sm_80, Ampere, whose PTX also runs on Hopper) +
-#                                    Serial, nvcc_wrapper; Kokkos Kernels with cuBLAS.
+#   scripts/build_kokkos.sh cuda     CUDA (sm_80, Ampere) + Serial, nvcc_wrapper; Kokkos
+#                                    Kernels with cuBLAS. For compile checks: Kokkos 3.4.1
+#                                    aborts at start on a GPU of another major compute
+#                                    capability (an H200, 9.0, 2026-11-26), PTX or not;
+#                                    scripts/gpu_tests.sh builds an sm_90 one to run there.
 #                                    Needs nvcc (scripts/check_cuda.sh installs it).
 #   scripts/build_kokkos.sh hip      HIP (gfx908 for consumers; Kokkos's own objects also
 #                                    carry gfx90a code) + Serial, hipcc; Kokkos Kernels

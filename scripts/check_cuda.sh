@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compile-and-link check of KAT for CUDA: builds every public header, test, example and
 # benchmark with nvcc (Debian's CUDA 11.8 toolkit) against Kokkos 3.4.1 built with the CUDA
-# backend (sm_80, whose PTX also runs on Hopper) and Kokkos Kernels with cuBLAS, with MPI and
+# backend (sm_80; compile only: scripts/gpu_tests.sh builds and runs on Hopper) and Kokkos
+# Kernels with cuBLAS, with MPI and
 # cuSOLVER enabled. Needs no GPU and runs no kernel: the tests are built, not discovered or run.
 #
 # Stages, each timed (output in build/check-cuda-<stage>.log):

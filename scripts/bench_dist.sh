@@ -23,7 +23,7 @@
 #
 #   scripts/bench_dist.sh daso     the CNN at 4 ranks as 2 emulated nodes x 2 ranks
 #                                  (--ranks-per-node 2) under an emulated inter-node link of
-#                                  10 us and 1 GB/s and one of 100 us and 100 MB/s, for
+#                                  10 us and 1 GB/s, 100 us and 100 MB/s, and 1 ms and 20 MB/s, for
 #                                  KAT_DIST_EPOCHS epochs (default 6): synchronous data-parallel
 #                                  SGD-momentum against DASO (1 warm-up and 1 cool-down epoch,
 #                                  the reference's schedule in between); time per epoch, bytes
@@ -189,7 +189,7 @@ fi
 
 if [ "$part" = daso ]; then
   p=4
-  links=("fast 10e-6 1e9" "slow 100e-6 1e8")
+  links=("fast 10e-6 1e9" "slow 100e-6 1e8" "slower 1e-3 2e7")
   runs=(
     "dp"
     "daso --dist-strategy daso --daso-warmup-epochs 1 --daso-cooldown-epochs 1"

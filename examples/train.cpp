@@ -627,6 +627,10 @@ int main(int argc, char **argv) {
     const bool sparse = std::strtod(sparsity_flag->value.c_str(), nullptr) > 0.0;
     const auto agent_flag =
         std::find_if(flags.begin(), flags.end(), [](const Flag &f) { return f.name == "agent"; });
+    // --dist-strategy exists only in MPI builds.
+    const auto strategy_flag = std::find_if(
+        flags.begin(), flags.end(), [](const Flag &f) { return f.name == "dist-strategy"; });
+    const bool daso_chosen = strategy_flag != flags.end() && strategy_flag->value == "daso";
     for (const auto &f : flags) {
       const auto declares = [&](const auto &entry) {
         return std::any_of(entry.options.begin(), entry.options.end(),
@@ -646,9 +650,7 @@ int main(int argc, char **argv) {
       }
 #ifdef KAT_ENABLE_MPI
       if (f.option->count() > 0 && declares(sparse_registry.at("daso"))) {
-        const auto strategy = std::find_if(flags.begin(), flags.end(),
-                                           [](const Flag &g) { return g.name == "dist-strategy"; });
-        if (strategy->value != "daso") {
+        if (!daso_chosen) {
           throw CLI::ValidationError("--" + f.name, "needs --dist-strategy daso");
         }
         continue;
@@ -666,9 +668,7 @@ int main(int argc, char **argv) {
       throw CLI::ValidationError("--emulate-internode-latency/bandwidth",
                                  "needs --ranks-per-node G > 0 (the emulated nodes)");
     }
-    const auto strategy = std::find_if(flags.begin(), flags.end(),
-                                       [](const Flag &g) { return g.name == "dist-strategy"; });
-    if (strategy->value == "daso" && checkpoint_every > 0) {
+    if (daso_chosen && checkpoint_every > 0) {
       throw CLI::ValidationError("--checkpoint-every",
                                  "must be 0 with --dist-strategy daso (its parameter sends are in "
                                  "flight inside an epoch; it checkpoints at epoch ends)");

@@ -119,23 +119,19 @@ std::int64_t daso_pack(const ExecSpace &space, const Params &params, const WireV
         }
       },
       bad);
-  Kokkos::parallel_for(
-      "kat::distributed::DASO::pack_status", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
-      KOKKOS_LAMBDA(const std::size_t) { wire(n) = DASOWire<Wire>::from(double(bad)); });
+  Kokkos::deep_copy(space, Kokkos::subview(wire, n), DASOWire<Wire>::from(double(bad)));
   space.fence();
   return bad;
 }
 
-/// The status element wire[n] (non-finite parameters summed over the senders). Fences.
+/// The status element, the last of `wire` (non-finite parameters summed over the senders).
+/// Fences `space`.
 template <class ExecSpace, class WireView>
 double daso_status(const ExecSpace &space, const WireView &wire) {
-  using Wire = typename WireView::non_const_value_type;
-  const std::size_t n = wire.extent(0) - 1;
-  double status = 0;
-  Kokkos::parallel_reduce(
-      "kat::distributed::DASO::status", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
-      KOKKOS_LAMBDA(const std::size_t, double &s) { s = DASOWire<Wire>::to(wire(n)); }, status);
-  return status;
+  typename WireView::non_const_value_type status{};
+  space.fence();
+  Kokkos::deep_copy(status, Kokkos::subview(wire, wire.extent(0) - 1));
+  return DASOWire<typename WireView::non_const_value_type>::to(status);
 }
 
 /// The stale merge: params = (numer params + sum) / denom, with `sum` the received sum over
@@ -165,22 +161,6 @@ void daso_mean(const ExecSpace &space, const Params &params, const WireView &sum
         const Wire mean = DASOWire<Wire>::from(DASOWire<Wire>::to(sum(i)) / nodes);
         params(i) = static_cast<Scalar>(DASOWire<Wire>::to(mean));
       });
-}
-
-/// out[i] = in[i] for i < n (n = in.extent(0)); with `status`, also out[n] = status.
-template <class ExecSpace, class Out, class In>
-void daso_copy(const ExecSpace &space, const Out &out, const In &in) {
-  Kokkos::parallel_for(
-      "kat::distributed::DASO::copy", Kokkos::RangePolicy<ExecSpace>(space, 0, in.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) { out(i) = in(i); });
-}
-
-template <class ExecSpace, class View>
-void daso_set(const ExecSpace &space, const View &v, std::size_t i,
-              typename View::non_const_value_type value) {
-  Kokkos::parallel_for(
-      "kat::distributed::DASO::set", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
-      KOKKOS_LAMBDA(const std::size_t) { v(i) = value; });
 }
 
 } // namespace detail
@@ -298,7 +278,11 @@ public:
     node_buffer_ = vector_type(
         Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::distributed::DASO::node_buffer"),
         params_.extent(0) + 1);
-    skips_ = options_.fixed_skips ? *options_.fixed_skips : schedule_.skips();
+    // DASO's own communicators carry only its sends and node broadcasts, whose length the
+    // ranks agreed on above: no agreement all-reduce per call (it would make every chunk and
+    // broadcast a synchronization point).
+    node_.set_checked(false);
+    global_.set_checked(false);
     reset_stats(); // the set-up's agreement all-reduces are not training traffic
   }
 
@@ -319,14 +303,17 @@ public:
   int nodes() const noexcept { return global_.size(); }
   /// This rank's rank within its node, which is its global group.
   int group() const noexcept { return node_.rank(); }
-  /// The node communicator (gradient all-reduces, broadcasts) and this rank's global one.
+  /// The node communicator (gradient all-reduces, broadcasts) and this rank's global one;
+  /// both unchecked (CommunicatorOptions::checked off).
   Communicator &node_communicator() noexcept { return node_; }
   Communicator &global_communicator() noexcept { return global_; }
   const DASOOptions &options() const noexcept { return options_; }
   /// The schedule (its skips are those of the epoch in progress unless fixed_skips is set).
   const DASOSchedule &schedule() const noexcept { return schedule_; }
-  /// The skips of the epoch in progress.
-  const DASOSkips &skips() const noexcept { return skips_; }
+  /// The skips of the epoch in progress (between epochs: of the next one).
+  DASOSkips skips() const noexcept {
+    return options_.fixed_skips ? *options_.fixed_skips : schedule_.skips();
+  }
   /// Global synchronizations sent by this rank and not yet received.
   std::size_t pending() const noexcept { return pending_.size(); }
   DASOStats stats() const { return with_comm_stats(stats_); }
@@ -336,10 +323,11 @@ public:
   /// "DASO on P ranks: N nodes x G ranks, ...".
   std::string summary() const override {
     const auto &o = options_.schedule;
+    const DASOSkips k = skips();
     std::string schedule =
         options_.fixed_skips
-            ? kat::detail::concat("fixed global_skip ", skips_.global_skip, ", local_skip ",
-                                  skips_.local_skip, ", batches_to_wait ", skips_.batches_to_wait)
+            ? kat::detail::concat("fixed global_skip ", k.global_skip, ", local_skip ",
+                                  k.local_skip, ", batches_to_wait ", k.batches_to_wait)
             : kat::detail::concat(o.warmup_epochs, " warm-up and ", o.cooldown_epochs,
                                   " cool-down epochs blocking, then (", o.after_warmup.global_skip,
                                   ", ", o.after_warmup.local_skip, ", ",
@@ -403,8 +391,8 @@ public:
     ++stats_.steps;
     const std::int64_t b = batch_;
     const std::int64_t last = static_cast<std::int64_t>(steps_) - 1;
-    const std::int64_t gs = skips_.global_skip, ls = skips_.local_skip;
-    const std::int64_t wait = skips_.batches_to_wait;
+    const DASOSkips k = skips();
+    const std::int64_t gs = k.global_skip, ls = k.local_skip, wait = k.batches_to_wait;
     const std::int64_t gmod = gs > 0 ? b % gs : 0;
     const std::int64_t btw = wait + b <= last ? wait : last - b;
     if (b == last || gmod == 0) {
@@ -463,12 +451,7 @@ public:
       throw Error("kat::distributed::DASO::begin_epoch: sends of the last epoch are in flight; "
                   "call end_epoch() first");
     }
-    if (epochs != schedule_.epochs() && !options_.fixed_skips) {
-      DASOSchedule s(options_.schedule, epochs);
-      s.load_state_dict(schedule_.state_dict());
-      schedule_ = s;
-    }
-    skips_ = options_.fixed_skips ? *options_.fixed_skips : schedule_.skips();
+    schedule_.set_epochs(epochs);
     steps_ = steps;
     batch_ = static_cast<std::int64_t>(first);
     send_group_ = 0;
@@ -495,7 +478,7 @@ public:
     if (!options_.fixed_skips) {
       schedule_.epoch_end(epoch, loss);
     }
-    return options_.fixed_skips ? *options_.fixed_skips : schedule_.skips();
+    return skips();
   }
 
   /// kat::train::GradientSync: epoch_end(summary.epoch, summary.train_loss); adds the metrics
@@ -503,7 +486,7 @@ public:
   /// daso_local_bytes, daso_global_bytes, daso_internode_bytes, daso_local_s, daso_global_s
   /// (this rank's) and a note with the skips.
   void on_epoch_end(train::EpochSummary &summary) override {
-    const DASOSkips ended = skips_;
+    const DASOSkips ended = skips();
     const DASOStats s = stats();
     epoch_end(summary.epoch, summary.train_loss);
     summary.metrics.push_back({"daso_global_skip", double(ended.global_skip), 0});
@@ -556,7 +539,6 @@ public:
     state.require_names("kat::distributed::DASO::load_state_dict", {"schedule.", "local_sync"});
     schedule_.load_state_dict(state.sub("schedule"));
     local_sync_ = state.get<std::int64_t>("local_sync") != 0;
-    skips_ = options_.fixed_skips ? *options_.fixed_skips : schedule_.skips();
   }
 
   /// reduce_metrics() over all ranks.
@@ -601,7 +583,8 @@ private:
     if (group() == k) {
       send(space, btw);
     }
-    if (skips_.batches_to_wait != 0) {
+    const std::int64_t wait = skips().batches_to_wait;
+    if (wait != 0) {
       // A send not received yet (batches_to_wait >= global_skip) is received now; the
       // previous group's node broadcast is repeated either way, as in the reference.
       if (awaiting_) {
@@ -610,7 +593,7 @@ private:
       broadcast_in_node(space, previous_);
     }
     const int groups = ranks_per_node();
-    if (batch_ == last || skips_.batches_to_wait == 0) {
+    if (batch_ == last || wait == 0) {
       ++stats_.blocking_syncs;
       if (group() == k) {
         receive_now(space);
@@ -640,7 +623,7 @@ private:
     const auto t0 = Clock::now();
     Send s;
     s.batches_to_wait = btw;
-    s.bf16 = skips_.blocking() && options_.downcast == DASODowncast::bf16;
+    s.bf16 = skips().blocking() && options_.downcast == DASODowncast::bf16;
     s.step = static_cast<std::size_t>(batch_);
     const std::size_t n = params_.extent(0);
     if (s.bf16) {
@@ -650,25 +633,15 @@ private:
       s.full = take(spare_full_, "kat::distributed::DASO::send", n + 1);
       detail::daso_pack(space, params_, s.full);
     }
-    // The agreement all-reduce would make every chunk a synchronization point; the ranks agree
-    // on n at construction (DataParallel's layout check over the node, and equal models).
-    const bool checked = global_.checked();
-    global_.set_checked(false);
-    try {
-      const std::size_t chunk = options_.sending_chunk_size;
-      for (std::size_t begin = 0; begin < n + 1; begin += chunk) {
-        const auto range = std::make_pair(begin, std::min(n + 1, begin + chunk));
-        if (s.bf16) {
-          s.requests.push_back(global_.iallreduce(space, Kokkos::subview(s.half, range)));
-        } else {
-          s.requests.push_back(global_.iallreduce(space, Kokkos::subview(s.full, range)));
-        }
+    const std::size_t chunk = options_.sending_chunk_size;
+    for (std::size_t begin = 0; begin < n + 1; begin += chunk) {
+      const auto range = std::make_pair(begin, std::min(n + 1, begin + chunk));
+      if (s.bf16) {
+        s.requests.push_back(global_.iallreduce(space, Kokkos::subview(s.half, range)));
+      } else {
+        s.requests.push_back(global_.iallreduce(space, Kokkos::subview(s.full, range)));
       }
-    } catch (...) {
-      global_.set_checked(checked);
-      throw;
     }
-    global_.set_checked(checked);
     ++stats_.sends;
     pending_.push_back(std::move(s));
     stats_.global_seconds += seconds_since(t0);
@@ -738,20 +711,10 @@ private:
     const std::size_t n = params_.extent(0);
     const auto head = Kokkos::subview(node_buffer_, std::make_pair(std::size_t(0), n));
     if (group() == root) {
-      detail::daso_copy(space, head, params_);
-      detail::daso_set(space, node_buffer_, n, static_cast<Scalar>(status_));
+      Kokkos::deep_copy(space, head, params_);
+      Kokkos::deep_copy(space, Kokkos::subview(node_buffer_, n), static_cast<Scalar>(status_));
     }
-    // The ranks agree on the length at construction; an agreement all-reduce per broadcast
-    // would cost a collective more per sync.
-    const bool checked = node_.checked();
-    node_.set_checked(false);
-    try {
-      node_.broadcast(space, node_buffer_, root);
-    } catch (...) {
-      node_.set_checked(checked);
-      throw;
-    }
-    node_.set_checked(checked);
+    node_.broadcast(space, node_buffer_, root);
     const double status = detail::daso_status(space, node_buffer_);
     stats_.local_seconds += seconds_since(t0);
     status_ = 0;
@@ -764,7 +727,7 @@ private:
           "); training diverged (lower the learning rate) and nothing was merged"));
     }
     if (group() != root) {
-      detail::daso_copy(space, params_, head);
+      Kokkos::deep_copy(space, params_, head);
     }
   }
 
@@ -803,7 +766,6 @@ private:
   DASOSchedule schedule_;
   std::unique_ptr<DataParallel<Scalar, MemorySpace>> local_;
   vector_type node_buffer_;
-  DASOSkips skips_;
   std::size_t steps_ = 0;       // the epoch's steps (0: no epoch in progress)
   std::int64_t batch_ = 0;      // the next step's index in the epoch
   int send_group_ = 0;          // the group of the next global synchronization

@@ -164,6 +164,15 @@ public:
 
   /// The skips of the epoch in progress.
   const DASOSkips &skips() const noexcept { return skips_; }
+  /// Sets E, the run's number of epochs (a trainer knows it only when training starts).
+  /// @throws ValueError if epochs < 1.
+  void set_epochs(std::int64_t epochs) {
+    if (epochs < 1) {
+      throw ValueError(kat::detail::concat(
+          "kat::distributed::DASOSchedule::set_epochs: epochs must be >= 1, got ", epochs));
+    }
+    epochs_ = epochs;
+  }
   const DASOScheduleOptions &options() const noexcept { return options_; }
   std::int64_t epochs() const noexcept { return epochs_; }
   const PlateauDetector &detector() const noexcept { return detector_; }

@@ -4,6 +4,7 @@
 /// needs.
 
 #include "kat/core/blas.hpp"
+#include "kat/core/dnn.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
@@ -20,8 +21,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace kat::nn {
 
@@ -211,9 +214,23 @@ void conv2d_col2im(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
 
 } // namespace detail
 
+/// How Conv2d computes its forward and backward passes.
+enum class Conv2dBackend {
+  /// The vendor DNN library (kat/core/dnn.hpp: oneDNN) where it serves the layer's memory
+  /// space and scalar and curvature is not being recorded, im2col + GEMM otherwise.
+  automatic,
+  /// Always im2col + GEMM (the portable path).
+  im2col,
+  /// The vendor DNN library except while recording curvature (which needs the patch
+  /// matrix); Conv2d::set_backend refuses it where kat::dnn_available is false.
+  dnn,
+};
+
 /// 2-D convolution with PyTorch's semantics (torch.nn.Conv2d with groups = 1,
-/// padding_mode = "zeros"), computed as im2col + GEMM (Chellapilla, Puri & Simard, "High
-/// Performance Convolutional Neural Networks for Document Processing", IWFHR 2006).
+/// padding_mode = "zeros"), computed through the vendor DNN library (oneDNN's direct
+/// convolutions, kat/core/dnn.hpp) where it serves the memory space and scalar, otherwise
+/// as im2col + GEMM (Chellapilla, Puri & Simard, "High Performance Convolutional Neural
+/// Networks for Document Processing", IWFHR 2006); see Conv2dBackend and set_backend().
 ///
 /// Shapes: input (C_in, H, W), a batch is N x (C_in·H·W) in KAT's feature order
 /// `h + H * (w + W * c)` (see FeatureShape); output (C_out, H_out, W_out) with
@@ -231,10 +248,14 @@ void conv2d_col2im(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
 /// matrix, IS the output batch y in memory and is written by the GEMM directly. Backward:
 /// d[W b] (+)= dYᵀ P, dP = dY W, dx = col2im(dP) as a gather (deterministic, no atomics).
 ///
-/// Two execution paths give the same results up to floating-point summation order:
+/// Three execution paths give the same results up to floating-point summation order:
+/// - DNN (default where kat::dnn_available<execution_space, Scalar>(): float on host memory
+///   in a build with KAT_ENABLE_ONEDNN, and not recording curvature): oneDNN's forward,
+///   backward-data and backward-weights primitives, with x and dy reordered into oneDNN's
+///   blocked layout and y, dx, d[W b] reordered back (reorder_stats() counts them);
 /// - full (while recording curvature): P (with its ones column) is built once for the whole
 ///   batch and kept for backward and for curvature();
-/// - chunked (default): the output positions are processed in chunks of contiguous
+/// - chunked (default elsewhere): the output positions are processed in chunks of contiguous
 ///   positions p = oh + H_out ow, whose patch block is about chunk_bytes() (see
 ///   set_chunk_bytes()). A chunk's rows of Y are a contiguous row range, so each chunk's GEMM
 ///   writes straight into y (a strided view, leading dimension N·H_out·W_out) and reads dY
@@ -342,6 +363,33 @@ public:
   void set_chunk_bytes(std::size_t bytes) { chunk_bytes_ = bytes; }
   std::size_t chunk_bytes() const { return chunk_bytes_; }
 
+  /// Chooses the path of later forward() calls (default Conv2dBackend::automatic). Recording
+  /// curvature takes the full im2col path whatever the choice: K-FAC needs the patch matrix.
+  /// @throws ValueError for Conv2dBackend::dnn where kat::dnn_available<execution_space,
+  ///         Scalar>() is false (no oneDNN in this build, a double layer, or device memory).
+  void set_backend(Conv2dBackend backend) {
+    if (backend == Conv2dBackend::dnn && !dnn_available<execution_space, Scalar>()) {
+      throw ValueError("kat::nn::Conv2d::set_backend: backend dnn needs a vendor DNN library "
+                       "for this layer (oneDNN, KAT_ENABLE_ONEDNN, float, host memory); "
+                       "kat::dnn_available is false here");
+    }
+    backend_ = backend;
+  }
+  Conv2dBackend backend() const { return backend_; }
+  /// Whether the next forward() runs through the DNN library (see set_backend()).
+  bool uses_dnn() const {
+    return dnn_available<execution_space, Scalar>() && backend_ != Conv2dBackend::im2col &&
+           !this->recording_;
+  }
+  /// The layout conversions the DNN path has done so far (zeros on the other paths).
+  DnnReorderStats dnn_reorder_stats() const {
+    if constexpr (dnn_available<execution_space, Scalar>()) {
+      return dnn_.reorder_stats();
+    } else {
+      return {};
+    }
+  }
+
   /// (C_in, H, W) -> (C_out, H_out, W_out), PyTorch's rule (see the class comment). Also
   /// records `input` as the shape forward() takes (Sequential::add calls this once; calling
   /// it again with another shape re-targets the layer).
@@ -442,8 +490,17 @@ public:
     kept_ = {};
     a_view_ = matrix_type();
     g_ = matrix_type();
+    dnn_forwarded_ = false;
     if (n == 0) {
       return;
+    }
+    if constexpr (dnn_available<execution_space, Scalar>()) {
+      if (uses_dnn()) {
+        dnn_.forward(space, dnn_problem(), x.data(), weight_.data(),
+                     bias_ ? bias_view_.data() : nullptr, y.data());
+        dnn_forwarded_ = true;
+        return;
+      }
     }
     const std::size_t positions = g.positions(), cols = weight_columns();
     // Y = P [W b]ᵀ is (N·H_out·W_out) x C_out column-major: exactly y's memory.
@@ -498,9 +555,17 @@ public:
       }
       return;
     }
+    const bool want_dw = this->parameter_gradients_;
+    if constexpr (dnn_available<execution_space, Scalar>()) {
+      if (dnn_forwarded_) {
+        dnn_.backward(space, dnn_problem(), x_.data(), dy.data(), weight_.data(),
+                      want_dx ? dx.data() : nullptr, want_dw ? grad_weight_.data() : nullptr,
+                      bias_ ? grad_bias_.data() : nullptr, accumulate);
+        return;
+      }
+    }
     const std::size_t positions = g.positions(), cols = weight_columns(), k = patch_size();
     const matrix_type dy_rows(dy.data(), n * positions, out_channels());
-    const bool want_dw = this->parameter_gradients_;
     if (full_) {
       g_ = dy_rows;
       if (want_dw) {
@@ -704,6 +769,29 @@ private:
 
   std::size_t weight_columns() const { return patch_size() + (bias_ ? 1 : 0); }
 
+  /// The last forward's problem, as kat/core/dnn.hpp describes it.
+  Conv2dProblem dnn_problem() const {
+    const detail::Conv2dGeometry &g = forward_geometry_;
+    Conv2dProblem p;
+    p.batch = batch_;
+    p.in_channels = g.in_channels;
+    p.height = g.height;
+    p.width = g.width;
+    p.out_channels = g.out_channels;
+    p.out_height = g.out_height;
+    p.out_width = g.out_width;
+    p.kernel_h = g.kernel_h;
+    p.kernel_w = g.kernel_w;
+    p.stride_h = g.stride_h;
+    p.stride_w = g.stride_w;
+    p.pad_h = g.pad_h;
+    p.pad_w = g.pad_w;
+    p.dilation_h = g.dilation_h;
+    p.dilation_w = g.dilation_w;
+    p.bias = bias_;
+    return p;
+  }
+
   static void require_contiguous(const char *where, const char *what, const matrix_type &m) {
     if (m.extent(1) > 1 && m.stride(1) != m.extent(0)) {
       throw ShapeError(kat::detail::concat(where, ": ", what,
@@ -803,7 +891,10 @@ private:
   detail::Conv2dGeometry forward_geometry_; // what the last forward() ran with
   std::size_t batch_ = 0;
   bool forwarded_ = false;
-  bool full_ = false; // whether the last forward built the whole P (recording)
+  bool full_ = false;          // whether the last forward built the whole P (recording)
+  bool dnn_forwarded_ = false; // whether the last forward ran through the DNN library
+  Conv2dBackend backend_ = Conv2dBackend::automatic;
+  Conv2dDnnIfAvailable<execution_space, Scalar> dnn_;
   // The chunk [p0, p1) whose patch block patches_ holds (at data): what the last pass left
   // there, so the next one need not rebuild it.
   KeptChunk kept_;
@@ -820,5 +911,39 @@ private:
   Workspace<Scalar, MemorySpace> r_patches_{"kat::nn::Conv2d::r_patches"};
   KeptChunk kept_r_;
 };
+
+/// Sets `backend` (see Conv2d::set_backend) on every Conv2d among `layers` (a Sequential's
+/// layers()) and, recursively, among their sublayers() (Residual's branches).
+/// @return the number of Conv2d layers set.
+/// @throws ValueError for Conv2dBackend::dnn where kat::dnn_available<ExecSpace, Scalar>() is
+///         false, before any layer is changed.
+template <class Scalar, class MemorySpace>
+std::size_t
+set_conv2d_backend(const std::vector<std::unique_ptr<Layer<Scalar, MemorySpace>>> &layers,
+                   Conv2dBackend backend) {
+  using execution_space = typename Layer<Scalar, MemorySpace>::execution_space;
+  if (backend == Conv2dBackend::dnn && !dnn_available<execution_space, Scalar>()) {
+    throw ValueError("kat::nn::set_conv2d_backend: backend dnn needs a vendor DNN library for "
+                     "these layers (oneDNN, KAT_ENABLE_ONEDNN, float, host memory); "
+                     "kat::dnn_available is false here");
+  }
+  std::size_t count = 0;
+  std::vector<Layer<Scalar, MemorySpace> *> stack;
+  for (const auto &layer : layers) {
+    stack.push_back(layer.get());
+  }
+  while (!stack.empty()) {
+    Layer<Scalar, MemorySpace> *layer = stack.back();
+    stack.pop_back();
+    if (auto *conv = dynamic_cast<Conv2d<Scalar, MemorySpace> *>(layer)) {
+      conv->set_backend(backend);
+      ++count;
+    }
+    for (auto *sub : layer->sublayers()) {
+      stack.push_back(sub);
+    }
+  }
+  return count;
+}
 
 } // namespace kat::nn

@@ -1,0 +1,473 @@
+#pragma once
+/// @file
+/// @brief KAT's entry point for vendor deep-learning primitives (convolutions), beside
+/// kat/core/blas.hpp for dense products: oneDNN for host memory when KAT is configured with
+/// KAT_ENABLE_ONEDNN; cuDNN and MIOpen would slot in behind the same class.
+///
+/// The layers keep their portable Kokkos implementations (Conv2d: im2col + GEMM) for every
+/// space this dispatch does not serve, and for the passes that need their intermediate
+/// matrices (K-FAC's patch matrix, the R-operator). `dnn_available<ExecSpace, Scalar>()`
+/// says at compile time which case applies.
+
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#if defined(KAT_ENABLE_ONEDNN)
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace kat {
+
+/// Whether a vendor DNN library computes kernels on `ExecSpace` with `Scalar` in this build:
+/// true for float on execution spaces whose memory the host can access (Serial, OpenMP,
+/// Threads) when KAT is built with KAT_ENABLE_ONEDNN (oneDNN 2.x computes f32, not f64, on
+/// CPUs). False everywhere else, where callers use their portable path.
+template <class ExecSpace, class Scalar> constexpr bool dnn_available() {
+#if defined(KAT_ENABLE_ONEDNN)
+  return std::is_same<Scalar, float>::value &&
+         Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                    typename ExecSpace::memory_space>::accessible;
+#else
+  return false;
+#endif
+}
+
+/// One 2-D convolution problem (PyTorch's torch.nn.Conv2d with groups = 1, zero padding) on
+/// a batch in KAT's layout: the input batch is N x (C_in·H·W) column-major with feature
+/// index h + H (w + W c), so element (b, c, h, w) is at b + N (h + H (w + W c)); the output
+/// likewise with (C_out, H_out, W_out); the weight is C_out x (C_in·k_h·k_w) column-major
+/// with column i + k_h (j + k_w c) for kernel row i, kernel column j, input channel c; the
+/// bias has C_out entries.
+struct Conv2dProblem {
+  std::size_t batch = 0;
+  int in_channels = 0, height = 0, width = 0;
+  int out_channels = 0, out_height = 0, out_width = 0;
+  int kernel_h = 1, kernel_w = 1;
+  int stride_h = 1, stride_w = 1;
+  int pad_h = 0, pad_w = 0;
+  int dilation_h = 1, dilation_w = 1;
+  bool bias = true;
+
+  bool operator==(const Conv2dProblem &o) const {
+    return batch == o.batch && in_channels == o.in_channels && height == o.height &&
+           width == o.width && out_channels == o.out_channels && out_height == o.out_height &&
+           out_width == o.out_width && kernel_h == o.kernel_h && kernel_w == o.kernel_w &&
+           stride_h == o.stride_h && stride_w == o.stride_w && pad_h == o.pad_h &&
+           pad_w == o.pad_w && dilation_h == o.dilation_h && dilation_w == o.dilation_w &&
+           bias == o.bias;
+  }
+  bool operator!=(const Conv2dProblem &o) const { return !(*this == o); }
+};
+
+/// The layout conversions ("reorders") a vendor library needed between KAT's layouts and its
+/// own (blocked) ones: how many, how many bytes they read, and their wall time.
+struct DnnReorderStats {
+  std::size_t reorders = 0;
+  std::size_t bytes = 0;
+  double seconds = 0;
+};
+
+namespace detail {
+
+#if defined(KAT_ENABLE_ONEDNN)
+
+/// The process's oneDNN CPU engine (created on first use).
+inline const dnnl::engine &onednn_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+/// A oneDNN f32 memory descriptor for KAT's batch layout of (N, C, H, W): element
+/// (b, c, h, w) at b + N (h + H (w + W c)).
+inline dnnl::memory::desc onednn_batch_desc(std::size_t n, int c, int h, int w) {
+  using dim = dnnl::memory::dim;
+  const dim dn = static_cast<dim>(n), dh = h, dw = w;
+  return dnnl::memory::desc({dn, c, dh, dw}, dnnl::memory::data_type::f32,
+                            dnnl::memory::dims{1, dn * dh * dw, dn, dn * dh});
+}
+
+/// ... and for KAT's weight layout: W(o, i + k_h (j + k_w c)) column-major, C_out rows.
+inline dnnl::memory::desc onednn_weight_desc(int out, int in, int kh, int kw) {
+  using dim = dnnl::memory::dim;
+  const dim o = out, h = kh, w = kw;
+  return dnnl::memory::desc({o, in, h, w}, dnnl::memory::data_type::f32,
+                            dnnl::memory::dims{1, o * h * w, o, o * h});
+}
+
+/// A memory in the layout a primitive chose, with a reorder from (or to) KAT's layout when
+/// the two differ, and whether it currently holds a given source.
+struct OnednnStaged {
+  dnnl::memory::desc kat_desc;  // KAT's layout
+  dnnl::memory::desc want_desc; // the primitive's
+  dnnl::memory staged;          // in want_desc when it differs from kat_desc
+  dnnl::reorder to_staged, from_staged;
+  bool in_kat_layout = true;
+  const void *holds = nullptr; // the KAT buffer staged currently mirrors
+
+  OnednnStaged() = default;
+  OnednnStaged(const dnnl::memory::desc &kat, const dnnl::memory::desc &want, bool inbound,
+               bool outbound, bool accumulate_outbound = false)
+      : kat_desc(kat), want_desc(want), in_kat_layout(kat == want) {
+    const dnnl::engine &eng = onednn_engine();
+    if (in_kat_layout) {
+      return;
+    }
+    staged = dnnl::memory(want, eng);
+    if (inbound) {
+      to_staged = dnnl::reorder(dnnl::reorder::primitive_desc(eng, kat, eng, want));
+    }
+    if (outbound) {
+      dnnl::primitive_attr attr;
+      if (accumulate_outbound) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      from_staged = dnnl::reorder(dnnl::reorder::primitive_desc(eng, want, eng, kat, attr));
+    }
+  }
+};
+
+/// Counts and times one reorder.
+inline void onednn_run_reorder(const char *region_name, dnnl::stream &stream, dnnl::reorder &r,
+                               dnnl::memory &from, dnnl::memory &to, DnnReorderStats &stats) {
+  ScopedRegion region(region_name);
+  const auto t0 = std::chrono::steady_clock::now();
+  r.execute(stream, from, to);
+  stream.wait();
+  stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats.reorders += 1;
+  stats.bytes += from.get_desc().get_size();
+}
+
+/// oneDNN's three convolution primitives for one Conv2dProblem, their staged operands and
+/// the memories wrapping KAT's buffers (rebound to new pointers on every call).
+class OnednnConv2dPlan {
+public:
+  explicit OnednnConv2dPlan(const Conv2dProblem &p) : problem_(p), stream_(onednn_engine()) {
+    using namespace dnnl;
+    const engine &eng = onednn_engine();
+    const memory::desc x_kat = onednn_batch_desc(p.batch, p.in_channels, p.height, p.width);
+    const memory::desc y_kat =
+        onednn_batch_desc(p.batch, p.out_channels, p.out_height, p.out_width);
+    const memory::desc w_kat =
+        onednn_weight_desc(p.out_channels, p.in_channels, p.kernel_h, p.kernel_w);
+    const memory::desc b_desc({p.out_channels}, memory::data_type::f32, memory::format_tag::a);
+    const memory::dims x_dims{static_cast<memory::dim>(p.batch), p.in_channels, p.height, p.width};
+    const memory::dims y_dims{static_cast<memory::dim>(p.batch), p.out_channels, p.out_height,
+                              p.out_width};
+    const memory::dims w_dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w};
+    const auto any = memory::format_tag::any;
+    const memory::desc x_any(x_dims, memory::data_type::f32, any);
+    const memory::desc y_any(y_dims, memory::data_type::f32, any);
+    const memory::desc w_any(w_dims, memory::data_type::f32, any);
+    const memory::dims strides{p.stride_h, p.stride_w};
+    // oneDNN counts dilation from 0 (no gaps), PyTorch from 1.
+    const memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
+    const memory::dims pad_l{p.pad_h, p.pad_w};
+    // oneDNN wants the right/bottom padding that makes its output size H_out: the rows the
+    // last window reaches past the input, which may be less than pad_h when the stride
+    // leaves input rows unused.
+    const memory::dims pad_r{
+        (p.out_height - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1 - p.height - p.pad_h,
+        (p.out_width - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1 - p.width - p.pad_w};
+    const auto alg = algorithm::convolution_direct;
+    auto fwd_desc = p.bias
+                        ? convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
+                                                    b_desc, y_any, strides, dilates, pad_l, pad_r)
+                        : convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
+                                                    y_any, strides, dilates, pad_l, pad_r);
+    fwd_pd_ = convolution_forward::primitive_desc(fwd_desc, eng);
+    bwd_data_pd_ = convolution_backward_data::primitive_desc(
+        convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, dilates, pad_l, pad_r),
+        eng, fwd_pd_);
+    auto bwd_w_desc = p.bias ? convolution_backward_weights::desc(alg, x_any, w_any, b_desc, y_any,
+                                                                  strides, dilates, pad_l, pad_r)
+                             : convolution_backward_weights::desc(alg, x_any, w_any, y_any, strides,
+                                                                  dilates, pad_l, pad_r);
+    bwd_weights_pd_ = convolution_backward_weights::primitive_desc(bwd_w_desc, eng, fwd_pd_);
+    fwd_ = convolution_forward(fwd_pd_);
+    bwd_data_ = convolution_backward_data(bwd_data_pd_);
+    bwd_weights_ = convolution_backward_weights(bwd_weights_pd_);
+
+    x_fwd_ = OnednnStaged(x_kat, fwd_pd_.src_desc(), true, false);
+    w_fwd_ = OnednnStaged(w_kat, fwd_pd_.weights_desc(), true, false);
+    y_fwd_ = OnednnStaged(y_kat, fwd_pd_.dst_desc(), false, true);
+    x_bwd_ = OnednnStaged(x_kat, bwd_weights_pd_.src_desc(), true, false);
+    if (!x_fwd_.in_kat_layout && x_bwd_.want_desc == x_fwd_.want_desc) {
+      x_bwd_.staged = x_fwd_.staged; // one buffer: forward() stages x for both
+    }
+    dy_bwd_w_ = OnednnStaged(y_kat, bwd_weights_pd_.diff_dst_desc(), true, false);
+    dy_bwd_d_ = OnednnStaged(y_kat, bwd_data_pd_.diff_dst_desc(), true, false);
+    w_bwd_ = OnednnStaged(w_kat, bwd_data_pd_.weights_desc(), true, false);
+    dx_bwd_ = OnednnStaged(x_kat, bwd_data_pd_.diff_src_desc(), false, true);
+    dw_set_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, true, false);
+    dw_add_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, true, true);
+    if (dw_add_.in_kat_layout) { // accumulation always goes through a staged copy
+      dw_add_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, false);
+      dw_add_.staged = memory(w_kat, eng);
+      dw_add_.in_kat_layout = false;
+      dnnl::primitive_attr attr;
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+      dw_add_.from_staged = reorder(reorder::primitive_desc(eng, w_kat, eng, w_kat, attr));
+    }
+    if (p.bias) {
+      db_staged_ = memory(b_desc, eng);
+      dnnl::primitive_attr attr;
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+      db_add_ = reorder(reorder::primitive_desc(eng, b_desc, eng, b_desc, attr));
+    }
+  }
+
+  const Conv2dProblem &problem() const { return problem_; }
+
+  /// Which implementation oneDNN chose for each pass (e.g. "jit:avx512_core").
+  std::string implementations() const {
+    return std::string("forward ") + fwd_pd_.impl_info_str() + ", backward data " +
+           bwd_data_pd_.impl_info_str() + ", backward weights " + bwd_weights_pd_.impl_info_str();
+  }
+
+  void forward(const float *x, const float *w, const float *b, float *y, DnnReorderStats &stats) {
+    using namespace dnnl;
+    // The buffers are the same from step to step but their contents are not: nothing staged
+    // before this call is current.
+    for (OnednnStaged *s : {&x_fwd_, &w_fwd_, &x_bwd_, &dy_bwd_w_, &dy_bwd_d_, &w_bwd_}) {
+      s->holds = nullptr;
+    }
+    memory x_mem = stage_in(x_fwd_, x, stats);
+    memory w_mem = stage_in(w_fwd_, w, stats);
+    memory y_mem = y_fwd_.in_kat_layout ? wrap(y_fwd_.kat_desc, y) : y_fwd_.staged;
+    {
+      ScopedRegion region("kat::dnn::conv2d_forward");
+      std::unordered_map<int, memory> args{
+          {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}};
+      if (problem_.bias) {
+        args.insert({DNNL_ARG_BIAS, wrap(fwd_pd_.bias_desc(), b)});
+      }
+      fwd_.execute(stream_, args);
+      stream_.wait();
+    }
+    stage_out(y_fwd_, y, stats);
+    // The backward-weights pass reads x in its own layout: the forward's copy serves when the
+    // layouts agree (x must not change before backward(), as for every layer).
+    if (!x_fwd_.in_kat_layout && x_bwd_.want_desc == x_fwd_.want_desc) {
+      x_bwd_.holds = x; // the same buffer (see the constructor)
+    }
+  }
+
+  /// dx = conv_transpose(dy, w) when dx is not null; dw (+)= dyᵀ ⋆ x and db (+)= Σ dy when
+  /// dw is not null, with x the input of the last forward().
+  void backward(const float *x, const float *dy, const float *w, float *dx, float *dw, float *db,
+                bool accumulate, DnnReorderStats &stats) {
+    using namespace dnnl;
+    dy_bwd_w_.holds = nullptr;
+    dy_bwd_d_.holds = nullptr;
+    if (dw != nullptr) {
+      memory x_mem = stage_in(x_bwd_, x, stats);
+      memory dy_mem = stage_in(dy_bwd_w_, dy, stats);
+      OnednnStaged &dw_target = accumulate ? dw_add_ : dw_set_;
+      memory dw_mem = dw_target.in_kat_layout ? wrap(dw_target.kat_desc, dw) : dw_target.staged;
+      {
+        ScopedRegion region("kat::dnn::conv2d_backward_weights");
+        std::unordered_map<int, memory> args{
+            {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_DIFF_DST, dy_mem}, {DNNL_ARG_DIFF_WEIGHTS, dw_mem}};
+        if (problem_.bias) {
+          args.insert(
+              {DNNL_ARG_DIFF_BIAS, accumulate ? db_staged_ : wrap(db_staged_.get_desc(), db)});
+        }
+        bwd_weights_.execute(stream_, args);
+        stream_.wait();
+      }
+      stage_out(dw_target, dw, stats);
+      if (problem_.bias && accumulate) {
+        memory db_mem = wrap(db_staged_.get_desc(), db);
+        db_add_.execute(stream_, db_staged_, db_mem);
+        stream_.wait();
+      }
+    }
+    if (dx != nullptr) {
+      memory dy_mem;
+      if (dw != nullptr && !dy_bwd_w_.in_kat_layout && dy_bwd_d_.want_desc == dy_bwd_w_.want_desc) {
+        dy_mem = dy_bwd_w_.staged; // staged for the weights pass above
+      } else {
+        dy_mem = stage_in(dy_bwd_d_, dy, stats);
+      }
+      // The weights are staged again (they are small): the caller may have changed them since
+      // forward().
+      w_bwd_.holds = nullptr;
+      memory w_mem = stage_in(w_bwd_, w, stats);
+      memory dx_mem = dx_bwd_.in_kat_layout ? wrap(dx_bwd_.kat_desc, dx) : dx_bwd_.staged;
+      {
+        ScopedRegion region("kat::dnn::conv2d_backward_data");
+        bwd_data_.execute(
+            stream_,
+            {{DNNL_ARG_DIFF_DST, dy_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DIFF_SRC, dx_mem}});
+        stream_.wait();
+      }
+      stage_out(dx_bwd_, dx, stats);
+    }
+  }
+
+private:
+  static dnnl::memory wrap(const dnnl::memory::desc &desc, const float *data) {
+    return dnnl::memory(desc, onednn_engine(), const_cast<float *>(data));
+  }
+
+  /// The operand `data` (in KAT's layout) as the primitive wants it: wrapped when the layouts
+  /// agree, otherwise reordered into the staged buffer unless it already mirrors `data`
+  /// (within one forward/backward; forward() and backward() forget what was staged before).
+  dnnl::memory stage_in(OnednnStaged &s, const float *data, DnnReorderStats &stats) {
+    if (s.in_kat_layout) {
+      return wrap(s.kat_desc, data);
+    }
+    if (s.holds != data) {
+      dnnl::memory src = wrap(s.kat_desc, data);
+      onednn_run_reorder("kat::dnn::reorder_in", stream_, s.to_staged, src, s.staged, stats);
+      s.holds = data;
+    }
+    return s.staged;
+  }
+
+  void stage_out(OnednnStaged &s, float *data, DnnReorderStats &stats) {
+    if (s.in_kat_layout) {
+      return;
+    }
+    dnnl::memory dst = wrap(s.kat_desc, data);
+    onednn_run_reorder("kat::dnn::reorder_out", stream_, s.from_staged, s.staged, dst, stats);
+  }
+
+  Conv2dProblem problem_;
+  dnnl::stream stream_;
+  dnnl::convolution_forward::primitive_desc fwd_pd_;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd_;
+  dnnl::convolution_forward fwd_;
+  dnnl::convolution_backward_data bwd_data_;
+  dnnl::convolution_backward_weights bwd_weights_;
+  OnednnStaged x_fwd_, w_fwd_, y_fwd_, x_bwd_, dy_bwd_w_, dy_bwd_d_, w_bwd_, dx_bwd_, dw_set_,
+      dw_add_;
+  dnnl::memory db_staged_;
+  dnnl::reorder db_add_;
+};
+
+#endif // KAT_ENABLE_ONEDNN
+
+/// What a layer holds where no DNN library serves its space: nothing.
+struct NoDnn {};
+
+} // namespace detail
+
+#if defined(KAT_ENABLE_ONEDNN)
+
+/// A 2-D convolution through the vendor DNN library, for one layer: forward, backward data
+/// and backward weights of Conv2dProblem's on KAT's layouts (see Conv2dProblem), with
+/// oneDNN's primitive descriptors, primitives and staging buffers cached per problem (a few
+/// batch sizes: a data set's last, smaller batch gets its own plan), so after the first
+/// call of a shape no descriptor is created and nothing is allocated.
+///
+/// oneDNN picks its fastest layout for each operand (blocked over channels, e.g. nChw16c);
+/// where that differs from KAT's, the operand is reordered into a staging buffer (inputs) or
+/// out of it (outputs). Reorders are counted and timed (reorder_stats(), profiling region
+/// "kat::dnn::reorder"). Within one forward/backward, a staged operand is reused instead of
+/// reordered again: x from the forward in the backward-weights pass, the weights from the
+/// forward in the backward-data pass (same pointer), dy between the two backward passes.
+/// The weights and x must therefore not change between forward() and the backward passes,
+/// as in any training step.
+///
+/// Only instantiable where dnn_available<ExecSpace, Scalar>(); every call fences `space`
+/// first (host spaces: a no-op after their kernels return) and returns after oneDNN is done.
+template <class ExecSpace, class Scalar> class Conv2dDnn {
+  static_assert(dnn_available<ExecSpace, Scalar>(),
+                "kat::Conv2dDnn: no vendor DNN library for this execution space and scalar "
+                "(see kat::dnn_available)");
+
+public:
+  /// y = conv(x, w) + b. x: batch·C_in·H·W floats, w: C_out·C_in·k_h·k_w, b: C_out (ignored
+  /// without bias), y: batch·C_out·H_out·W_out, all in KAT's layouts (Conv2dProblem).
+  /// @throws Error if oneDNN rejects the problem (with its message).
+  void forward(const ExecSpace &space, const Conv2dProblem &p, const Scalar *x, const Scalar *w,
+               const Scalar *b, Scalar *y) {
+    space.fence();
+    guarded("forward", p, [&] { plan(p).forward(x, w, b, y, stats_); });
+  }
+
+  /// The backward passes for dy = dL/dy (batch·C_out·H_out·W_out) after forward(): unless
+  /// dx is null, dx = dL/dx (with the weights w); unless dw is null, dw (C_out x
+  /// C_in·k_h·k_w) and db (C_out; ignored without bias) set to dL/dw, dL/db, or added to
+  /// them with `accumulate`. x is the last forward()'s input, unchanged since.
+  void backward(const ExecSpace &space, const Conv2dProblem &p, const Scalar *x, const Scalar *dy,
+                const Scalar *w, Scalar *dx, Scalar *dw, Scalar *db, bool accumulate) {
+    space.fence();
+    guarded("backward", p, [&] { plan(p).backward(x, dy, w, dx, dw, db, accumulate, stats_); });
+  }
+
+  /// Reorders between KAT's layouts and oneDNN's so far.
+  const DnnReorderStats &reorder_stats() const { return stats_; }
+  /// The oneDNN implementation of each pass for problem p (creating its plan if needed).
+  std::string implementations(const Conv2dProblem &p) { return plan(p).implementations(); }
+  /// Plans created so far (one per distinct problem seen, at most max_plans kept).
+  std::size_t plans_created() const { return plans_created_; }
+
+  /// Plans kept at once; the least recently created is dropped beyond it.
+  static constexpr std::size_t max_plans = 4;
+
+private:
+  template <class F> static void guarded(const char *pass, const Conv2dProblem &p, F &&f) {
+    try {
+      f();
+    } catch (const dnnl::error &e) {
+      throw Error(kat::detail::concat("kat::Conv2dDnn::", pass, ": oneDNN failed for batch ",
+                                      p.batch, ", input (", p.in_channels, ", ", p.height, ", ",
+                                      p.width, "), output (", p.out_channels, ", ", p.out_height,
+                                      ", ", p.out_width, "): ", e.what()));
+    }
+  }
+
+  detail::OnednnConv2dPlan &plan(const Conv2dProblem &p) {
+    for (auto &existing : plans_) {
+      if (existing->problem() == p) {
+        return *existing;
+      }
+    }
+    if (plans_.size() == max_plans) {
+      plans_.erase(plans_.begin());
+    }
+    plans_.push_back(std::make_unique<detail::OnednnConv2dPlan>(p));
+    ++plans_created_;
+    return *plans_.back();
+  }
+
+  std::vector<std::unique_ptr<detail::OnednnConv2dPlan>> plans_;
+  std::size_t plans_created_ = 0;
+  DnnReorderStats stats_;
+};
+
+#endif // KAT_ENABLE_ONEDNN
+
+/// The member a layer keeps for the DNN dispatch: Conv2dDnn where dnn_available, an empty
+/// struct elsewhere (use it under `if constexpr (dnn_available<ExecSpace, Scalar>())`).
+template <class ExecSpace, class Scalar>
+using Conv2dDnnIfAvailable =
+#if defined(KAT_ENABLE_ONEDNN)
+    std::conditional_t<dnn_available<ExecSpace, Scalar>(), Conv2dDnn<ExecSpace, Scalar>,
+                       detail::NoDnn>;
+#else
+    detail::NoDnn;
+#endif
+
+} // namespace kat

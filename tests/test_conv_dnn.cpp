@@ -6,9 +6,14 @@
 
 #include <kat/core/dnn.hpp>
 #include <kat/core/parameter_buffer.hpp>
+#include <kat/nn/batch_norm.hpp>
 #include <kat/nn/conv2d.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/global_avg_pool2d.hpp>
+#include <kat/nn/hessian_vector_product.hpp>
 #include <kat/nn/models.hpp>
 #include <kat/nn/sequential.hpp>
+#include <kat/nn/softmax_cross_entropy.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -190,6 +195,21 @@ TEST_CASE("conv_dnn: the models give the same outputs and gradients on either pa
     b.zero_grad(Space());
     a.backward(Space(), dy);
     b.backward(Space(), dy);
+    if (std::string(name) == "resnet") {
+      // Batch normalization ran on oneDNN's path in `a` (channels16), on KAT's in `b`: the
+      // running statistics agree too.
+      for (std::size_t i : {std::size_t(1)}) {
+        auto *bn_a = dynamic_cast<nn::BatchNorm<float, Mem> *>(&a.layer(i));
+        auto *bn_b = dynamic_cast<nn::BatchNorm<float, Mem> *>(&b.layer(i));
+        REQUIRE(bn_a != nullptr);
+        REQUIRE(bn_b != nullptr);
+        CHECK(bn_a->input_layout() == ActivationLayout::channels16);
+        CHECK(bn_b->input_layout() == ActivationLayout::features);
+        CHECK(rel_diff(bn_a->running_mean(), bn_b->running_mean()) < 1e-5);
+        CHECK(rel_diff(bn_a->running_var(), bn_b->running_var()) < 1e-5);
+        CHECK(bn_a->num_batches_tracked() == 1);
+      }
+    }
     // The CNN's max pooling routes each window's gradient to its largest input, and the two
     // paths' rounding may order two nearly equal inputs differently; its gradients are
     // compared layer by layer in the test above. ResNet-14 has no max pooling.
@@ -197,6 +217,125 @@ TEST_CASE("conv_dnn: the models give the same outputs and gradients on either pa
       CHECK(rel_diff(a.gradients(), b.gradients()) < 1e-4);
     }
   }
+}
+
+TEST_CASE("conv_dnn: layouts are negotiated between the layers that compute through oneDNN",
+          "[conv2d][dnn][layouts]") {
+  using L = ActivationLayout;
+  const FeatureShape in{1, 28, 28};
+  auto model = nn::models::resnet<float, Mem>(in, 10);
+  model.compile(Space(), 3);
+  auto x = random_matrix<float>(4, in.size(), 5);
+  const auto layouts = [&] {
+    std::vector<L> out;
+    for (const auto &l : model.layers()) {
+      out.push_back(l->output_layout());
+    }
+    return out;
+  };
+  // resnet: conv, BN, ReLU, 6 x (block, ReLU), global average pool, dense.
+  const std::size_t layers = model.layers().size();
+  REQUIRE(layers == 17);
+  model.train();
+  model.forward(Space(), x);
+  const std::vector<L> trained = layouts();
+  CHECK(model.layer(0).input_layout() == L::features); // the model's input, 1 channel
+  CHECK(model.layer(layers - 1).output_layout() == L::features);
+  CHECK(model.layer(layers - 2).output_layout() == L::features); // global average pool
+  for (std::size_t i = 0; i + 2 < layers; ++i) {
+    INFO("layer " << i << " " << model.layer(i).name());
+    CHECK(trained[i] == (have_dnn ? L::channels16 : L::features));
+  }
+  // Evaluation (batch normalization with running statistics) stays in KAT's layout, and so
+  // does a convolution recording curvature, with its neighbours.
+  model.eval();
+  model.forward(Space(), x);
+  for (const L l : layouts()) {
+    CHECK(l == L::features);
+  }
+  model.train();
+  model.layer(0).record_curvature(true);
+  model.forward(Space(), x);
+  // Its neighbours follow, and the residual blocks (the same layout in and out, for the
+  // identity shortcuts) carry KAT's layout to the end.
+  for (const L l : layouts()) {
+    CHECK(l == L::features);
+  }
+  model.layer(0).record_curvature(false);
+  model.forward(Space(), x);
+  CHECK(layouts() == trained);
+  // A layer refuses a pair it does not support, naming it.
+  nn::Dense<float, Mem> dense(4, 3);
+  CHECK_THROWS_MATCHES(dense.set_layouts(L::channels16, L::features), ValueError,
+                       Catch::Message("kat::nn::Dense::set_layouts: input layout channels16 and "
+                                      "output layout features are not supported in the layer's "
+                                      "current mode"));
+}
+
+TEST_CASE("conv_dnn: global average pooling reads either layout", "[dnn][layouts]") {
+  const std::size_t n = 3, c = 32, plane = 6;
+  nn::GlobalAvgPool2d<float, Mem> pool;
+  pool.output_shape(FeatureShape{static_cast<int>(c), 2, 3});
+  REQUIRE(pool.supports_layouts(ActivationLayout::channels16, ActivationLayout::features));
+  REQUIRE_FALSE(pool.supports_layouts(ActivationLayout::features, ActivationLayout::channels16));
+  auto x = random_matrix<float>(n, c * plane, 4);
+  auto dy = random_matrix<float>(n, c, 5);
+  // x in channels16, element by element from its definition.
+  auto xh = to_host(x);
+  auto blocked = Kokkos::create_mirror(xh);
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t ch = 0; ch < c; ++ch)
+      for (std::size_t k = 0; k < plane; ++k)
+        blocked.data()[((b * (c / 16) + ch / 16) * plane + k) * 16 + ch % 16] =
+            xh(b, k + plane * ch);
+  Matrix<float, Mem> xb("xb", n, c * plane);
+  Kokkos::deep_copy(xb, blocked);
+  Matrix<float, Mem> y1("y1", n, c), y2("y2", n, c);
+  Matrix<float, Mem> dx1("dx1", n, c * plane), dx2("dx2", n, c * plane);
+  pool.forward(Space(), x, y1);
+  pool.backward(Space(), dy, dx1);
+  pool.set_layouts(ActivationLayout::channels16, ActivationLayout::features);
+  pool.forward(Space(), xb, y2);
+  pool.backward(Space(), dy, dx2);
+  CHECK(rel_diff(y2, y1) == 0);
+  auto d1 = to_host(dx1);
+  auto d2 = to_host(dx2);
+  double err = 0;
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t ch = 0; ch < c; ++ch)
+      for (std::size_t k = 0; k < plane; ++k)
+        err = std::max(
+            err, std::abs(double(d2.data()[((b * (c / 16) + ch / 16) * plane + k) * 16 + ch % 16]) -
+                          double(d1(b, k + plane * ch))));
+  CHECK(err == 0);
+}
+
+TEST_CASE("conv_dnn: Hessian-vector products of ResNet-14 agree on either path",
+          "[conv2d][dnn][hvp]") {
+  if (!have_dnn) {
+    WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
+    return;
+  }
+  const FeatureShape in{1, 28, 28};
+  auto a = nn::models::resnet<float, Mem>(in, 10);
+  auto b = nn::models::resnet<float, Mem>(in, 10);
+  a.compile(Space(), 8);
+  b.compile(Space(), 8);
+  nn::set_conv2d_backend(b.layers(), nn::Conv2dBackend::im2col);
+  const std::size_t n = 4;
+  auto x = random_matrix<float>(n, in.size(), 31);
+  auto labels = labels_of({1, 7, 3, 0});
+  // A training step first, so the layers last ran in channels16.
+  a.forward(Space(), x);
+  b.forward(Space(), x);
+  nn::SoftmaxCrossEntropy<float, Mem> loss;
+  auto v = random_matrix<float>(a.parameter_count(), 1, 32);
+  const Vector<float, Mem> vv(v.data(), a.parameter_count());
+  Vector<float, Mem> ha("ha", a.parameter_count()), hb("hb", b.parameter_count());
+  nn::hessian_vector_product(Space(), a, loss, x, labels, vv, ha);
+  nn::hessian_vector_product(Space(), b, loss, x, labels, vv, hb);
+  CHECK(rel_diff(ha, hb) < 1e-3);
+  CHECK(a.training());
 }
 
 TEST_CASE("conv_dnn: backend dnn is refused where no DNN library serves the layer",

@@ -9,6 +9,7 @@
 /// matrices (K-FAC's patch matrix, the R-operator). `dnn_available<ExecSpace, Scalar>()`
 /// says at compile time which case applies.
 
+#include "kat/core/activation_layout.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 
@@ -58,6 +59,10 @@ struct Conv2dProblem {
   int pad_h = 0, pad_w = 0;
   int dilation_h = 1, dilation_w = 1;
   bool bias = true;
+  /// Layouts of x and dx, and of y and dy (channels16 needs C_in, resp. C_out, a multiple
+  /// of 16).
+  ActivationLayout input_layout = ActivationLayout::features;
+  ActivationLayout output_layout = ActivationLayout::features;
 
   bool operator==(const Conv2dProblem &o) const {
     return batch == o.batch && in_channels == o.in_channels && height == o.height &&
@@ -65,9 +70,26 @@ struct Conv2dProblem {
            out_width == o.out_width && kernel_h == o.kernel_h && kernel_w == o.kernel_w &&
            stride_h == o.stride_h && stride_w == o.stride_w && pad_h == o.pad_h &&
            pad_w == o.pad_w && dilation_h == o.dilation_h && dilation_w == o.dilation_w &&
-           bias == o.bias;
+           bias == o.bias && input_layout == o.input_layout && output_layout == o.output_layout;
   }
   bool operator!=(const Conv2dProblem &o) const { return !(*this == o); }
+};
+
+/// One batch normalization problem (training mode) for the DNN library: `batch` samples of
+/// `channels` channels with `plane` = H·W values each, in `layout`.
+struct BatchNormProblem {
+  std::size_t batch = 0;
+  int channels = 0, plane = 1;
+  bool affine = true;
+  double eps = 1e-5;
+  ActivationLayout layout = ActivationLayout::channels16;
+  /// y = max(0, BN(x)), backward masked accordingly (oneDNN's fuse_norm_relu).
+  bool relu = false;
+
+  bool operator==(const BatchNormProblem &o) const {
+    return batch == o.batch && channels == o.channels && plane == o.plane && affine == o.affine &&
+           eps == o.eps && layout == o.layout && relu == o.relu;
+  }
 };
 
 /// The layout conversions ("reorders") a vendor library needed between KAT's layouts and its
@@ -95,6 +117,16 @@ inline dnnl::memory::desc onednn_batch_desc(std::size_t n, int c, int h, int w) 
   const dim dn = static_cast<dim>(n), dh = h, dw = w;
   return dnnl::memory::desc({dn, c, dh, dw}, dnnl::memory::data_type::f32,
                             dnnl::memory::dims{1, dn * dh * dw, dn, dn * dh});
+}
+
+/// The descriptor of an (N, C, H, W) batch in `layout`.
+inline dnnl::memory::desc onednn_activation_desc(ActivationLayout layout, std::size_t n, int c,
+                                                 int h, int w) {
+  if (layout == ActivationLayout::features) {
+    return onednn_batch_desc(n, c, h, w);
+  }
+  return dnnl::memory::desc({static_cast<dnnl::memory::dim>(n), c, h, w},
+                            dnnl::memory::data_type::f32, dnnl::memory::format_tag::nChw16c);
 }
 
 /// ... and for KAT's weight layout: W(o, i + k_h (j + k_w c)) column-major, C_out rows.
@@ -158,9 +190,10 @@ public:
   explicit OnednnConv2dPlan(const Conv2dProblem &p) : problem_(p), stream_(onednn_engine()) {
     using namespace dnnl;
     const engine &eng = onednn_engine();
-    const memory::desc x_kat = onednn_batch_desc(p.batch, p.in_channels, p.height, p.width);
+    const memory::desc x_kat =
+        onednn_activation_desc(p.input_layout, p.batch, p.in_channels, p.height, p.width);
     const memory::desc y_kat =
-        onednn_batch_desc(p.batch, p.out_channels, p.out_height, p.out_width);
+        onednn_activation_desc(p.output_layout, p.batch, p.out_channels, p.out_height, p.out_width);
     const memory::desc w_kat =
         onednn_weight_desc(p.out_channels, p.in_channels, p.kernel_h, p.kernel_w);
     const memory::desc b_desc({p.out_channels}, memory::data_type::f32, memory::format_tag::a);
@@ -365,6 +398,100 @@ private:
   dnnl::reorder db_add_;
 };
 
+/// oneDNN's batch normalization (training forward and backward) for one BatchNormProblem,
+/// with the batch mean and (biased) variance it computes kept for the backward pass.
+class OnednnBatchNormPlan {
+public:
+  explicit OnednnBatchNormPlan(const BatchNormProblem &p) : problem_(p), stream_(onednn_engine()) {
+    using namespace dnnl;
+    const engine &eng = onednn_engine();
+    data_ = onednn_activation_desc(p.layout, p.batch, p.channels, p.plane, 1);
+    auto flags = p.affine ? normalization_flags::use_scale_shift : normalization_flags::none;
+    if (p.relu) {
+      flags = flags | normalization_flags::fuse_norm_relu;
+    }
+    const float eps = static_cast<float>(p.eps);
+    fwd_pd_ = batch_normalization_forward::primitive_desc(
+        batch_normalization_forward::desc(prop_kind::forward_training, data_, eps, flags), eng);
+    bwd_pd_ = batch_normalization_backward::primitive_desc(
+        batch_normalization_backward::desc(
+            p.affine ? prop_kind::backward : prop_kind::backward_data, data_, data_, eps, flags),
+        eng, fwd_pd_);
+    fwd_ = batch_normalization_forward(fwd_pd_);
+    bwd_ = batch_normalization_backward(bwd_pd_);
+    mean_ = memory(fwd_pd_.mean_desc(), eng);
+    variance_ = memory(fwd_pd_.variance_desc(), eng);
+    if (p.affine) {
+      diff_scale_shift_ = memory(bwd_pd_.diff_weights_desc(), eng);
+    }
+    if (p.relu) { // the ReLU's mask, written by forward and read by backward
+      workspace_ = memory(fwd_pd_.workspace_desc(), eng);
+    }
+  }
+
+  const BatchNormProblem &problem() const { return problem_; }
+  std::string implementations() const {
+    return std::string("forward ") + fwd_pd_.impl_info_str() + ", backward " +
+           bwd_pd_.impl_info_str();
+  }
+  const float *mean() const { return static_cast<const float *>(mean_.get_data_handle()); }
+  const float *variance() const { return static_cast<const float *>(variance_.get_data_handle()); }
+  /// dγ then dβ (2·channels floats) of the last backward().
+  const float *diff_scale_shift() const {
+    return static_cast<const float *>(diff_scale_shift_.get_data_handle());
+  }
+
+  void forward(const float *x, const float *scale_shift, float *y) {
+    using namespace dnnl;
+    ScopedRegion region("kat::dnn::batch_norm_forward");
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(data_, x)},
+                                         {DNNL_ARG_DST, wrap(data_, y)},
+                                         {DNNL_ARG_MEAN, mean_},
+                                         {DNNL_ARG_VARIANCE, variance_}};
+    if (problem_.affine) {
+      args.insert({DNNL_ARG_SCALE_SHIFT, wrap(fwd_pd_.weights_desc(), scale_shift)});
+    }
+    if (problem_.relu) {
+      args.insert({DNNL_ARG_WORKSPACE, workspace_});
+    }
+    fwd_.execute(stream_, args);
+    stream_.wait();
+  }
+
+  void backward(const float *x, const float *dy, const float *scale_shift, float *dx) {
+    using namespace dnnl;
+    ScopedRegion region("kat::dnn::batch_norm_backward");
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(data_, x)},
+                                         {DNNL_ARG_DIFF_DST, wrap(data_, dy)},
+                                         {DNNL_ARG_MEAN, mean_},
+                                         {DNNL_ARG_VARIANCE, variance_},
+                                         {DNNL_ARG_DIFF_SRC, wrap(data_, dx)}};
+    if (problem_.affine) {
+      args.insert({DNNL_ARG_SCALE_SHIFT, wrap(bwd_pd_.weights_desc(), scale_shift)});
+      args.insert({DNNL_ARG_DIFF_SCALE_SHIFT, diff_scale_shift_});
+    }
+    if (problem_.relu) {
+      args.insert({DNNL_ARG_WORKSPACE, workspace_});
+    }
+    bwd_.execute(stream_, args);
+    stream_.wait();
+  }
+
+private:
+  static dnnl::memory wrap(const dnnl::memory::desc &desc, const float *data) {
+    return dnnl::memory(desc, onednn_engine(), const_cast<float *>(data));
+  }
+
+  BatchNormProblem problem_;
+  dnnl::stream stream_;
+  dnnl::memory::desc data_;
+  dnnl::batch_normalization_forward::primitive_desc fwd_pd_;
+  dnnl::batch_normalization_backward::primitive_desc bwd_pd_;
+  dnnl::batch_normalization_forward fwd_;
+  dnnl::batch_normalization_backward bwd_;
+  dnnl::memory mean_, variance_, diff_scale_shift_, workspace_;
+};
+
 #endif // KAT_ENABLE_ONEDNN
 
 /// What a layer holds where no DNN library serves its space: nothing.
@@ -457,6 +584,79 @@ private:
   DnnReorderStats stats_;
 };
 
+/// Batch normalization through the vendor DNN library, for one layer, in training mode:
+/// oneDNN's forward (batch statistics) and backward on a batch in a blocked layout
+/// (ActivationLayout::channels16), where the layer's own kernels would read each channel
+/// with a stride. Plans are cached per problem as in Conv2dDnn. After forward(), mean() and
+/// variance() (biased, as Ioffe & Szegedy's σ²) hold the batch statistics of each channel;
+/// after backward(), diff_scale_shift() holds dγ then dβ (affine only), which the layer adds
+/// to or writes into its gradients.
+template <class ExecSpace, class Scalar> class BatchNormDnn {
+  static_assert(dnn_available<ExecSpace, Scalar>(),
+                "kat::BatchNormDnn: no vendor DNN library for this execution space and scalar "
+                "(see kat::dnn_available)");
+
+public:
+  /// y = γ (x − μ) / sqrt(σ² + eps) + β with the batch's μ, σ²; scale_shift is γ then β
+  /// (2·channels, ignored without affine).
+  /// @throws Error if oneDNN rejects the problem (with its message).
+  void forward(const ExecSpace &space, const BatchNormProblem &p, const Scalar *x,
+               const Scalar *scale_shift, Scalar *y) {
+    space.fence();
+    guarded("forward", p, [&] {
+      current_ = &plan(p);
+      current_->forward(x, scale_shift, y);
+    });
+  }
+  /// dx from dy, after forward() on the same x.
+  void backward(const ExecSpace &space, const BatchNormProblem &p, const Scalar *x,
+                const Scalar *dy, const Scalar *scale_shift, Scalar *dx) {
+    space.fence();
+    guarded("backward", p, [&] {
+      current_ = &plan(p);
+      current_->backward(x, dy, scale_shift, dx);
+    });
+  }
+  /// Per-channel batch mean and biased variance of the last forward() (channels floats).
+  const Scalar *mean() const { return current_->mean(); }
+  const Scalar *variance() const { return current_->variance(); }
+  /// dγ then dβ of the last backward() (2·channels floats; affine only).
+  const Scalar *diff_scale_shift() const { return current_->diff_scale_shift(); }
+  std::string implementations(const BatchNormProblem &p) { return plan(p).implementations(); }
+
+  static constexpr std::size_t max_plans = 4;
+
+private:
+  template <class F> static void guarded(const char *pass, const BatchNormProblem &p, F &&f) {
+    try {
+      f();
+    } catch (const dnnl::error &e) {
+      throw Error(kat::detail::concat("kat::BatchNormDnn::", pass, ": oneDNN failed for batch ",
+                                      p.batch, ", channels ", p.channels, ", plane ", p.plane, ": ",
+                                      e.what()));
+    }
+  }
+
+  detail::OnednnBatchNormPlan &plan(const BatchNormProblem &p) {
+    for (auto &existing : plans_) {
+      if (existing->problem() == p) {
+        return *existing;
+      }
+    }
+    if (plans_.size() == max_plans) {
+      if (current_ == plans_.front().get()) {
+        current_ = nullptr;
+      }
+      plans_.erase(plans_.begin());
+    }
+    plans_.push_back(std::make_unique<detail::OnednnBatchNormPlan>(p));
+    return *plans_.back();
+  }
+
+  std::vector<std::unique_ptr<detail::OnednnBatchNormPlan>> plans_;
+  detail::OnednnBatchNormPlan *current_ = nullptr;
+};
+
 #endif // KAT_ENABLE_ONEDNN
 
 /// The member a layer keeps for the DNN dispatch: Conv2dDnn where dnn_available, an empty
@@ -465,6 +665,16 @@ template <class ExecSpace, class Scalar>
 using Conv2dDnnIfAvailable =
 #if defined(KAT_ENABLE_ONEDNN)
     std::conditional_t<dnn_available<ExecSpace, Scalar>(), Conv2dDnn<ExecSpace, Scalar>,
+                       detail::NoDnn>;
+#else
+    detail::NoDnn;
+#endif
+
+/// BatchNormDnn where dnn_available, an empty struct elsewhere.
+template <class ExecSpace, class Scalar>
+using BatchNormDnnIfAvailable =
+#if defined(KAT_ENABLE_ONEDNN)
+    std::conditional_t<dnn_available<ExecSpace, Scalar>(), BatchNormDnn<ExecSpace, Scalar>,
                        detail::NoDnn>;
 #else
     detail::NoDnn;

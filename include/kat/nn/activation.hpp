@@ -85,6 +85,10 @@ public:
 
   std::string name() const override { return Op::name(); }
   FeatureShape output_shape(const FeatureShape &input) const override { return input; }
+  /// Element-wise, so any layout, the same in and out.
+  bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    return in == out;
+  }
 
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region(std::string("kat::nn::") + Op::name() + "::forward");

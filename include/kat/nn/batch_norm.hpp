@@ -2,6 +2,7 @@
 /// @file
 /// @brief Batch normalization over channels (BatchNorm1d / BatchNorm2d).
 
+#include "kat/core/dnn.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/math.hpp"
 #include "kat/core/profiling.hpp"
@@ -181,6 +182,20 @@ public:
     return input;
   }
 
+  /// KAT's features layout in and out, or, in training for float on a host space with oneDNN
+  /// (kat::dnn_available) and C a multiple of 16, channels16 in and out: oneDNN's batch
+  /// normalization (the layer's own kernels would read each channel with a stride there).
+  bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    return in == out &&
+           (in == ActivationLayout::features ||
+            (in == ActivationLayout::channels16 && dnn_available<execution_space, Scalar>() &&
+             this->training_ && channels_ % 16 == 0));
+  }
+
+  /// In training (the R-operator, evaluation only, never sees it): y = max(0, BN(x)) in the
+  /// normalization pass, and backward masks dy where y <= 0 inside its own passes.
+  bool can_fuse_relu() const override { return this->training_; }
+
   /// 2C with affine (γ then β), else 0.
   std::size_t parameter_count() const override { return affine_ ? 2 * channels_ : 0; }
   /// With affine: "weight" γ (C, role weight) then "bias" β (C, role bias), PyTorch's names.
@@ -305,6 +320,51 @@ public:
     const auto running_var = running_var_;
     const accum_type eps = static_cast<accum_type>(eps_);
     const Scalar *xp = x.data();
+    dnn_forwarded_ = false;
+    forward_fused_ = this->fused_relu_;
+    y_ = y;
+    if (!supports_layouts(this->in_layout_, this->out_layout_)) {
+      throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
+                                      to_string(this->out_layout_),
+                                      " set but not supported in the layer's current mode"));
+    }
+    if constexpr (dnn_available<execution_space, Scalar>()) {
+      if (this->in_layout_ == ActivationLayout::channels16) {
+        // oneDNN's batch statistics and normalization on the blocked batch; the statistics
+        // and the running averages are then formed from its mean and biased variance as on
+        // KAT's own path (in accum_type).
+        dnn_problem_ = BatchNormProblem{n,
+                                        static_cast<int>(C),
+                                        static_cast<int>(cols / C),
+                                        affine_,
+                                        eps_,
+                                        ActivationLayout::channels16,
+                                        forward_fused_};
+        dnn_.forward(space, dnn_problem_, xp, affine_ ? gamma_.data() : nullptr, y.data());
+        const Scalar *mean = dnn_.mean();
+        const Scalar *variance = dnn_.variance();
+        const accum_type momentum = static_cast<accum_type>(momentum_);
+        Kokkos::parallel_for(
+            "kat::nn::BatchNorm::dnn_statistics", Kokkos::RangePolicy<execution_space>(space, 0, C),
+            KOKKOS_LAMBDA(const std::size_t c) {
+              const accum_type mu = static_cast<accum_type>(mean[c]);
+              const accum_type var = static_cast<accum_type>(variance[c]);
+              stats(c, 0) = mean[c];
+              stats(c, 1) = static_cast<Scalar>(accum_type(1) / math::sqrt(var + eps));
+              const accum_type unbiased =
+                  var * static_cast<accum_type>(M) / static_cast<accum_type>(M - 1);
+              running_mean(c) = static_cast<Scalar>((accum_type(1) - momentum) *
+                                                        static_cast<accum_type>(running_mean(c)) +
+                                                    momentum * mu);
+              running_var(c) = static_cast<Scalar>((accum_type(1) - momentum) *
+                                                       static_cast<accum_type>(running_var(c)) +
+                                                   momentum * unbiased);
+            });
+        ++num_batches_tracked_;
+        dnn_forwarded_ = true;
+        return;
+      }
+    }
 
     if (training) {
       ScopedRegion phase("kat::nn::BatchNorm::forward_statistics");
@@ -359,6 +419,7 @@ public:
     const auto beta = beta_;
     const bool affine = affine_;
     Scalar *yp = y.data();
+    const bool relu = forward_fused_;
     const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
     Kokkos::parallel_for(
         "kat::nn::BatchNorm::forward_normalize", team_policy(space, C * blocks, Kokkos::AUTO),
@@ -372,9 +433,17 @@ public:
           const Scalar *xc = xp + M * c;
           Scalar *yc = yp + M * c;
           // (x − μ)·(γ·inv_std) + β rather than x·a + b: no cancellation when |μ| ≫ σ.
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::size_t m) {
-            yc[m] = (xc[m] - mean) * scale + shift;
-          });
+          if (relu) { // the fused ReLU (see Layer::can_fuse_relu)
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end),
+                                 [&](const std::size_t m) {
+                                   const Scalar v = (xc[m] - mean) * scale + shift;
+                                   yc[m] = v > Scalar(0) ? v : Scalar(0);
+                                 });
+          } else {
+            Kokkos::parallel_for(
+                Kokkos::TeamThreadRange(team, begin, end),
+                [&](const std::size_t m) { yc[m] = (xc[m] - mean) * scale + shift; });
+          }
         });
   }
 
@@ -410,6 +479,26 @@ public:
     const std::size_t M = m_;
     const bool training = forward_training_;
     const bool accumulate = this->accumulate_;
+    if constexpr (dnn_available<execution_space, Scalar>()) {
+      if (dnn_forwarded_) {
+        Scalar *dxp = need_dx ? dx.data() : dnn_dx_.matrix(n, cols).data();
+        dnn_.backward(space, dnn_problem_, x_.data(), dy.data(), affine ? gamma_.data() : nullptr,
+                      dxp);
+        if (affine) {
+          const Scalar *ds = dnn_.diff_scale_shift();
+          const auto grad_gamma = grad_gamma_;
+          const auto grad_beta = grad_beta_;
+          Kokkos::parallel_for(
+              "kat::nn::BatchNorm::dnn_parameter_gradients",
+              Kokkos::RangePolicy<execution_space>(space, 0, C),
+              KOKKOS_LAMBDA(const std::size_t c) {
+                grad_gamma(c) = accumulate ? grad_gamma(c) + ds[c] : ds[c];
+                grad_beta(c) = accumulate ? grad_beta(c) + ds[C + c] : ds[C + c];
+              });
+        }
+        return;
+      }
+    }
     // The sums are needed for the parameter gradients and, in training, for dx.
     const bool need_sums = affine || training;
     coefficients_view_ = coefficients_.matrix(C, 3);
@@ -420,6 +509,9 @@ public:
     const auto grad_beta = grad_beta_;
     const Scalar *xp = x_.data();
     const Scalar *dyp = dy.data();
+    // With the fused ReLU, dy counts only where the output was positive.
+    const bool relu = forward_fused_;
+    const Scalar *yp = y_.data();
     {
       ScopedRegion phase("kat::nn::BatchNorm::backward_sums");
       Kokkos::parallel_for(
@@ -428,19 +520,23 @@ public:
             const std::size_t c = static_cast<std::size_t>(team.league_rank());
             const Scalar *xc = xp + M * c;
             const Scalar *dyc = dyp + M * c;
+            const Scalar *yc = yp + M * c;
             const Scalar mean = stats(c, 0);
             const Scalar inv_std = stats(c, 1);
+            const auto g = [&](const std::size_t m) {
+              const Scalar d = dyc[m]; // loaded, then selected: no branch
+              return static_cast<accum_type>(!relu || yc[m] > Scalar(0) ? d : Scalar(0));
+            };
             accum_type dbeta = 0;
             accum_type dgamma = 0;
             if (need_sums) {
-              dbeta = detail::batch_norm_team_sum<accum_type>(
-                  team, M, [&](const std::size_t m) { return static_cast<accum_type>(dyc[m]); });
+              dbeta = detail::batch_norm_team_sum<accum_type>(team, M, g);
               // Σ dy·x̂ = inv_std · Σ dy·(x − μ)
-              dgamma = static_cast<accum_type>(inv_std) *
-                       detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
-                         return static_cast<accum_type>(dyc[m]) *
-                                (static_cast<accum_type>(xc[m]) - static_cast<accum_type>(mean));
-                       });
+              dgamma =
+                  static_cast<accum_type>(inv_std) *
+                  detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
+                    return g(m) * (static_cast<accum_type>(xc[m]) - static_cast<accum_type>(mean));
+                  });
             }
             Kokkos::single(Kokkos::PerTeam(team), [&]() {
               if (affine) {
@@ -478,10 +574,20 @@ public:
           const Scalar k = coef(c, 2);
           const Scalar *xc = xp + M * c;
           const Scalar *dyc = dyp + M * c;
+          const Scalar *yc = yp + M * c;
           Scalar *dxc = dxp + M * c;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::size_t m) {
-            dxc[m] = a * (dyc[m] - b - (xc[m] - mean) * k);
-          });
+          if (relu) {
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end),
+                                 [&](const std::size_t m) {
+                                   const Scalar d = dyc[m];
+                                   const Scalar g = yc[m] > Scalar(0) ? d : Scalar(0);
+                                   dxc[m] = a * (g - b - (xc[m] - mean) * k);
+                                 });
+          } else {
+            Kokkos::parallel_for(
+                Kokkos::TeamThreadRange(team, begin, end),
+                [&](const std::size_t m) { dxc[m] = a * (dyc[m] - b - (xc[m] - mean) * k); });
+          }
         });
   }
 
@@ -710,6 +816,14 @@ private:
   matrix_type rx_;
   // stats: C x 2 (mean, inv_std) used by the last forward; coefficients: C x 3 for dx.
   Workspace<Scalar, MemorySpace> stats_, coefficients_;
+  // oneDNN's path (channels16 in training): its problem, whether the last forward took it,
+  // and a dx it writes when the caller needs none.
+  BatchNormProblem dnn_problem_;
+  bool dnn_forwarded_ = false;
+  bool forward_fused_ = false; // whether the last forward applied the following ReLU
+  matrix_type y_;              // its output (the fused ReLU's mask)
+  BatchNormDnnIfAvailable<execution_space, Scalar> dnn_;
+  Workspace<Scalar, MemorySpace> dnn_dx_{"kat::nn::BatchNorm::dnn_dx"};
   matrix_type stats_view_, coefficients_view_;
 };
 

@@ -381,6 +381,18 @@ public:
     return dnn_available<execution_space, Scalar>() && backend_ != Conv2dBackend::im2col &&
            !this->recording_;
   }
+  /// KAT's features layout; in training on the DNN path also channels16, for a side whose
+  /// channel count is a multiple of 16, unless an R-operator direction is bound (the R passes
+  /// build patch matrices from x in KAT's layout; kat::nn::hessian_vector_product runs the
+  /// model in evaluation mode, so in KAT's layout).
+  bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    const auto ok = [&](ActivationLayout l, int channels) {
+      return l == ActivationLayout::features ||
+             (uses_dnn() && this->training_ && v_weight_bias_.extent(0) == 0 && channels % 16 == 0);
+    };
+    return ok(in, geometry_.in_channels) && ok(out, geometry_.out_channels);
+  }
+
   /// The layout conversions the DNN path has done so far (zeros on the other paths).
   DnnReorderStats dnn_reorder_stats() const {
     if constexpr (dnn_available<execution_space, Scalar>()) {
@@ -493,6 +505,12 @@ public:
     dnn_forwarded_ = false;
     if (n == 0) {
       return;
+    }
+    forward_layouts_ = {this->in_layout_, this->out_layout_};
+    if (!supports_layouts(this->in_layout_, this->out_layout_)) {
+      throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
+                                      to_string(this->out_layout_),
+                                      " set but not supported in the layer's current mode"));
     }
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (uses_dnn()) {
@@ -789,6 +807,8 @@ private:
     p.dilation_h = g.dilation_h;
     p.dilation_w = g.dilation_w;
     p.bias = bias_;
+    p.input_layout = forward_layouts_[0];
+    p.output_layout = forward_layouts_[1];
     return p;
   }
 
@@ -806,6 +826,12 @@ private:
     }
     if (v_weight_bias_.extent(0) == 0) {
       throw Error(kat::detail::concat(where, ": no direction bound (bind_direction)"));
+    }
+    if (forward_layouts_[0] != ActivationLayout::features ||
+        forward_layouts_[1] != ActivationLayout::features) {
+      throw Error(kat::detail::concat(where,
+                                      ": the last forward() ran in oneDNN's channels16 layout; "
+                                      "run forward() again now that a direction is bound"));
     }
   }
 
@@ -893,6 +919,8 @@ private:
   bool forwarded_ = false;
   bool full_ = false;          // whether the last forward built the whole P (recording)
   bool dnn_forwarded_ = false; // whether the last forward ran through the DNN library
+  std::array<ActivationLayout, 2> forward_layouts_{ActivationLayout::features,
+                                                   ActivationLayout::features};
   Conv2dBackend backend_ = Conv2dBackend::automatic;
   Conv2dDnnIfAvailable<execution_space, Scalar> dnn_;
   // The chunk [p0, p1) whose patch block patches_ holds (at data): what the last pass left

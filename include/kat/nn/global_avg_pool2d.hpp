@@ -17,34 +17,43 @@ namespace kat::nn {
 
 namespace detail {
 
-/// y(n, c) = the mean of x's columns [c·plane, (c + 1)·plane) (GlobalAvgPool2d::forward, also
-/// its R-operator: the map is linear).
+/// y(n, c) = the mean of channel c's plane of x (GlobalAvgPool2d::forward, also its
+/// R-operator: the map is linear), x in `layout` (kat::ActivationLayout) with `plane` = H·W
+/// values per channel.
 template <class ExecSpace, class MatrixView>
 void global_avg_pool2d_forward(const ExecSpace &space, const MatrixView &x, const MatrixView &y,
-                               std::size_t plane) {
+                               std::size_t plane,
+                               ActivationLayout layout = ActivationLayout::features) {
   using Scalar = typename MatrixView::non_const_value_type;
   const Scalar count = static_cast<Scalar>(plane);
+  const std::size_t n = y.extent(0), channels = y.extent(1);
+  const Scalar *xp = x.data();
   Kokkos::parallel_for(
-      "kat::nn::GlobalAvgPool2d::forward", matrix_policy(space, y.extent(0), y.extent(1)),
+      "kat::nn::GlobalAvgPool2d::forward", matrix_policy(space, n, channels),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t c) {
         Scalar sum = 0;
-        for (std::size_t k = c * plane; k < (c + 1) * plane; ++k) {
-          sum += x(i, k);
+        for (std::size_t k = 0; k < plane; ++k) {
+          sum += xp[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)];
         }
         y(i, c) = sum / count;
       });
 }
 
-/// dx(n, j) = dy(n, j / plane) / plane, the transpose of global_avg_pool2d_forward.
+/// dx(n, c, h, w) = dy(n, c) / plane, the transpose of global_avg_pool2d_forward, dx in
+/// `layout`.
 template <class ExecSpace, class MatrixView>
 void global_avg_pool2d_backward(const ExecSpace &space, const MatrixView &dy, const MatrixView &dx,
-                                std::size_t plane) {
+                                std::size_t plane,
+                                ActivationLayout layout = ActivationLayout::features) {
   using Scalar = typename MatrixView::non_const_value_type;
   const Scalar count = static_cast<Scalar>(plane);
+  const std::size_t n = dy.extent(0), channels = dy.extent(1);
+  Scalar *dxp = dx.data();
   Kokkos::parallel_for(
       "kat::nn::GlobalAvgPool2d::backward", matrix_policy(space, dx.extent(0), dx.extent(1)),
       KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-        dx(i, j) = dy(i, j / plane) / count;
+        const std::size_t c = j / plane, k = j % plane;
+        dxp[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)] = dy(i, c) / count;
       });
 }
 
@@ -75,7 +84,17 @@ public:
                                            "width must be >= 1, got ",
                                            input));
     }
+    shape_channels_ = input.channels;
     return FeatureShape{input.channels, 1, 1};
+  }
+
+  /// Output in KAT's layout; input in it or, for a channel count that is a multiple of 16,
+  /// in oneDNN's channels16 (so a network computing in that layout ends here without
+  /// converting its last activation).
+  bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    return out == ActivationLayout::features &&
+           (in == ActivationLayout::features || (in == ActivationLayout::channels16 &&
+                                                 shape_channels_ > 0 && shape_channels_ % 16 == 0));
   }
 
   /// @throws ShapeError if y's rows differ from x's, y has no columns, or x's columns are
@@ -96,7 +115,7 @@ public:
     batch_ = n;
     channels_ = channels;
     plane_ = plane;
-    detail::global_avg_pool2d_forward(space, x, y, plane);
+    detail::global_avg_pool2d_forward(space, x, y, plane, this->in_layout_);
   }
 
   /// dx(n, c, h, w) = dy(n, c) / (H·W).
@@ -116,7 +135,7 @@ public:
     }
     kat::detail::require_extent(where, "dx rows", batch_, dx.extent(0));
     kat::detail::require_extent(where, "dx columns", channels_ * plane_, dx.extent(1));
-    detail::global_avg_pool2d_backward(space, dy, dx, plane_);
+    detail::global_avg_pool2d_backward(space, dy, dx, plane_, this->in_layout_);
   }
 
   /// R-operator (see Layer). The layer is linear and has no parameters: R{y} = the channel
@@ -140,7 +159,7 @@ public:
     }
     kat::detail::require_extent(where, "rx rows", batch_, rx.extent(0));
     kat::detail::require_extent(where, "rx columns", channels_ * plane_, rx.extent(1));
-    detail::global_avg_pool2d_forward(space, rx, ry, plane_);
+    detail::global_avg_pool2d_forward(space, rx, ry, plane_, this->in_layout_);
   }
 
   /// rdx = the backward of rdy (skipped when rdx is empty); dy is not needed.
@@ -159,11 +178,12 @@ public:
     }
     kat::detail::require_extent(where, "rdx rows", batch_, rdx.extent(0));
     kat::detail::require_extent(where, "rdx columns", channels_ * plane_, rdx.extent(1));
-    detail::global_avg_pool2d_backward(space, rdy, rdx, plane_);
+    detail::global_avg_pool2d_backward(space, rdy, rdx, plane_, this->in_layout_);
   }
 
 private:
   std::size_t batch_ = 0, channels_ = 0, plane_ = 0;
+  mutable int shape_channels_ = 0; // the channels output_shape() last saw
 };
 
 } // namespace kat::nn

@@ -2,6 +2,7 @@
 /// @file
 /// @brief The interface every layer implements.
 
+#include "kat/core/activation_layout.hpp"
 #include "kat/core/curvature.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/state.hpp"
@@ -86,6 +87,47 @@ public:
   /// container may skip forward() and backward() and pass the input (or dy) through as the
   /// output (or dx) without a copy. false by default; Flatten says true.
   virtual bool passes_through() const { return false; }
+
+  /// @name Activation layouts (see kat::ActivationLayout)
+  /// Whether the layer, in its current mode, can take its input (and give dx) in layout `in`
+  /// and give its output (and take dy) in layout `out`. Only `features` for both by default.
+  virtual bool supports_layouts(ActivationLayout in, ActivationLayout out) const {
+    return in == ActivationLayout::features && out == ActivationLayout::features;
+  }
+  /// Sets the layouts of the next forward() (and of the backward and R passes after it);
+  /// containers call it before forward() with a pair supports_layouts() accepts.
+  /// @throws ValueError for a pair supports_layouts() refuses.
+  virtual void set_layouts(ActivationLayout in, ActivationLayout out) {
+    if (!supports_layouts(in, out)) {
+      throw ValueError(kat::detail::concat("kat::nn::", name(), "::set_layouts: input layout ",
+                                           to_string(in), " and output layout ", to_string(out),
+                                           " are not supported in the layer's current mode"));
+    }
+    in_layout_ = in;
+    out_layout_ = out;
+  }
+  ActivationLayout input_layout() const { return in_layout_; }
+  ActivationLayout output_layout() const { return out_layout_; }
+  /// @}
+
+  /// @name Fusing the ReLU that follows
+  /// Whether the layer, in its current mode, can apply a ReLU to its own output (y =
+  /// max(0, f(x)), and in backward dy set to 0 where y <= 0), so that a container skips the
+  /// ReLU layer that follows it and the activation is not read and written once more in
+  /// each direction. false by default.
+  virtual bool can_fuse_relu() const { return false; }
+  /// Set by containers before forward() (Sequential, Residual), only where can_fuse_relu().
+  /// @throws ValueError for `on` where can_fuse_relu() is false.
+  void fuse_relu(bool on) {
+    if (on && !can_fuse_relu()) {
+      throw ValueError(kat::detail::concat("kat::nn::", name(),
+                                           "::fuse_relu: the layer cannot apply a following ReLU "
+                                           "in its current mode"));
+    }
+    fused_relu_ = on;
+  }
+  bool fuses_relu() const { return fused_relu_; }
+  /// @}
 
   /// Given dy = dL/dy, adds the parameter gradients to the gradient buffer (or overwrites it,
   /// see accumulate_gradients()) and writes dx = dL/dx. `dx` may be an empty view (extent 0)
@@ -192,6 +234,9 @@ protected:
   bool recording_ = false;
   bool accumulate_ = true;
   bool parameter_gradients_ = true;
+  ActivationLayout in_layout_ = ActivationLayout::features;
+  ActivationLayout out_layout_ = ActivationLayout::features;
+  bool fused_relu_ = false;
 };
 
 } // namespace kat::nn

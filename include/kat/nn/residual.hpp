@@ -21,17 +21,45 @@ namespace kat::nn {
 
 namespace detail {
 
-/// c = a + b element-wise over equally shaped contiguous matrices (c may alias a).
+/// c = a + b element-wise over equally shaped contiguous matrices (c may alias a), or
+/// c = max(0, a + b) with `relu`.
 template <class ExecSpace, class MatrixView>
 void elementwise_add(const ExecSpace &space, const MatrixView &a, const MatrixView &b,
-                     const MatrixView &c) {
+                     const MatrixView &c, bool relu = false) {
   using value = typename MatrixView::non_const_value_type;
   const value *ap = a.data();
   const value *bp = b.data();
   value *cp = c.data();
+  if (relu) {
+    Kokkos::parallel_for(
+        "kat::nn::Residual::add_relu", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
+        KOKKOS_LAMBDA(const std::size_t i) {
+          const value v = ap[i] + bp[i];
+          cp[i] = v > value(0) ? v : value(0);
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "kat::nn::Residual::add", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
       KOKKOS_LAMBDA(const std::size_t i) { cp[i] = ap[i] + bp[i]; });
+}
+
+/// out = dy where y > 0, 0 elsewhere (a ReLU's backward from its output y).
+template <class ExecSpace, class MatrixView>
+void relu_mask(const ExecSpace &space, const MatrixView &y, const MatrixView &dy,
+               const MatrixView &out) {
+  using value = typename MatrixView::non_const_value_type;
+  const value *yp = y.data();
+  const value *dyp = dy.data();
+  value *op = out.data();
+  Kokkos::parallel_for(
+      "kat::nn::Residual::relu_backward", Kokkos::RangePolicy<ExecSpace>(space, 0, out.span()),
+      KOKKOS_LAMBDA(const std::size_t i) {
+        // Both loaded, then a select: vectorized (a conditional load of dy is a branch that
+        // mispredicts half the time).
+        const value d = dyp[i];
+        op[i] = yp[i] > value(0) ? d : value(0);
+      });
 }
 
 } // namespace detail
@@ -126,17 +154,45 @@ public:
 
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region("kat::nn::Residual::forward");
+    // y = f(x) + s(x) element-wise: both branches take x and give y in the layout the
+    // enclosing container chose (the same for input and output, see supports_layouts()).
+    body_.negotiate_layouts(this->in_layout_, this->out_layout_);
+    shortcut_.negotiate_layouts(this->in_layout_, this->out_layout_);
+    body_.fuse_relus();
+    shortcut_.fuse_relus();
     const matrix_type &fx = body_.forward(space, x);
     const matrix_type &sx = shortcut_.empty() ? x : shortcut_.forward(space, x);
     kat::detail::require_extent("kat::nn::Residual::forward", "y columns", fx.extent(1),
                                 y.extent(1));
-    detail::elementwise_add(space, fx, sx, y);
+    forward_fused_ = this->fused_relu_;
+    y_ = y;
+    detail::elementwise_add(space, fx, sx, y, forward_fused_);
   }
 
   void backward(const execution_space &space, const matrix_type &dy,
                 const matrix_type &dx) override {
     ScopedRegion region("kat::nn::Residual::backward");
     const bool acc = this->accumulate_;
+    if (forward_fused_) {
+      // The fused ReLU's backward: dy where y > 0, 0 elsewhere, for both branches.
+      const matrix_type masked = mask_ws_.matrix(dy.extent(0), dy.extent(1));
+      {
+        ScopedRegion mask_region("kat::nn::Residual::relu_backward");
+        detail::relu_mask(space, y_, dy, masked);
+      }
+      backward_branches(space, masked, dx, acc);
+      return;
+    }
+    backward_branches(space, dy, dx, acc);
+  }
+
+  /// In training, unless an R-operator direction is bound (the R passes would need the
+  /// mask too): y = max(0, f(x) + s(x)) in one pass.
+  bool can_fuse_relu() const override { return this->training_ && !direction_bound_; }
+
+private:
+  void backward_branches(const execution_space &space, const matrix_type &dy, const matrix_type &dx,
+                         bool acc) {
     if (dx.extent(0) == 0) {
       body_.backward(space, dy, dx, acc);
       if (!shortcut_.empty()) {
@@ -155,6 +211,7 @@ public:
     detail::elementwise_add(space, dx, ds, dx);
   }
 
+public:
   /// @name R-operator (see Layer)
   /// y = f(x) + s(x) gives R{y} = R{f(x)} + R{s(x)} and R{dx} = R{f's dx} + R{s's dx}: the body's
   /// and the shortcut's chains run their R passes (an identity shortcut contributes R{x} and
@@ -169,6 +226,7 @@ public:
   }
 
   void bind_direction(Scalar *v, Scalar *hv) override {
+    direction_bound_ = true;
     body_.bind_direction(v, hv);
     const std::size_t nb = body_.parameter_count();
     shortcut_.bind_direction(v + nb, hv + nb);
@@ -180,6 +238,7 @@ public:
                  const matrix_type &ry) override {
     ScopedRegion region("kat::nn::Residual::forward_r");
     require_r_operator("forward_r");
+    require_unfused("forward_r");
     // Extent 0 stands for zero in both.
     const matrix_type rf = body_.forward_r(space, rx);
     const matrix_type rs = shortcut_.empty() ? rx : shortcut_.forward_r(space, rx);
@@ -207,6 +266,7 @@ public:
                   const matrix_type &rdx) override {
     ScopedRegion region("kat::nn::Residual::backward_r");
     require_r_operator("backward_r");
+    require_unfused("backward_r");
     body_.backward_r_after_backward(space, dy, rdy, rdx);
     if (shortcut_.empty()) {
       if (rdx.extent(0) != 0) {
@@ -223,6 +283,12 @@ public:
     detail::elementwise_add(space, rdx, rds, rdx);
   }
   /// @}
+
+  /// The same layout in and out (the addition is element-wise, and an identity shortcut
+  /// passes x through), one both branches can take to itself.
+  bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    return in == out && body_.layouts_feasible(in, out) && shortcut_.layouts_feasible(in, out);
+  }
 
   void train(bool on) override {
     base::train(on);
@@ -271,7 +337,7 @@ public:
   /// (Re)allocations of the block's own workspaces so far.
   std::size_t workspace_allocations() const {
     return body_.workspace_allocations() + shortcut_.workspace_allocations() +
-           sum_ws_.allocations() + r_sum_ws_.allocations();
+           sum_ws_.allocations() + r_sum_ws_.allocations() + mask_ws_.allocations();
   }
 
 private:
@@ -286,9 +352,22 @@ private:
     }
   }
 
+  void require_unfused(const char *what) const {
+    if (forward_fused_) {
+      throw Error(kat::detail::concat("kat::nn::Residual::", what,
+                                      ": the last forward() applied the following ReLU itself "
+                                      "(a training forward before a direction was bound); run "
+                                      "forward() again"));
+    }
+  }
+
   FeatureShape input_;
   detail::LayerChain<Scalar, MemorySpace> body_, shortcut_;
   Workspace<Scalar, MemorySpace> sum_ws_, r_sum_ws_;
+  Workspace<Scalar, MemorySpace> mask_ws_{"kat::nn::Residual::masked_dy"};
+  matrix_type y_;              // the last forward's output (the fused ReLU's mask)
+  bool forward_fused_ = false; // whether the last forward applied the following ReLU
+  bool direction_bound_ = false;
 };
 
 } // namespace kat::nn

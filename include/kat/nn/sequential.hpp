@@ -106,6 +106,11 @@ public:
   const matrix_type &forward(const execution_space &space, const matrix_type &x) {
     require_compiled("forward");
     ScopedRegion region("kat::nn::Sequential::forward");
+    // Input and output in KAT's layout; inside, oneDNN's blocked layout between the layers
+    // that compute in it (see kat::ActivationLayout), chosen again for every forward since
+    // it depends on the layers' modes (training, recording curvature).
+    chain_.negotiate_layouts(ActivationLayout::features, ActivationLayout::features);
+    chain_.fuse_relus();
     return chain_.forward(space, x);
   }
 

@@ -7,6 +7,7 @@
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/activation.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -153,7 +154,7 @@ public:
     outputs_.resize(layers_.size());
     const matrix_type *in = &input_;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      if (layers_[i]->passes_through()) {
+      if (skipped(i)) {
         outputs_[i] = *in; // y = x: no workspace, no copy
       } else {
         outputs_[i] = activations_[i].matrix(n, shapes_[i].size());
@@ -189,7 +190,7 @@ public:
     grad_views_.resize(layers_.size());
     const matrix_type *grad_out = &dy;
     for (std::size_t i = layers_.size(); i-- > 0;) {
-      if (layers_[i]->passes_through()) {
+      if (skipped(i)) {
         // dx = dy: no workspace and no copy, except into the caller's dx.
         grad_views_[i] = i > 0 ? *grad_out : dx;
         if (i == 0 && dx.extent(0) != 0) {
@@ -211,6 +212,48 @@ public:
   void train(bool on) {
     for (auto &l : layers_)
       l->train(on);
+  }
+
+  /// Whether every activation inside the chain can be given a layout both its producer and
+  /// its consumer support (Layer::supports_layouts), for the chain's input in `in` and its
+  /// output in `out`.
+  bool layouts_feasible(ActivationLayout in, ActivationLayout out) const {
+    return plan_layouts(in, out, nullptr);
+  }
+
+  /// Sets every layer's layouts for the next forward(): ActivationLayout::channels16 for each
+  /// activation where both neighbouring layers (and, through same-layout layers such as
+  /// activations, the rest of the chain) support it, features elsewhere.
+  /// @throws Error if no assignment exists (see layouts_feasible()).
+  void negotiate_layouts(ActivationLayout in, ActivationLayout out) {
+    std::vector<ActivationLayout> chosen;
+    if (!plan_layouts(in, out, &chosen)) {
+      throw Error(kat::detail::concat(owner_, ": no activation layouts take input ", to_string(in),
+                                      " to output ", to_string(out)));
+    }
+    ActivationLayout cur = in;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->set_layouts(cur, chosen[i]);
+      cur = chosen[i];
+    }
+  }
+
+  /// Lets every layer that can (Layer::can_fuse_relu()) apply the ReLU layer that follows it,
+  /// which forward() and backward() then skip as they skip a pass-through layer; undoes the
+  /// fusions that no longer apply (a mode changed). Called before each forward, after
+  /// negotiate_layouts().
+  void fuse_relus() {
+    absorbed_.assign(layers_.size(), 0);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const bool next_is_relu =
+          i + 1 < layers_.size() &&
+          dynamic_cast<const ReLU<Scalar, MemorySpace> *>(layers_[i + 1].get()) != nullptr;
+      const bool fuse = next_is_relu && !absorbed_[i] && layers_[i]->can_fuse_relu();
+      layers_[i]->fuse_relu(fuse);
+      if (fuse) {
+        absorbed_[i + 1] = 1;
+      }
+    }
   }
 
   /// The first layer without an R-operator, or nullptr if every layer has one.
@@ -248,7 +291,7 @@ public:
       const bool zero_in = in->extent(0) == 0;
       if (zero_in && layers_[i]->parameter_count() == 0) {
         // R{x} = 0 and no parameters: R{y} = 0. r_outputs_[i] stays empty.
-      } else if (layers_[i]->passes_through()) {
+      } else if (skipped(i)) {
         r_outputs_[i] = *in;
       } else {
         r_outputs_[i] = r_activations_[i].matrix(n, shapes_[i].size());
@@ -288,7 +331,7 @@ public:
       }
       // Below a layer whose R{x} was zero, nobody needs dx or R{dx}.
       const bool need_dx = !zero_in;
-      if (layers_[i]->passes_through()) {
+      if (skipped(i)) {
         grad_views_[i] = i > 0 ? *grad_out : dx;
         r_grad_views_[i] = i > 0 ? *r_grad_out : rdx;
         if (i == 0) {
@@ -354,7 +397,7 @@ public:
       // R{dx} feeds the layer below, whose own R{dy} is needed unless it is skipped.
       const bool need_rdx = want_rdx || !zero_in;
       const matrix_type &dy_i = i + 1 < layers_.size() ? grad_views_[i + 1] : dy;
-      if (layers_[i]->passes_through()) {
+      if (skipped(i)) {
         r_grad_views_[i] = i > 0 ? *r_grad_out : rdx;
         if (i == 0 && want_rdx) {
           Kokkos::deep_copy(space, rdx, *r_grad_out);
@@ -391,12 +434,69 @@ public:
   }
 
 private:
+  /// Whether forward and backward pass layer i's input through: a pass-through layer, or a
+  /// ReLU the layer before applies.
+  bool skipped(std::size_t i) const {
+    return layers_[i]->passes_through() || (i < absorbed_.size() && absorbed_[i]);
+  }
+
+  // Bit masks of layouts: bit 0 features, bit 1 channels16.
+  static unsigned layout_bit(ActivationLayout l) { return 1u << static_cast<unsigned>(l); }
+
+  /// The layouts of the activations after each layer (into `chosen` unless null): from the
+  /// last layer back, which layouts can still reach `out`; then from the first forward,
+  /// channels16 wherever reachable and producible from the previous choice.
+  bool plan_layouts(ActivationLayout in, ActivationLayout out,
+                    std::vector<ActivationLayout> *chosen) const {
+    const ActivationLayout all[] = {ActivationLayout::features, ActivationLayout::channels16};
+    const std::size_t n = layers_.size();
+    if (n == 0) {
+      return in == out;
+    }
+    std::vector<unsigned> reachable(n, 0); // layouts after layer i that can reach `out`
+    reachable[n - 1] = layout_bit(out);
+    for (std::size_t i = n - 1; i > 0; --i) {
+      for (ActivationLayout a : all) {
+        for (ActivationLayout b : all) {
+          if ((reachable[i] & layout_bit(b)) && layers_[i]->supports_layouts(a, b)) {
+            reachable[i - 1] |= layout_bit(a);
+          }
+        }
+      }
+      if (reachable[i - 1] == 0) {
+        return false;
+      }
+    }
+    ActivationLayout cur = in;
+    if (chosen) {
+      chosen->assign(n, ActivationLayout::features);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      bool found = false;
+      for (ActivationLayout b : {ActivationLayout::channels16, ActivationLayout::features}) {
+        if ((reachable[i] & layout_bit(b)) && layers_[i]->supports_layouts(cur, b)) {
+          cur = b;
+          found = true;
+          break;
+        }
+      }
+      if (!found) {
+        return false;
+      }
+      if (chosen) {
+        (*chosen)[i] = cur;
+      }
+    }
+    return true;
+  }
+
   FeatureShape input_shape_;
   std::string owner_;
   std::vector<std::unique_ptr<layer_type>> layers_;
   std::vector<FeatureShape> shapes_;
   std::vector<Workspace<Scalar, MemorySpace>> activations_, input_grads_;
   std::vector<matrix_type> outputs_, grad_views_;
+  std::vector<char> absorbed_; // layers fuse_relus() let the previous layer apply
   matrix_type input_;
   // The R-operator passes' workspaces and views (R{y}, R{dx} per layer; R{x} of the chain).
   std::vector<Workspace<Scalar, MemorySpace>> r_activations_, r_input_grads_;

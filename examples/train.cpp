@@ -543,6 +543,13 @@ int main(int argc, char **argv) {
                  "resnet (ResNet-14 with batch norm)")
       ->check(CLI::IsMember({"mlp", "cnn", "resnet"}))
       ->capture_default_str();
+  std::string conv_backend = "auto";
+  app.add_option("--conv-backend", conv_backend,
+                 "auto (oneDNN on host memory where built with it, else im2col) | im2col "
+                 "(im2col + GEMM everywhere) | dnn (oneDNN; an error where unavailable). "
+                 "K-FAC's recording steps always use im2col")
+      ->check(CLI::IsMember({"auto", "im2col", "dnn"}))
+      ->capture_default_str();
   app.add_option("--optimizer", optimizer_name, "One of the registered optimizers below")
       ->check(CLI::IsMember(optimizer_registry.names()))
       ->capture_default_str();
@@ -724,6 +731,10 @@ int main(int argc, char **argv) {
     auto model =
         kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape, train_set.classes);
     model.compile(space, seed);
+    const auto backend = conv_backend == "im2col" ? kat::nn::Conv2dBackend::im2col
+                         : conv_backend == "dnn"  ? kat::nn::Conv2dBackend::dnn
+                                                  : kat::nn::Conv2dBackend::automatic;
+    kat::nn::set_conv2d_backend(model.layers(), backend);
 #ifdef KAT_ENABLE_MPI
     if (dho2_roles && dho2_roles->curvature) {
       serve_dho2_curvature(*dho2_roles, model, train_set, static_cast<std::size_t>(batch_size),
@@ -780,6 +791,7 @@ int main(int argc, char **argv) {
       probe = std::make_unique<Model>(
           kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape, train_set.classes));
       probe->compile(space, seed);
+      kat::nn::set_conv2d_backend(probe->layers(), backend);
       refresh_loader =
           std::make_unique<kat::data::DataLoader<Scalar, Mem>>(train_set, local_batch, false, 0);
       std::vector<std::size_t> shard;

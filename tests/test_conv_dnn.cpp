@@ -6,11 +6,13 @@
 
 #include <kat/core/dnn.hpp>
 #include <kat/core/parameter_buffer.hpp>
+#include <kat/nn/avg_pool2d.hpp>
 #include <kat/nn/batch_norm.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/global_avg_pool2d.hpp>
 #include <kat/nn/hessian_vector_product.hpp>
+#include <kat/nn/max_pool2d.hpp>
 #include <kat/nn/models.hpp>
 #include <kat/nn/sequential.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
@@ -91,6 +93,28 @@ template <class A, class B> double rel_diff(const A &a, const B &b) {
     err = std::max(err, std::isfinite(d) ? d : 1e30);
   }
   return err / scale;
+}
+
+// A batch of (C, P = H·W) features converted between KAT's layout and channels16, from the
+// two layouts' definitions (kat::ActivationLayout), on the host.
+Matrix<float, Mem> convert(const Matrix<float, Mem> &m, std::size_t c, bool to_blocked) {
+  const std::size_t n = m.extent(0), plane = m.extent(1) / c;
+  auto in = to_host(m);
+  auto out = Kokkos::create_mirror(in);
+  for (std::size_t b = 0; b < n; ++b)
+    for (std::size_t ch = 0; ch < c; ++ch)
+      for (std::size_t k = 0; k < plane; ++k) {
+        const std::size_t blocked = ((b * (c / 16) + ch / 16) * plane + k) * 16 + ch % 16;
+        const std::size_t features = b + n * (k + plane * ch);
+        if (to_blocked) {
+          out.data()[blocked] = in.data()[features];
+        } else {
+          out.data()[features] = in.data()[blocked];
+        }
+      }
+  Matrix<float, Mem> result("converted", n, m.extent(1));
+  Kokkos::deep_copy(result, out);
+  return result;
 }
 
 } // namespace
@@ -336,6 +360,78 @@ TEST_CASE("conv_dnn: Hessian-vector products of ResNet-14 agree on either path",
   nn::hessian_vector_product(Space(), b, loss, x, labels, vv, hb);
   CHECK(rel_diff(ha, hb) < 1e-3);
   CHECK(a.training());
+}
+
+TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dnn][layouts]") {
+  if (!have_dnn) {
+    WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
+    return;
+  }
+  struct Case {
+    bool max;
+    int channels, size, kernel, stride, padding;
+  };
+  // The CNN's 2x2 max pooling, and 3x3 windows with stride 2 and padding 1 on an odd image
+  // (the last window's bottom/right padding differs from the top/left).
+  const Case cases[] = {{true, 32, 8, 2, 2, 0},
+                        {true, 16, 7, 3, 2, 1},
+                        {false, 32, 8, 2, 2, 0},
+                        {false, 16, 7, 3, 2, 1}};
+  for (const Case &t : cases) {
+    INFO((t.max ? "max" : "avg") << " channels " << t.channels << " size " << t.size << " kernel "
+                                 << t.kernel << " stride " << t.stride << " padding " << t.padding);
+    std::unique_ptr<nn::Layer<float, Mem>> kat_pool, dnn_pool;
+    if (t.max) {
+      kat_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+      dnn_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+    } else {
+      kat_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+      dnn_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+    }
+    const FeatureShape in{t.channels, t.size, t.size};
+    const FeatureShape out = kat_pool->output_shape(in);
+    dnn_pool->output_shape(in);
+    REQUIRE(dnn_pool->supports_layouts(ActivationLayout::channels16, ActivationLayout::channels16));
+    dnn_pool->set_layouts(ActivationLayout::channels16, ActivationLayout::channels16);
+    const std::size_t n = 3, c = static_cast<std::size_t>(t.channels);
+    auto x = random_matrix<float>(n, in.size(), 40);
+    auto dy = random_matrix<float>(n, out.size(), 41);
+    Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+    Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
+    kat_pool->forward(Space(), x, y1);
+    kat_pool->backward(Space(), dy, dx1);
+    dnn_pool->forward(Space(), convert(x, c, true), y2);
+    dnn_pool->backward(Space(), convert(dy, c, true), dx2);
+    CHECK(rel_diff(convert(y2, c, false), y1) < 1e-6);
+    CHECK(rel_diff(convert(dx2, c, false), dx1) < 1e-6);
+    // The R passes need KAT's own forward records.
+    Matrix<float, Mem> ry("ry", n, out.size());
+    CHECK_THROWS_WITH(dnn_pool->forward_r(Space(), x, ry),
+                      Catch::Contains("ran in oneDNN's channels16 layout"));
+  }
+  // Evaluation mode keeps pooling in KAT's layout.
+  nn::MaxPool2d<float, Mem> pool(2);
+  pool.output_shape(FeatureShape{16, 4, 4});
+  pool.train(false);
+  CHECK_FALSE(pool.supports_layouts(ActivationLayout::channels16, ActivationLayout::channels16));
+}
+
+TEST_CASE("conv_dnn: the CNN keeps its first convolution's output blocked through pooling",
+          "[dnn][layouts]") {
+  auto model = nn::models::cnn<float, Mem>(FeatureShape{1, 28, 28}, 10);
+  model.compile(Space(), 2);
+  auto x = random_matrix<float>(2, 784, 3);
+  model.forward(Space(), x);
+  const ActivationLayout blocked =
+      have_dnn ? ActivationLayout::channels16 : ActivationLayout::features;
+  // conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, dense, ReLU, dense
+  CHECK(model.layer(0).output_layout() == blocked);
+  CHECK(model.layer(1).output_layout() == blocked);
+  CHECK(model.layer(2).output_layout() == blocked);
+  CHECK(model.layer(3).input_layout() == blocked);
+  // The second pooling's output goes to Flatten and a dense layer: KAT's layout from there.
+  CHECK(model.layer(3).output_layout() == ActivationLayout::features);
+  CHECK(model.layer(4).input_layout() == ActivationLayout::features);
 }
 
 TEST_CASE("conv_dnn: backend dnn is refused where no DNN library serves the layer",

@@ -92,6 +92,23 @@ struct BatchNormProblem {
   }
 };
 
+/// One 2-D pooling problem (PyTorch's MaxPool2d / AvgPool2d with ceil_mode = false and, for
+/// the average, count_include_pad = true) on a batch in `layout`.
+struct Pool2dProblem {
+  std::size_t batch = 0;
+  int channels = 0, height = 0, width = 0, out_height = 0, out_width = 0;
+  int kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  bool max = true; ///< max pooling, else average over the whole window (padding counted)
+  ActivationLayout layout = ActivationLayout::channels16;
+
+  bool operator==(const Pool2dProblem &o) const {
+    return batch == o.batch && channels == o.channels && height == o.height && width == o.width &&
+           out_height == o.out_height && out_width == o.out_width && kernel_h == o.kernel_h &&
+           kernel_w == o.kernel_w && stride_h == o.stride_h && stride_w == o.stride_w &&
+           pad_h == o.pad_h && pad_w == o.pad_w && max == o.max && layout == o.layout;
+  }
+};
+
 /// The layout conversions ("reorders") a vendor library needed between KAT's layouts and its
 /// own (blocked) ones: how many, how many bytes they read, and their wall time.
 struct DnnReorderStats {
@@ -492,6 +509,78 @@ private:
   dnnl::memory mean_, variance_, diff_scale_shift_, workspace_;
 };
 
+/// oneDNN's pooling (training forward, backward) for one Pool2dProblem; for max pooling the
+/// forward records each window's argmax in a workspace the backward reads.
+class OnednnPool2dPlan {
+public:
+  explicit OnednnPool2dPlan(const Pool2dProblem &p) : problem_(p), stream_(onednn_engine()) {
+    using namespace dnnl;
+    const engine &eng = onednn_engine();
+    src_ = onednn_activation_desc(p.layout, p.batch, p.channels, p.height, p.width);
+    dst_ = onednn_activation_desc(p.layout, p.batch, p.channels, p.out_height, p.out_width);
+    const auto alg = p.max ? algorithm::pooling_max : algorithm::pooling_avg_include_padding;
+    const memory::dims kernel{p.kernel_h, p.kernel_w}, strides{p.stride_h, p.stride_w};
+    const memory::dims pad_l{p.pad_h, p.pad_w}, dilation{0, 0};
+    // As for convolutions: the bottom/right padding that gives PyTorch's output size.
+    const memory::dims pad_r{(p.out_height - 1) * p.stride_h + p.kernel_h - p.height - p.pad_h,
+                             (p.out_width - 1) * p.stride_w + p.kernel_w - p.width - p.pad_w};
+    fwd_pd_ = pooling_v2_forward::primitive_desc(
+        pooling_v2_forward::desc(prop_kind::forward_training, alg, src_, dst_, strides, kernel,
+                                 dilation, pad_l, pad_r),
+        eng);
+    bwd_pd_ = pooling_v2_backward::primitive_desc(
+        pooling_v2_backward::desc(alg, src_, dst_, strides, kernel, dilation, pad_l, pad_r), eng,
+        fwd_pd_);
+    fwd_ = pooling_v2_forward(fwd_pd_);
+    bwd_ = pooling_v2_backward(bwd_pd_);
+    if (fwd_pd_.workspace_desc().get_size() != 0) {
+      workspace_ = memory(fwd_pd_.workspace_desc(), eng);
+    }
+  }
+
+  const Pool2dProblem &problem() const { return problem_; }
+  std::string implementations() const {
+    return std::string("forward ") + fwd_pd_.impl_info_str() + ", backward " +
+           bwd_pd_.impl_info_str();
+  }
+
+  void forward(const float *x, float *y) {
+    ScopedRegion region("kat::dnn::pool2d_forward");
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, wrap(src_, x)},
+                                               {DNNL_ARG_DST, wrap(dst_, y)}};
+    if (workspace_) {
+      args.insert({DNNL_ARG_WORKSPACE, workspace_});
+    }
+    fwd_.execute(stream_, args);
+    stream_.wait();
+  }
+
+  void backward(const float *dy, float *dx) {
+    ScopedRegion region("kat::dnn::pool2d_backward");
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, wrap(dst_, dy)},
+                                               {DNNL_ARG_DIFF_SRC, wrap(src_, dx)}};
+    if (workspace_) {
+      args.insert({DNNL_ARG_WORKSPACE, workspace_});
+    }
+    bwd_.execute(stream_, args);
+    stream_.wait();
+  }
+
+private:
+  static dnnl::memory wrap(const dnnl::memory::desc &desc, const float *data) {
+    return dnnl::memory(desc, onednn_engine(), const_cast<float *>(data));
+  }
+
+  Pool2dProblem problem_;
+  dnnl::stream stream_;
+  dnnl::memory::desc src_, dst_;
+  dnnl::pooling_v2_forward::primitive_desc fwd_pd_;
+  dnnl::pooling_v2_backward::primitive_desc bwd_pd_;
+  dnnl::pooling_v2_forward fwd_;
+  dnnl::pooling_v2_backward bwd_;
+  dnnl::memory workspace_;
+};
+
 #endif // KAT_ENABLE_ONEDNN
 
 /// What a layer holds where no DNN library serves its space: nothing.
@@ -657,6 +746,57 @@ private:
   detail::OnednnBatchNormPlan *current_ = nullptr;
 };
 
+/// Max or average pooling through the vendor DNN library, for one layer, in training mode, on
+/// batches in oneDNN's blocked layout (ActivationLayout::channels16); plans cached per
+/// problem as in Conv2dDnn. backward() follows the last forward() on the same problem (max
+/// pooling routes dy through the argmax that forward recorded).
+template <class ExecSpace, class Scalar> class Pool2dDnn {
+  static_assert(dnn_available<ExecSpace, Scalar>(),
+                "kat::Pool2dDnn: no vendor DNN library for this execution space and scalar "
+                "(see kat::dnn_available)");
+
+public:
+  /// y = pooled x. @throws Error if oneDNN rejects the problem (with its message).
+  void forward(const ExecSpace &space, const Pool2dProblem &p, const Scalar *x, Scalar *y) {
+    space.fence();
+    guarded("forward", p, [&] { plan(p).forward(x, y); });
+  }
+  /// dx from dy, after forward() on the same problem.
+  void backward(const ExecSpace &space, const Pool2dProblem &p, const Scalar *dy, Scalar *dx) {
+    space.fence();
+    guarded("backward", p, [&] { plan(p).backward(dy, dx); });
+  }
+  std::string implementations(const Pool2dProblem &p) { return plan(p).implementations(); }
+
+  static constexpr std::size_t max_plans = 4;
+
+private:
+  template <class F> static void guarded(const char *pass, const Pool2dProblem &p, F &&f) {
+    try {
+      f();
+    } catch (const dnnl::error &e) {
+      throw Error(kat::detail::concat("kat::Pool2dDnn::", pass, ": oneDNN failed for batch ",
+                                      p.batch, ", input (", p.channels, ", ", p.height, ", ",
+                                      p.width, "): ", e.what()));
+    }
+  }
+
+  detail::OnednnPool2dPlan &plan(const Pool2dProblem &p) {
+    for (auto &existing : plans_) {
+      if (existing->problem() == p) {
+        return *existing;
+      }
+    }
+    if (plans_.size() == max_plans) {
+      plans_.erase(plans_.begin());
+    }
+    plans_.push_back(std::make_unique<detail::OnednnPool2dPlan>(p));
+    return *plans_.back();
+  }
+
+  std::vector<std::unique_ptr<detail::OnednnPool2dPlan>> plans_;
+};
+
 #endif // KAT_ENABLE_ONEDNN
 
 /// The member a layer keeps for the DNN dispatch: Conv2dDnn where dnn_available, an empty
@@ -675,6 +815,16 @@ template <class ExecSpace, class Scalar>
 using BatchNormDnnIfAvailable =
 #if defined(KAT_ENABLE_ONEDNN)
     std::conditional_t<dnn_available<ExecSpace, Scalar>(), BatchNormDnn<ExecSpace, Scalar>,
+                       detail::NoDnn>;
+#else
+    detail::NoDnn;
+#endif
+
+/// Pool2dDnn where dnn_available, an empty struct elsewhere.
+template <class ExecSpace, class Scalar>
+using Pool2dDnnIfAvailable =
+#if defined(KAT_ENABLE_ONEDNN)
+    std::conditional_t<dnn_available<ExecSpace, Scalar>(), Pool2dDnn<ExecSpace, Scalar>,
                        detail::NoDnn>;
 #else
     detail::NoDnn;

@@ -162,6 +162,9 @@ public:
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region("kat::nn::AvgPool2d::forward");
     const detail::Pool2dGeometry g = this->begin_forward(x, y);
+    if (this->dnn_forward(space, x, y, false)) {
+      return;
+    }
     detail::avg_pool2d_forward(space, g, x, y);
   }
 
@@ -172,6 +175,9 @@ public:
                 const matrix_type &dx) override {
     ScopedRegion region("kat::nn::AvgPool2d::backward");
     this->check_backward(dy, dx);
+    if (this->dnn_backward(space, dy, dx)) {
+      return;
+    }
     if (dx.extent(0) == 0) {
       return;
     }
@@ -187,6 +193,7 @@ public:
   void forward_r(const execution_space &space, const matrix_type &rx,
                  const matrix_type &ry) override {
     ScopedRegion region("kat::nn::AvgPool2d::forward_r");
+    this->require_kat_forward("forward_r");
     if (!this->check_forward_r(rx, ry)) {
       Kokkos::deep_copy(space, ry, Scalar(0));
       return;
@@ -199,6 +206,7 @@ public:
   void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
                   const matrix_type &rdx) override {
     ScopedRegion region("kat::nn::AvgPool2d::backward_r");
+    this->require_kat_forward("backward_r");
     this->check_backward(rdy, rdx, "backward_r");
     if (rdx.extent(0) == 0) {
       return;

@@ -144,6 +144,9 @@ public:
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region("kat::nn::MaxPool2d::forward");
     const detail::Pool2dGeometry g = this->begin_forward(x, y);
+    if (this->dnn_forward(space, x, y, true)) {
+      return;
+    }
     const std::size_t n = x.extent(0);
     argmax_view_ = argmax_.matrix(n, g.out_size());
     const auto argmax = argmax_view_;
@@ -207,6 +210,9 @@ public:
                 const matrix_type &dx) override {
     ScopedRegion region("kat::nn::MaxPool2d::backward");
     this->check_backward(dy, dx);
+    if (this->dnn_backward(space, dy, dx)) {
+      return;
+    }
     if (dx.extent(0) == 0) {
       return;
     }
@@ -224,6 +230,7 @@ public:
   void forward_r(const execution_space &space, const matrix_type &rx,
                  const matrix_type &ry) override {
     ScopedRegion region("kat::nn::MaxPool2d::forward_r");
+    this->require_kat_forward("forward_r");
     if (!this->check_forward_r(rx, ry)) {
       Kokkos::deep_copy(space, ry, Scalar(0));
       return;
@@ -237,6 +244,7 @@ public:
   void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
                   const matrix_type &rdx) override {
     ScopedRegion region("kat::nn::MaxPool2d::backward_r");
+    this->require_kat_forward("backward_r");
     this->check_backward(rdy, rdx, "backward_r");
     if (rdx.extent(0) == 0) {
       return;

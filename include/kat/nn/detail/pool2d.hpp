@@ -2,6 +2,7 @@
 /// @file
 /// @brief Internal: window geometry and the common base of the 2-D pooling layers.
 
+#include "kat/core/dnn.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
@@ -82,6 +83,20 @@ public:
   /// Also records `input` as the shape forward() takes (Sequential::add calls this once per
   /// layer; calling it again with another shape re-targets the layer).
   /// @throws ShapeError if a dimension is < 1 or the padded input is smaller than the kernel.
+  /// KAT's layout in and out; in training, for float on a host space with oneDNN
+  /// (kat::dnn_available) and a channel count that is a multiple of 16, also oneDNN's
+  /// channels16 in and out (its pooling), unless an R-operator direction is bound (the R
+  /// passes reuse KAT's own forward records).
+  bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    return in == out &&
+           (in == ActivationLayout::features ||
+            (in == ActivationLayout::channels16 && dnn_available<execution_space, Scalar>() &&
+             this->training_ && !direction_bound_ && geometry_.channels > 0 &&
+             geometry_.channels % 16 == 0));
+  }
+
+  void bind_direction(Scalar * /*v*/, Scalar * /*hv*/) override { direction_bound_ = true; }
+
   FeatureShape output_shape(const FeatureShape &input) const override {
     if (input.channels < 1 || input.height < 1 || input.width < 1) {
       throw ShapeError(kat::detail::concat("kat::nn::", type_,
@@ -154,10 +169,64 @@ protected:
     kat::detail::require_extent(where.c_str(), "x columns", geometry_.in_size(), x.extent(1));
     kat::detail::require_extent(where.c_str(), "y rows", x.extent(0), y.extent(0));
     kat::detail::require_extent(where.c_str(), "y columns", geometry_.out_size(), y.extent(1));
+    if (!supports_layouts(this->in_layout_, this->out_layout_)) {
+      throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
+                                      to_string(this->out_layout_),
+                                      " set but not supported in the layer's current mode"));
+    }
     forward_geometry_ = geometry_;
     batch_ = x.extent(0);
     forwarded_ = true;
+    dnn_forwarded_ = false;
     return forward_geometry_;
+  }
+
+  /// On oneDNN's blocked path (the input layout is channels16): y = pooled x through oneDNN,
+  /// and true; false (nothing done) on KAT's layout. Call after begin_forward().
+  bool dnn_forward(const execution_space &space, const matrix_type &x, const matrix_type &y,
+                   bool max) {
+    if constexpr (dnn_available<execution_space, Scalar>()) {
+      if (this->in_layout_ == ActivationLayout::channels16) {
+        const Pool2dGeometry &g = forward_geometry_;
+        dnn_problem_ = Pool2dProblem{batch_,       g.channels,
+                                     g.height,     g.width,
+                                     g.out_height, g.out_width,
+                                     g.kernel_h,   g.kernel_w,
+                                     g.stride_h,   g.stride_w,
+                                     g.pad_h,      g.pad_w,
+                                     max,          ActivationLayout::channels16};
+        if (batch_ != 0) {
+          dnn_.forward(space, dnn_problem_, x.data(), y.data());
+        }
+        dnn_forwarded_ = true;
+        return true;
+      }
+    }
+    (void)space, (void)x, (void)y, (void)max;
+    return false;
+  }
+
+  /// backward of a forward that dnn_forward() served (true), else false.
+  bool dnn_backward(const execution_space &space, const matrix_type &dy, const matrix_type &dx) {
+    if constexpr (dnn_available<execution_space, Scalar>()) {
+      if (dnn_forwarded_) {
+        if (batch_ != 0 && dx.extent(0) != 0) {
+          dnn_.backward(space, dnn_problem_, dy.data(), dx.data());
+        }
+        return true;
+      }
+    }
+    (void)space, (void)dy, (void)dx;
+    return false;
+  }
+
+  /// The R passes need KAT's own forward.
+  void require_kat_forward(const char *what) const {
+    if (dnn_forwarded_) {
+      throw Error(kat::detail::concat("kat::nn::", type_, "::", what,
+                                      ": the last forward() ran in oneDNN's channels16 layout; "
+                                      "run forward() again now that a direction is bound"));
+    }
   }
 
   /// Validates forward_r's buffers against the last forward(); false if rx is empty (R{x} = 0,
@@ -202,6 +271,10 @@ protected:
   Pool2dGeometry forward_geometry_; // what the last forward() ran with
   std::size_t batch_ = 0;
   bool forwarded_ = false;
+  bool dnn_forwarded_ = false;
+  bool direction_bound_ = false;
+  Pool2dProblem dnn_problem_;
+  Pool2dDnnIfAvailable<execution_space, Scalar> dnn_;
 };
 
 } // namespace detail

@@ -1,6 +1,8 @@
 // Benchmarks for Conv2d: a forward + backward of the Fashion-MNIST CNN's two convolutions
-// (batch 128) against the GEMMs alone with the same shapes, on the chunked path (default) and
-// on the full path (recording curvature).
+// (batch 128) against the GEMMs alone with the same shapes, on the im2col path, chunked
+// (default without oneDNN) and full (recording curvature); then oneDNN against im2col on
+// every convolution shape of the CNN and ResNet-14, and batch normalization in oneDNN's
+// blocked layout against KAT's kernels in its own.
 //
 // Ratios are measured inside one benchmark, interleaving the two timings each iteration,
 // because the machines are shared and noisy.
@@ -8,6 +10,7 @@
 #include <kat/core/blas.hpp>
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/core/views.hpp>
+#include <kat/nn/batch_norm.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/init.hpp>
 
@@ -63,6 +66,7 @@ void BM_Conv2dForwardBackward(benchmark::State &state) {
   layer.bind(buffer.parameters().data(), buffer.gradients().data());
   layer.reset_parameters(space, 1);
   layer.record_curvature(recording);
+  layer.set_backend(kat::nn::Conv2dBackend::im2col);
   if (state.range(2) >= 0) {
     layer.set_chunk_bytes(static_cast<std::size_t>(state.range(2)) << 10);
   }
@@ -101,6 +105,161 @@ BENCHMARK(BM_Conv2dForwardBackward)
     ->Name("BM_Conv2dChunkSweep")
     ->ArgNames({"conv", "recording", "chunk_KiB"})
     ->ArgsProduct({{1, 2}, {0}, {256, 1024, 2048, 4096, 6144, 8192, 12288, 16384, 0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// Every convolution shape of the reference models (batch 128, 28x28 inputs): the CNN's two
+// 5x5 layers and ResNet-14's 3x3 and 1x1 layers.
+struct ModelConv {
+  const char *name;
+  int in_channels, out_channels, size, kernel, stride, padding;
+  bool bias, needs_dx;
+};
+constexpr ModelConv model_convs[] = {
+    {"cnn conv1 1-32 5x5 28", 1, 32, 28, 5, 1, 2, true, false},
+    {"cnn conv2 32-64 5x5 14", 32, 64, 14, 5, 1, 2, true, true},
+    {"resnet stem 1-16 3x3 28", 1, 16, 28, 3, 1, 1, false, false},
+    {"resnet 16-16 3x3 28", 16, 16, 28, 3, 1, 1, false, true},
+    {"resnet 16-32 3x3 s2 28", 16, 32, 28, 3, 2, 1, false, true},
+    {"resnet 16-32 1x1 s2 28", 16, 32, 28, 1, 2, 0, false, true},
+    {"resnet 32-32 3x3 14", 32, 32, 14, 3, 1, 1, false, true},
+    {"resnet 32-64 3x3 s2 14", 32, 64, 14, 3, 2, 1, false, true},
+    {"resnet 64-64 3x3 7", 64, 64, 7, 3, 1, 1, false, true},
+};
+
+// One Conv2d with its own parameters, input and output.
+struct BenchConv {
+  kat::nn::Conv2d<float, Mem> layer;
+  kat::ParameterBuffer<float, Mem> buffer;
+  M x, y, dy, dx;
+  BenchConv(const ModelConv &c, std::size_t n, kat::nn::Conv2dBackend backend,
+            kat::ActivationLayout layout)
+      : layer(c.in_channels, c.out_channels, c.kernel, c.stride, c.padding, 1, c.bias) {
+    const kat::FeatureShape out = layer.output_shape({c.in_channels, c.size, c.size});
+    buffer.reserve("conv", layer.parameter_count());
+    buffer.allocate();
+    layer.bind(buffer.parameters().data(), buffer.gradients().data());
+    layer.reset_parameters(Space(), 1);
+    layer.set_backend(backend);
+    layer.accumulate_gradients(false);
+    // x and dx in `layout` where the channels allow it, y and dy too.
+    const auto in_layout = c.in_channels % 16 == 0 ? layout : kat::ActivationLayout::features;
+    const auto out_layout = c.out_channels % 16 == 0 ? layout : kat::ActivationLayout::features;
+    layer.set_layouts(in_layout, out_layout);
+    const std::size_t in_size = static_cast<std::size_t>(c.in_channels) * c.size * c.size;
+    x = filled(n, in_size, 4);
+    dy = filled(n, out.size(), 5);
+    y = M("y", n, out.size());
+    dx = M("dx", c.needs_dx ? n : 0, in_size);
+  }
+  void step() {
+    layer.forward(Space(), x, y);
+    layer.backward(Space(), dy, dx);
+  }
+};
+
+// oneDNN against im2col + GEMM on one model convolution, forward + backward, timed
+// alternately. Arguments: the shape (index into model_convs), and the layout of the DNN
+// layer's activations (0: KAT's features, reordered around every oneDNN call; 1:
+// channels16, as between two layers that compute through oneDNN). The iteration time is
+// oneDNN's; counters: both times, im2col / oneDNN, and the share of oneDNN's time spent
+// reordering.
+void BM_Conv2dBackends(benchmark::State &state) {
+  const ModelConv &c = model_convs[state.range(0)];
+  const auto layout =
+      state.range(1) != 0 ? kat::ActivationLayout::channels16 : kat::ActivationLayout::features;
+  state.SetLabel(c.name);
+  if (!kat::dnn_available<Space, float>()) {
+    state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
+    return;
+  }
+  const std::size_t n = 128;
+  BenchConv dnn(c, n, kat::nn::Conv2dBackend::dnn, layout);
+  BenchConv im2col(c, n, kat::nn::Conv2dBackend::im2col, kat::ActivationLayout::features);
+  dnn.step(); // plans, workspaces, BLAS buffers
+  im2col.step();
+  double dnn_s = 0, im2col_s = 0;
+  const double reorder_before = dnn.layer.dnn_reorder_stats().seconds;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    dnn.step();
+    Space().fence();
+    const double this_s = seconds(t0);
+    dnn_s += this_s;
+    t0 = Clock::now();
+    im2col.step();
+    Space().fence();
+    im2col_s += seconds(t0);
+    state.SetIterationTime(this_s);
+  }
+  const double iterations = double(state.iterations());
+  const kat::FeatureShape out = dnn.layer.output_shape({c.in_channels, c.size, c.size});
+  const double flop = (c.needs_dx ? 3.0 : 2.0) * 2.0 * double(n) * out.height * out.width *
+                      c.out_channels * double(dnn.layer.patch_size());
+  state.counters["dnn_ms"] = 1e3 * dnn_s / iterations;
+  state.counters["im2col_ms"] = 1e3 * im2col_s / iterations;
+  state.counters["speedup"] = im2col_s / dnn_s;
+  state.counters["dnn_GFLOPs"] = flop * iterations / dnn_s * 1e-9;
+  state.counters["reorder_share"] =
+      (dnn.layer.dnn_reorder_stats().seconds - reorder_before) / dnn_s;
+}
+BENCHMARK(BM_Conv2dBackends)
+    ->ArgNames({"shape", "channels16"})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// BatchNorm2d forward + backward in training (batch 128) on ResNet-14's activation shapes:
+// KAT's kernels on its features layout against oneDNN's on channels16, alternately.
+// Argument: channels (16 at 28x28, 32 at 14x14, 64 at 7x7). Iteration time: oneDNN's.
+void BM_BatchNormLayouts(benchmark::State &state) {
+  if (!kat::dnn_available<Space, float>()) {
+    state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
+    return;
+  }
+  const int channels = static_cast<int>(state.range(0));
+  const int size = 28 * 16 / channels;
+  const std::size_t n = 128, cols = static_cast<std::size_t>(channels) * size * size;
+  struct Bn {
+    kat::nn::BatchNorm<float, Mem> layer;
+    kat::ParameterBuffer<float, Mem> buffer;
+    explicit Bn(int c) : layer(static_cast<std::size_t>(c)) {
+      buffer.reserve("bn", layer.parameter_count());
+      buffer.allocate();
+      layer.bind(buffer.parameters().data(), buffer.gradients().data());
+      layer.reset_parameters(Space(), 1);
+    }
+  } kat_bn(channels), dnn_bn(channels);
+  dnn_bn.layer.set_layouts(kat::ActivationLayout::channels16, kat::ActivationLayout::channels16);
+  const M x = filled(n, cols, 6), dy = filled(n, cols, 7);
+  M y("y", n, cols), dx("dx", n, cols);
+  const auto run = [&](Bn &bn) {
+    bn.layer.forward(Space(), x, y);
+    bn.layer.backward(Space(), dy, dx);
+    Space().fence();
+  };
+  run(kat_bn);
+  run(dnn_bn);
+  double kat_s = 0, dnn_s = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    run(dnn_bn);
+    const double this_s = seconds(t0);
+    dnn_s += this_s;
+    t0 = Clock::now();
+    run(kat_bn);
+    kat_s += seconds(t0);
+    state.SetIterationTime(this_s);
+  }
+  state.counters["dnn_ms"] = 1e3 * dnn_s / double(state.iterations());
+  state.counters["kat_ms"] = 1e3 * kat_s / double(state.iterations());
+  state.counters["speedup"] = kat_s / dnn_s;
+}
+BENCHMARK(BM_BatchNormLayouts)
+    ->ArgName("channels")
+    ->Arg(16)
+    ->Arg(32)
+    ->Arg(64)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -193,6 +193,34 @@ TEST_CASE("conv_dnn: recording curvature takes the im2col path", "[conv2d][dnn][
   CHECK(layer->uses_dnn() == have_dnn);
 }
 
+TEST_CASE("conv_dnn: automatic keeps small patches in KAT's layout on im2col", "[conv2d][dnn]") {
+  if (!have_dnn) {
+    WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
+    return;
+  }
+  // ResNet's stem: K = 9 < automatic_min_patch_size; its 16-16 3x3 layer: K = 144.
+  for (const Shape &c : {shapes[2], shapes[3]}) {
+    const bool small =
+        static_cast<std::size_t>(c.cin * c.kh * c.kw) < Conv::automatic_min_patch_size;
+    for (const auto backend : {nn::Conv2dBackend::automatic, nn::Conv2dBackend::dnn}) {
+      INFO(c << " automatic " << (backend == nn::Conv2dBackend::automatic));
+      auto layer = make_conv(c, backend);
+      auto buffer = bind_fresh<float>(*layer, 1);
+      const FeatureShape out = layer->output_shape(c.in());
+      auto x = random_matrix<float>(2, c.in().size(), 1);
+      Matrix<float, Mem> y("y", 2, out.size());
+      layer->forward(Space(), x, y);
+      const bool through_dnn = layer->dnn_reorder_stats().reorders > 0;
+      CHECK(through_dnn == !(small && backend == nn::Conv2dBackend::automatic));
+      // In oneDNN's layout on the output side, automatic takes oneDNN whatever K.
+      layer->set_layouts(ActivationLayout::features, ActivationLayout::channels16);
+      const std::size_t before = layer->dnn_reorder_stats().reorders;
+      layer->forward(Space(), x, y);
+      CHECK(layer->dnn_reorder_stats().reorders > before); // x, from KAT's layout
+    }
+  }
+}
+
 TEST_CASE("conv_dnn: the models give the same outputs and gradients on either path",
           "[conv2d][dnn][models]") {
   if (!have_dnn) {

@@ -376,10 +376,29 @@ public:
     backend_ = backend;
   }
   Conv2dBackend backend() const { return backend_; }
-  /// Whether the next forward() runs through the DNN library (see set_backend()).
+  /// Whether the DNN library serves the layer in its current mode (oneDNN in this build for
+  /// its space and scalar, backend not im2col, not recording curvature). With
+  /// Conv2dBackend::automatic a forward in KAT's layout on both sides still takes im2col when
+  /// K is small (automatic_min_patch_size).
   bool uses_dnn() const {
     return dnn_available<execution_space, Scalar>() && backend_ != Conv2dBackend::im2col &&
            !this->recording_;
+  }
+
+  /// With Conv2dBackend::automatic and KAT's layout on both sides, convolutions with fewer
+  /// patch columns K = C_in·k_h·k_w than this stay on im2col: there the two reorders around
+  /// oneDNN cost more than its faster arithmetic saves (bench/bench_conv.cpp,
+  /// BM_Conv2dBackends, 2 AMD EPYC cores: K = 9, 16, 25 ran 0.38-0.93x im2col's speed, K =
+  /// 144 and more 1.2-2.3x; with oneDNN's layout on both sides every shape ran 1.8-3.8x).
+  static constexpr std::size_t automatic_min_patch_size = 64;
+
+  /// Whether a forward with these layouts runs through the DNN library.
+  bool dnn_for(ActivationLayout in, ActivationLayout out) const {
+    if (!uses_dnn()) {
+      return false;
+    }
+    return backend_ == Conv2dBackend::dnn || in != ActivationLayout::features ||
+           out != ActivationLayout::features || patch_size() >= automatic_min_patch_size;
   }
   /// KAT's features layout; in training on the DNN path also channels16, for a side whose
   /// channel count is a multiple of 16, unless an R-operator direction is bound (the R passes
@@ -513,7 +532,7 @@ public:
                                       " set but not supported in the layer's current mode"));
     }
     if constexpr (dnn_available<execution_space, Scalar>()) {
-      if (uses_dnn()) {
+      if (dnn_for(this->in_layout_, this->out_layout_)) {
         dnn_.forward(space, dnn_problem(), x.data(), weight_.data(),
                      bias_ ? bias_view_.data() : nullptr, y.data());
         dnn_forwarded_ = true;

@@ -110,7 +110,57 @@ template <class Scalar> void check_fused_against_apart(double tolerance) {
   CHECK_FALSE(fused.layer(3).fuses_relu());
 }
 
+// conv3x3 16-16 with bias, ReLU, conv3x3 16-16, global average pool, dense 16-3; with
+// `barrier`, a Dropout(0) before the ReLU.
+template <class Scalar> nn::Sequential<Scalar, Mem> conv_relu_network(bool barrier) {
+  nn::Sequential<Scalar, Mem> model(FeatureShape{16, 6, 5});
+  model.template add<nn::Conv2d>(16, 16, 3, 1, 1);
+  if (barrier) {
+    model.template add<nn::Dropout>(0.0);
+  }
+  model.template add<nn::ReLU>();
+  model.template add<nn::Conv2d>(16, 16, 3, 1, 1);
+  model.template add<nn::GlobalAvgPool2d>();
+  model.template add<nn::Dense>(16, 3);
+  return model;
+}
+
 } // namespace
+
+TEST_CASE("fusion: ReLU fused into a oneDNN convolution equals the ReLU apart", "[fusion][dnn]") {
+  auto fused = conv_relu_network<float>(false);
+  auto apart = conv_relu_network<float>(true);
+  fused.compile(Space(), 6);
+  apart.compile(Space(), 6);
+  Kokkos::deep_copy(apart.parameters(), fused.parameters());
+  auto x = random_matrix<float>(4, fused.input_shape().size(), 7);
+  auto dy = random_matrix<float>(4, 3, 8);
+  for (int step = 0; step < 2; ++step) {
+    const auto &y1 = fused.forward(Space(), x);
+    const auto &y2 = apart.forward(Space(), x);
+    CHECK(rel_diff(y1, y2) < 1e-5);
+    fused.zero_grad(Space());
+    apart.zero_grad(Space());
+    fused.backward(Space(), dy);
+    apart.backward(Space(), dy);
+    CHECK(rel_diff(fused.gradients(), apart.gradients()) < 1e-5);
+  }
+  // oneDNN's eltwise post-op where this build has oneDNN; im2col (no fusion) elsewhere.
+  CHECK(fused.layer(0).fuses_relu() == dnn_available<Space, float>());
+  CHECK_FALSE(apart.layer(0).fuses_relu());
+  // The R passes refuse a forward that fused, and a forward after binding a direction does
+  // not fuse.
+  if (dnn_available<Space, float>()) {
+    CHECK_THROWS_WITH(fused.forward_r(Space()), Catch::Contains("applied the following ReLU"));
+    fused.forward(Space(), x);
+    CHECK_FALSE(fused.layer(0).fuses_relu());
+  }
+  // In double, im2col: nothing to fuse into.
+  auto in_double = conv_relu_network<double>(false);
+  in_double.compile(Space(), 6);
+  in_double.forward(Space(), random_matrix<double>(2, in_double.input_shape().size(), 9));
+  CHECK_FALSE(in_double.layer(0).fuses_relu());
+}
 
 TEST_CASE("fusion: ReLU fused into BatchNorm and Residual equals the ReLU apart in double",
           "[fusion]") {

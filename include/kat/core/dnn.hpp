@@ -63,6 +63,8 @@ struct Conv2dProblem {
   /// of 16).
   ActivationLayout input_layout = ActivationLayout::features;
   ActivationLayout output_layout = ActivationLayout::features;
+  /// y = max(0, conv(x) + b): a ReLU applied by the convolution (oneDNN's eltwise post-op).
+  bool relu = false;
 
   bool operator==(const Conv2dProblem &o) const {
     return batch == o.batch && in_channels == o.in_channels && height == o.height &&
@@ -70,7 +72,8 @@ struct Conv2dProblem {
            out_width == o.out_width && kernel_h == o.kernel_h && kernel_w == o.kernel_w &&
            stride_h == o.stride_h && stride_w == o.stride_w && pad_h == o.pad_h &&
            pad_w == o.pad_w && dilation_h == o.dilation_h && dilation_w == o.dilation_w &&
-           bias == o.bias && input_layout == o.input_layout && output_layout == o.output_layout;
+           bias == o.bias && input_layout == o.input_layout && output_layout == o.output_layout &&
+           relu == o.relu;
   }
   bool operator!=(const Conv2dProblem &o) const { return !(*this == o); }
 };
@@ -238,7 +241,13 @@ public:
                                                     b_desc, y_any, strides, dilates, pad_l, pad_r)
                         : convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
                                                     y_any, strides, dilates, pad_l, pad_r);
-    fwd_pd_ = convolution_forward::primitive_desc(fwd_desc, eng);
+    primitive_attr fwd_attr;
+    if (p.relu) {
+      post_ops ops;
+      ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+      fwd_attr.set_post_ops(ops);
+    }
+    fwd_pd_ = convolution_forward::primitive_desc(fwd_desc, fwd_attr, eng);
     bwd_data_pd_ = convolution_backward_data::primitive_desc(
         convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, dilates, pad_l, pad_r),
         eng, fwd_pd_);

@@ -9,6 +9,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/activation.hpp"
 #include "kat/nn/detail/image.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
@@ -412,6 +413,15 @@ public:
     return ok(in, geometry_.in_channels) && ok(out, geometry_.out_channels);
   }
 
+  /// On the DNN path in training, unless an R-operator direction is bound: y = max(0, conv(x)
+  /// + b) inside oneDNN's convolution (an eltwise post-op), and backward masks dy where
+  /// y <= 0 (one pass, as the ReLU's own backward). On im2col the GEMM writes y, and a ReLU
+  /// would be one more pass anyway, so no fusion there.
+  bool can_fuse_relu() const override {
+    return this->training_ && v_weight_bias_.extent(0) == 0 &&
+           dnn_for(this->in_layout_, this->out_layout_);
+  }
+
   /// The layout conversions the DNN path has done so far (zeros on the other paths).
   DnnReorderStats dnn_reorder_stats() const {
     if constexpr (dnn_available<execution_space, Scalar>()) {
@@ -526,13 +536,15 @@ public:
       return;
     }
     forward_layouts_ = {this->in_layout_, this->out_layout_};
+    forward_fused_ = this->fused_relu_;
+    y_ = y;
     if (!supports_layouts(this->in_layout_, this->out_layout_)) {
       throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
                                       to_string(this->out_layout_),
                                       " set but not supported in the layer's current mode"));
     }
     if constexpr (dnn_available<execution_space, Scalar>()) {
-      if (dnn_for(this->in_layout_, this->out_layout_)) {
+      if (dnn_for(this->in_layout_, this->out_layout_)) { // (fused ReLUs take this path)
         dnn_.forward(space, dnn_problem(), x.data(), weight_.data(),
                      bias_ ? bias_view_.data() : nullptr, y.data());
         dnn_forwarded_ = true;
@@ -595,7 +607,13 @@ public:
     const bool want_dw = this->parameter_gradients_;
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (dnn_forwarded_) {
-        dnn_.backward(space, dnn_problem(), x_.data(), dy.data(), weight_.data(),
+        const Scalar *g = dy.data();
+        if (forward_fused_) { // the fused ReLU's backward first
+          const matrix_type masked = relu_dy_.matrix(dy.extent(0), dy.extent(1));
+          detail::relu_mask(space, y_, dy, masked);
+          g = masked.data();
+        }
+        dnn_.backward(space, dnn_problem(), x_.data(), g, weight_.data(),
                       want_dx ? dx.data() : nullptr, want_dw ? grad_weight_.data() : nullptr,
                       bias_ ? grad_bias_.data() : nullptr, accumulate);
         return;
@@ -828,6 +846,7 @@ private:
     p.bias = bias_;
     p.input_layout = forward_layouts_[0];
     p.output_layout = forward_layouts_[1];
+    p.relu = forward_fused_;
     return p;
   }
 
@@ -847,10 +866,11 @@ private:
       throw Error(kat::detail::concat(where, ": no direction bound (bind_direction)"));
     }
     if (forward_layouts_[0] != ActivationLayout::features ||
-        forward_layouts_[1] != ActivationLayout::features) {
+        forward_layouts_[1] != ActivationLayout::features || forward_fused_) {
       throw Error(kat::detail::concat(where,
-                                      ": the last forward() ran in oneDNN's channels16 layout; "
-                                      "run forward() again now that a direction is bound"));
+                                      ": the last forward() ran in oneDNN's channels16 layout "
+                                      "or applied the following ReLU; run forward() again now "
+                                      "that a direction is bound"));
     }
   }
 
@@ -938,6 +958,9 @@ private:
   bool forwarded_ = false;
   bool full_ = false;          // whether the last forward built the whole P (recording)
   bool dnn_forwarded_ = false; // whether the last forward ran through the DNN library
+  bool forward_fused_ = false; // whether it applied the following ReLU
+  matrix_type y_;              // its output (the fused ReLU's mask)
+  Workspace<Scalar, MemorySpace> relu_dy_{"kat::nn::Conv2d::relu_dy"};
   std::array<ActivationLayout, 2> forward_layouts_{ActivationLayout::features,
                                                    ActivationLayout::features};
   Conv2dBackend backend_ = Conv2dBackend::automatic;

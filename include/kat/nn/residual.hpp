@@ -6,6 +6,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/activation.hpp"
 #include "kat/nn/detail/layer_chain.hpp"
 #include "kat/nn/layer.hpp"
 
@@ -42,24 +43,6 @@ void elementwise_add(const ExecSpace &space, const MatrixView &a, const MatrixVi
   Kokkos::parallel_for(
       "kat::nn::Residual::add", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
       KOKKOS_LAMBDA(const std::size_t i) { cp[i] = ap[i] + bp[i]; });
-}
-
-/// out = dy where y > 0, 0 elsewhere (a ReLU's backward from its output y).
-template <class ExecSpace, class MatrixView>
-void relu_mask(const ExecSpace &space, const MatrixView &y, const MatrixView &dy,
-               const MatrixView &out) {
-  using value = typename MatrixView::non_const_value_type;
-  const value *yp = y.data();
-  const value *dyp = dy.data();
-  value *op = out.data();
-  Kokkos::parallel_for(
-      "kat::nn::Residual::relu_backward", Kokkos::RangePolicy<ExecSpace>(space, 0, out.span()),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        // Both loaded, then a select: vectorized (a conditional load of dy is a branch that
-        // mispredicts half the time).
-        const value d = dyp[i];
-        op[i] = yp[i] > value(0) ? d : value(0);
-      });
 }
 
 } // namespace detail

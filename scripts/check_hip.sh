@@ -52,6 +52,8 @@ install_hip() {
 # Nothing built here runs, so it compiles unoptimized: the tests' unity unit 4 (six files)
 # took 185 s at -O0 against 296 s at -O1 (2026-11-25). Kokkos 4.x crashes ROCm 5.2's gfx90a
 # backend at -O0 ("Cannot select: intrinsic %llvm.amdgcn.permlanex16"); Kokkos 3.4.1 does not.
+# Without oneDNN (KAT_ENABLE_ONEDNN=OFF): the CUDA check and the host builds compile KAT with
+# it, so this one compiles the branches for builds that lack it.
 configure() { # configure DIR FLAGS [extra cmake arguments]
   local dir=$1 flags=$2
   shift 2
@@ -60,7 +62,7 @@ configure() { # configure DIR FLAGS [extra cmake arguments]
     -DCMAKE_PREFIX_PATH="$prefix" -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON \
     -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_ROCSOLVER=OFF \
     -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON \
-    -DKAT_HEADER_CHECK_BATCH_SIZE=40 "$@"
+    -DKAT_HEADER_CHECK_BATCH_SIZE=40 -DKAT_ENABLE_ONEDNN=OFF "$@"
 }
 
 # The GPU targets of OBJECT's offload bundle (its .hip_fatbin section), one a line.

@@ -211,7 +211,8 @@ BENCHMARK(BM_Conv2dBackends)
 
 // BatchNorm2d forward + backward in training (batch 128) on ResNet-14's activation shapes:
 // KAT's kernels on its features layout against oneDNN's on channels16, alternately.
-// Argument: channels (16 at 28x28, 32 at 14x14, 64 at 7x7). Iteration time: oneDNN's.
+// Arguments: channels (16 at 28x28, 32 at 14x14, 64 at 7x7), and 1 to fuse a following
+// ReLU into both. Iteration time: oneDNN's.
 void BM_BatchNormLayouts(benchmark::State &state) {
   if (!kat::dnn_available<Space, float>()) {
     state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
@@ -231,6 +232,10 @@ void BM_BatchNormLayouts(benchmark::State &state) {
     }
   } kat_bn(channels), dnn_bn(channels);
   dnn_bn.layer.set_layouts(kat::ActivationLayout::channels16, kat::ActivationLayout::channels16);
+  if (state.range(1) != 0) { // a following ReLU applied by the layer (Layer::fuse_relu)
+    kat_bn.layer.fuse_relu(true);
+    dnn_bn.layer.fuse_relu(true);
+  }
   const M x = filled(n, cols, 6), dy = filled(n, cols, 7);
   M y("y", n, cols), dx("dx", n, cols);
   const auto run = [&](Bn &bn) {
@@ -256,10 +261,8 @@ void BM_BatchNormLayouts(benchmark::State &state) {
   state.counters["speedup"] = kat_s / dnn_s;
 }
 BENCHMARK(BM_BatchNormLayouts)
-    ->ArgName("channels")
-    ->Arg(16)
-    ->Arg(32)
-    ->Arg(64)
+    ->ArgNames({"channels", "relu"})
+    ->ArgsProduct({{16, 32, 64}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -1,8 +1,12 @@
 // End-to-end: one SGD epoch (lr 0.05, momentum 0.9, batch 128, 60,000 Fashion-MNIST images)
-// of each reference model, with its peak device memory.
+// of each reference model, with its peak device memory; and where one training step's time
+// goes, per profiling region, on either convolution path.
 //
 //   kat_bench_models --benchmark_filter=cnn
+//   kat_bench_models --benchmark_filter=StepProfile
 #include "common.hpp"
+
+#include <kat/core/region_timer.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -78,5 +82,60 @@ BENCHMARK_CAPTURE(BM_Epoch, resnet, std::string("resnet"))
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kSecond);
+
+// One forward + backward of a batch of 128 (random inputs and output gradients) of a model
+// in training, under kat::RegionTimer: the step's time and the exclusive time of every
+// profiling region above 1 % of it (oneDNN's passes and reorders, KAT's kernels, the GEMMs),
+// in ms per step. Argument: 0 for Conv2dBackend::automatic (oneDNN where built with it), 1
+// for im2col everywhere.
+void BM_StepProfile(benchmark::State &state, const std::string &name) {
+  const Space space;
+  const kat::FeatureShape input{1, 28, 28};
+  auto model = kat::nn::models::by_name<float, Mem>(name, input, 10);
+  model.compile(space, 0);
+  kat::nn::set_conv2d_backend(model.layers(), state.range(0) != 0
+                                                  ? kat::nn::Conv2dBackend::im2col
+                                                  : kat::nn::Conv2dBackend::automatic);
+  const std::size_t n = 128;
+  const M x = filled(n, input.size(), 1), dy = filled(n, 10, 2);
+  const auto step = [&] {
+    model.forward(space, x);
+    model.backward(space, dy, kat::nn::Sequential<float, Mem>::Gradients::overwrite);
+    space.fence();
+  };
+  for (int i = 0; i < 3; ++i) {
+    step(); // plans, workspaces
+  }
+  kat::RegionTimer timer;
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    step();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    seconds += s;
+    state.SetIterationTime(s);
+  }
+  const double steps = double(state.iterations());
+  state.counters["step_ms"] = 1e3 * seconds / steps;
+  for (const auto &e : timer.entries()) {
+    if (e.self_seconds > 0.01 * seconds) {
+      state.counters[e.name] = 1e3 * e.self_seconds / steps;
+    }
+  }
+}
+BENCHMARK_CAPTURE(BM_StepProfile, cnn, std::string("cnn"))
+    ->ArgName("im2col")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(30)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_StepProfile, resnet, std::string("resnet"))
+    ->ArgName("im2col")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(30)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 } // namespace

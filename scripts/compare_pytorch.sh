@@ -23,19 +23,15 @@ if ((${#missing[@]})); then
   kat_apt_install -- "${missing[@]}"
 fi
 build=$root/build/compare-pytorch
-prefix=$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=OFF \
-  -DKAT_ENABLE_EXAMPLES=ON -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
-cmake --build "$build" --target kat_train -j "$(nproc)" >/dev/null
 data=/usr/share/datasets/fashion-mnist
 threads=${KAT_THREADS:-$(nproc)}
+kat_env=() # set by kat_openmp_trainer
+kat_openmp_trainer "$root" "$build" "$threads"
 epochs=${KAT_EPOCHS:-3}
 rounds=${ROUNDS:-2}
 subsets=${KAT_SUBSET:-resnet:12800}
 out=$root/build/compare-pytorch-runs
 mkdir -p "$out"
-kat_env=(LD_LIBRARY_PATH="$("$root/scripts/openmp_blas_dir.sh")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OMP_PROC_BIND=false)
 echo "KAT $(git -C "$root" rev-parse --short HEAD), $(/usr/bin/python3 -c 'import torch; print("PyTorch", torch.__version__)'), $threads threads, $(date -u +%F)"
 for model in ${KAT_MODELS:-mlp cnn resnet}; do
   subset=$(tr ' ' '\n' <<<"$subsets" | awk -F: -v m="$model" '$1 == m { print $2 }')

@@ -149,6 +149,24 @@ template <class View> double max_rel_error(const View &a, const std::vector<doub
 }
 
 // sum_ij y_ij * r_ij, the scalar whose gradient with respect to y is r.
+// max |a - b| / max(1, max |b|) over two views with the same number of elements (a non-finite
+// difference counts as 1e30): for comparing two computations of the same values in a
+// different summation order, scaled by the values' magnitude.
+template <class A, class B> double max_diff_over_scale(const A &a, const B &b) {
+  auto ah = to_host(a);
+  auto bh = to_host(b);
+  REQUIRE(ah.span() == bh.span());
+  double err = 0, scale = 1;
+  for (std::size_t k = 0; k < bh.span(); ++k) {
+    scale = std::max(scale, std::abs(double(bh.data()[k])));
+  }
+  for (std::size_t k = 0; k < ah.span(); ++k) {
+    const double d = std::abs(double(ah.data()[k]) - double(bh.data()[k]));
+    err = std::max(err, std::isfinite(d) ? d : 1e30);
+  }
+  return err / scale;
+}
+
 template <class Scalar>
 double weighted_sum(const Matrix<Scalar, Mem> &y, const Matrix<Scalar, Mem> &r) {
   auto yh = to_host(y);

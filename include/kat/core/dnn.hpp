@@ -590,12 +590,56 @@ private:
   dnnl::memory workspace_;
 };
 
+/// The plans of one layer, one per problem seen, the oldest dropped beyond `capacity` (a data
+/// set's smaller last batch, evaluation batches).
+template <class Problem, class Plan> class OnednnPlanCache {
+public:
+  static constexpr std::size_t capacity = 4;
+
+  /// The plan for `p`, created on first use.
+  Plan &get(const Problem &p) {
+    for (auto &existing : plans_) {
+      if (existing->problem() == p) {
+        return *existing;
+      }
+    }
+    if (plans_.size() == capacity) {
+      plans_.erase(plans_.begin());
+    }
+    plans_.push_back(std::make_unique<Plan>(p));
+    ++created_;
+    return *plans_.back();
+  }
+  std::size_t created() const { return created_; }
+
+private:
+  std::vector<std::unique_ptr<Plan>> plans_;
+  std::size_t created_ = 0;
+};
+
+/// Runs f, turning a oneDNN error into kat::Error("<who>::<pass>: oneDNN failed for <what>:
+/// <oneDNN's message>").
+template <class F>
+void onednn_guarded(const char *who, const char *pass, const std::string &what, F &&f) {
+  try {
+    f();
+  } catch (const dnnl::error &e) {
+    throw Error(kat::detail::concat(who, "::", pass, ": oneDNN failed for ", what, ": ", e.what()));
+  }
+}
+
 #endif // KAT_ENABLE_ONEDNN
 
 /// What a layer holds where no DNN library serves its space: nothing.
 struct NoDnn {};
 
 } // namespace detail
+
+// The dispatch classes (defined below in builds with oneDNN), declared in every build so that
+// DnnIfAvailable can name them.
+template <class ExecSpace, class Scalar> class Conv2dDnn;
+template <class ExecSpace, class Scalar> class BatchNormDnn;
+template <class ExecSpace, class Scalar> class Pool2dDnn;
 
 #if defined(KAT_ENABLE_ONEDNN)
 
@@ -645,40 +689,22 @@ public:
   const DnnReorderStats &reorder_stats() const { return stats_; }
   /// The oneDNN implementation of each pass for problem p (creating its plan if needed).
   std::string implementations(const Conv2dProblem &p) { return plan(p).implementations(); }
-  /// Plans created so far (one per distinct problem seen, at most max_plans kept).
-  std::size_t plans_created() const { return plans_created_; }
-
-  /// Plans kept at once; the least recently created is dropped beyond it.
-  static constexpr std::size_t max_plans = 4;
+  /// Plans created so far (one per distinct problem seen, the last few kept).
+  std::size_t plans_created() const { return plans_.created(); }
 
 private:
   template <class F> static void guarded(const char *pass, const Conv2dProblem &p, F &&f) {
-    try {
-      f();
-    } catch (const dnnl::error &e) {
-      throw Error(kat::detail::concat("kat::Conv2dDnn::", pass, ": oneDNN failed for batch ",
-                                      p.batch, ", input (", p.in_channels, ", ", p.height, ", ",
-                                      p.width, "), output (", p.out_channels, ", ", p.out_height,
-                                      ", ", p.out_width, "): ", e.what()));
-    }
+    detail::onednn_guarded("kat::Conv2dDnn", pass,
+                           kat::detail::concat("batch ", p.batch, ", input (", p.in_channels, ", ",
+                                               p.height, ", ", p.width, "), output (",
+                                               p.out_channels, ", ", p.out_height, ", ",
+                                               p.out_width, ")"),
+                           std::forward<F>(f));
   }
 
-  detail::OnednnConv2dPlan &plan(const Conv2dProblem &p) {
-    for (auto &existing : plans_) {
-      if (existing->problem() == p) {
-        return *existing;
-      }
-    }
-    if (plans_.size() == max_plans) {
-      plans_.erase(plans_.begin());
-    }
-    plans_.push_back(std::make_unique<detail::OnednnConv2dPlan>(p));
-    ++plans_created_;
-    return *plans_.back();
-  }
+  detail::OnednnConv2dPlan &plan(const Conv2dProblem &p) { return plans_.get(p); }
 
-  std::vector<std::unique_ptr<detail::OnednnConv2dPlan>> plans_;
-  std::size_t plans_created_ = 0;
+  detail::OnednnPlanCache<Conv2dProblem, detail::OnednnConv2dPlan> plans_;
   DnnReorderStats stats_;
 };
 
@@ -702,7 +728,7 @@ public:
                const Scalar *scale_shift, Scalar *y) {
     space.fence();
     guarded("forward", p, [&] {
-      current_ = &plan(p);
+      current_ = &plans_.get(p);
       current_->forward(x, scale_shift, y);
     });
   }
@@ -711,7 +737,7 @@ public:
                 const Scalar *dy, const Scalar *scale_shift, Scalar *dx) {
     space.fence();
     guarded("backward", p, [&] {
-      current_ = &plan(p);
+      current_ = &plans_.get(p);
       current_->backward(x, dy, scale_shift, dx);
     });
   }
@@ -720,38 +746,20 @@ public:
   const Scalar *variance() const { return current_->variance(); }
   /// dγ then dβ of the last backward() (2·channels floats; affine only).
   const Scalar *diff_scale_shift() const { return current_->diff_scale_shift(); }
-  std::string implementations(const BatchNormProblem &p) { return plan(p).implementations(); }
-
-  static constexpr std::size_t max_plans = 4;
+  std::string implementations(const BatchNormProblem &p) { return plans_.get(p).implementations(); }
 
 private:
   template <class F> static void guarded(const char *pass, const BatchNormProblem &p, F &&f) {
-    try {
-      f();
-    } catch (const dnnl::error &e) {
-      throw Error(kat::detail::concat("kat::BatchNormDnn::", pass, ": oneDNN failed for batch ",
-                                      p.batch, ", channels ", p.channels, ", plane ", p.plane, ": ",
-                                      e.what()));
-    }
+    detail::onednn_guarded(
+        "kat::BatchNormDnn", pass,
+        kat::detail::concat("batch ", p.batch, ", channels ", p.channels, ", plane ", p.plane),
+        std::forward<F>(f));
   }
 
-  detail::OnednnBatchNormPlan &plan(const BatchNormProblem &p) {
-    for (auto &existing : plans_) {
-      if (existing->problem() == p) {
-        return *existing;
-      }
-    }
-    if (plans_.size() == max_plans) {
-      if (current_ == plans_.front().get()) {
-        current_ = nullptr;
-      }
-      plans_.erase(plans_.begin());
-    }
-    plans_.push_back(std::make_unique<detail::OnednnBatchNormPlan>(p));
-    return *plans_.back();
-  }
-
-  std::vector<std::unique_ptr<detail::OnednnBatchNormPlan>> plans_;
+  // The plan of the last forward() or backward(): its statistics are what mean() and
+  // variance() read (a plan is dropped only when a fifth problem arrives, and then
+  // forward() sets this again before anything reads it).
+  detail::OnednnPlanCache<BatchNormProblem, detail::OnednnBatchNormPlan> plans_;
   detail::OnednnBatchNormPlan *current_ = nullptr;
 };
 
@@ -777,66 +785,31 @@ public:
   }
   std::string implementations(const Pool2dProblem &p) { return plan(p).implementations(); }
 
-  static constexpr std::size_t max_plans = 4;
-
 private:
   template <class F> static void guarded(const char *pass, const Pool2dProblem &p, F &&f) {
-    try {
-      f();
-    } catch (const dnnl::error &e) {
-      throw Error(kat::detail::concat("kat::Pool2dDnn::", pass, ": oneDNN failed for batch ",
-                                      p.batch, ", input (", p.channels, ", ", p.height, ", ",
-                                      p.width, "): ", e.what()));
-    }
+    detail::onednn_guarded("kat::Pool2dDnn", pass,
+                           kat::detail::concat("batch ", p.batch, ", input (", p.channels, ", ",
+                                               p.height, ", ", p.width, ")"),
+                           std::forward<F>(f));
   }
 
-  detail::OnednnPool2dPlan &plan(const Pool2dProblem &p) {
-    for (auto &existing : plans_) {
-      if (existing->problem() == p) {
-        return *existing;
-      }
-    }
-    if (plans_.size() == max_plans) {
-      plans_.erase(plans_.begin());
-    }
-    plans_.push_back(std::make_unique<detail::OnednnPool2dPlan>(p));
-    return *plans_.back();
-  }
+  detail::OnednnPool2dPlan &plan(const Pool2dProblem &p) { return plans_.get(p); }
 
-  std::vector<std::unique_ptr<detail::OnednnPool2dPlan>> plans_;
+  detail::OnednnPlanCache<Pool2dProblem, detail::OnednnPool2dPlan> plans_;
 };
 
 #endif // KAT_ENABLE_ONEDNN
 
-/// The member a layer keeps for the DNN dispatch: Conv2dDnn where dnn_available, an empty
-/// struct elsewhere (use it under `if constexpr (dnn_available<ExecSpace, Scalar>())`).
-template <class ExecSpace, class Scalar>
-using Conv2dDnnIfAvailable =
+/// The member a layer keeps for the DNN dispatch: Dnn<ExecSpace, Scalar> (Conv2dDnn,
+/// BatchNormDnn, Pool2dDnn) where dnn_available, an empty struct elsewhere (use it under
+/// `if constexpr (dnn_available<ExecSpace, Scalar>())`).
 #if defined(KAT_ENABLE_ONEDNN)
-    std::conditional_t<dnn_available<ExecSpace, Scalar>(), Conv2dDnn<ExecSpace, Scalar>,
-                       detail::NoDnn>;
+template <template <class, class> class Dnn, class ExecSpace, class Scalar>
+using DnnIfAvailable =
+    std::conditional_t<dnn_available<ExecSpace, Scalar>(), Dnn<ExecSpace, Scalar>, detail::NoDnn>;
 #else
-    detail::NoDnn;
-#endif
-
-/// BatchNormDnn where dnn_available, an empty struct elsewhere.
-template <class ExecSpace, class Scalar>
-using BatchNormDnnIfAvailable =
-#if defined(KAT_ENABLE_ONEDNN)
-    std::conditional_t<dnn_available<ExecSpace, Scalar>(), BatchNormDnn<ExecSpace, Scalar>,
-                       detail::NoDnn>;
-#else
-    detail::NoDnn;
-#endif
-
-/// Pool2dDnn where dnn_available, an empty struct elsewhere.
-template <class ExecSpace, class Scalar>
-using Pool2dDnnIfAvailable =
-#if defined(KAT_ENABLE_ONEDNN)
-    std::conditional_t<dnn_available<ExecSpace, Scalar>(), Pool2dDnn<ExecSpace, Scalar>,
-                       detail::NoDnn>;
-#else
-    detail::NoDnn;
+template <template <class, class> class Dnn, class ExecSpace, class Scalar>
+using DnnIfAvailable = detail::NoDnn;
 #endif
 
 } // namespace kat

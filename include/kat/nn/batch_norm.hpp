@@ -324,11 +324,7 @@ public:
     dnn_forwarded_ = false;
     forward_fused_ = this->fused_relu_;
     y_ = y;
-    if (!supports_layouts(this->in_layout_, this->out_layout_)) {
-      throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
-                                      to_string(this->out_layout_),
-                                      " set but not supported in the layer's current mode"));
-    }
+    this->require_layouts_supported(where);
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (this->in_layout_ == ActivationLayout::channels16) {
         // oneDNN's batch statistics and normalization on the blocked batch; the statistics
@@ -818,7 +814,7 @@ private:
   bool forward_fused_ = false; // whether the last forward applied the following ReLU
   matrix_type y_;              // its output (the fused ReLU's mask)
   Workspace<Scalar, MemorySpace> relu_dy_{"kat::nn::BatchNorm::relu_dy"};
-  BatchNormDnnIfAvailable<execution_space, Scalar> dnn_;
+  DnnIfAvailable<BatchNormDnn, execution_space, Scalar> dnn_;
   Workspace<Scalar, MemorySpace> dnn_dx_{"kat::nn::BatchNorm::dnn_dx"};
   matrix_type stats_view_, coefficients_view_;
 };

@@ -538,11 +538,7 @@ public:
     forward_layouts_ = {this->in_layout_, this->out_layout_};
     forward_fused_ = this->fused_relu_;
     y_ = y;
-    if (!supports_layouts(this->in_layout_, this->out_layout_)) {
-      throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
-                                      to_string(this->out_layout_),
-                                      " set but not supported in the layer's current mode"));
-    }
+    this->require_layouts_supported(where);
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (dnn_for(this->in_layout_, this->out_layout_)) { // (fused ReLUs take this path)
         dnn_.forward(space, dnn_problem(), x.data(), weight_.data(),
@@ -964,7 +960,7 @@ private:
   std::array<ActivationLayout, 2> forward_layouts_{ActivationLayout::features,
                                                    ActivationLayout::features};
   Conv2dBackend backend_ = Conv2dBackend::automatic;
-  Conv2dDnnIfAvailable<execution_space, Scalar> dnn_;
+  DnnIfAvailable<Conv2dDnn, execution_space, Scalar> dnn_;
   // The chunk [p0, p1) whose patch block patches_ holds (at data): what the last pass left
   // there, so the next one need not rebuild it.
   KeptChunk kept_;

@@ -230,6 +230,17 @@ public:
   /// @}
 
 protected:
+  /// For forward(): throws Error(where + ": layouts <in> -> <out> set but not supported in
+  /// the layer's current mode") when set_layouts() chose a pair the layer's mode no longer
+  /// supports (a mode changed since).
+  void require_layouts_supported(const std::string &where) const {
+    if (!supports_layouts(in_layout_, out_layout_)) {
+      throw Error(kat::detail::concat(where, ": layouts ", to_string(in_layout_), " -> ",
+                                      to_string(out_layout_),
+                                      " set but not supported in the layer's current mode"));
+    }
+  }
+
   bool training_ = true;
   bool recording_ = false;
   bool accumulate_ = true;

@@ -169,11 +169,7 @@ protected:
     kat::detail::require_extent(where.c_str(), "x columns", geometry_.in_size(), x.extent(1));
     kat::detail::require_extent(where.c_str(), "y rows", x.extent(0), y.extent(0));
     kat::detail::require_extent(where.c_str(), "y columns", geometry_.out_size(), y.extent(1));
-    if (!supports_layouts(this->in_layout_, this->out_layout_)) {
-      throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
-                                      to_string(this->out_layout_),
-                                      " set but not supported in the layer's current mode"));
-    }
+    this->require_layouts_supported(where);
     forward_geometry_ = geometry_;
     batch_ = x.extent(0);
     forwarded_ = true;
@@ -274,7 +270,7 @@ protected:
   bool dnn_forwarded_ = false;
   bool direction_bound_ = false;
   Pool2dProblem dnn_problem_;
-  Pool2dDnnIfAvailable<execution_space, Scalar> dnn_;
+  DnnIfAvailable<Pool2dDnn, execution_space, Scalar> dnn_;
 };
 
 } // namespace detail

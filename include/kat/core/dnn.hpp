@@ -630,8 +630,10 @@ void onednn_guarded(const char *who, const char *pass, const std::string &what, 
 
 #endif // KAT_ENABLE_ONEDNN
 
-/// What a layer holds where no DNN library serves its space: nothing.
-struct NoDnn {};
+/// What a layer holds where no DNN library serves its space: nothing. A template, so that a
+/// member of this type is dependent and the calls under `if constexpr (dnn_available<...>())`
+/// are checked only where they are instantiated (Clang checks non-dependent ones anyway).
+template <class ExecSpace, class Scalar> struct NoDnn {};
 
 } // namespace detail
 
@@ -805,11 +807,11 @@ private:
 /// `if constexpr (dnn_available<ExecSpace, Scalar>())`).
 #if defined(KAT_ENABLE_ONEDNN)
 template <template <class, class> class Dnn, class ExecSpace, class Scalar>
-using DnnIfAvailable =
-    std::conditional_t<dnn_available<ExecSpace, Scalar>(), Dnn<ExecSpace, Scalar>, detail::NoDnn>;
+using DnnIfAvailable = std::conditional_t<dnn_available<ExecSpace, Scalar>(),
+                                          Dnn<ExecSpace, Scalar>, detail::NoDnn<ExecSpace, Scalar>>;
 #else
 template <template <class, class> class Dnn, class ExecSpace, class Scalar>
-using DnnIfAvailable = detail::NoDnn;
+using DnnIfAvailable = detail::NoDnn<ExecSpace, Scalar>;
 #endif
 
 } // namespace kat

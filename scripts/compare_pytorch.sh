@@ -37,6 +37,7 @@ for model in ${KAT_MODELS:-mlp cnn resnet}; do
   subset=$(tr ' ' '\n' <<<"$subsets" | awk -F: -v m="$model" '$1 == m { print $2 }')
   subset=${subset:-0}
   common=(--model "$model" --epochs "$epochs" --batch-size 128 --lr 0.05 --train-subset "$subset")
+  rm -f "$out/$model"-kat-*.txt "$out/$model"-torch-*.txt # this invocation's runs only
   for r in $(seq "$rounds"); do
     env "${kat_env[@]}" "$build/examples/kat_train" "${common[@]}" --momentum 0.9 --seed "$r" \
       --data-dir "$data" --progress never --metrics "$out/$model-kat-$r.csv" >/dev/null

@@ -157,8 +157,24 @@ inline dnnl::memory::desc onednn_weight_desc(int out, int in, int kh, int kw) {
                             dnnl::memory::dims{1, o * h * w, o, o * h});
 }
 
+/// A oneDNN memory over a KAT buffer (no copy).
+inline dnnl::memory onednn_wrap(const dnnl::memory::desc &desc, const float *data) {
+  return dnnl::memory(desc, onednn_engine(), const_cast<float *>(data));
+}
+
+/// Attributes that make a primitive add to its destination (post-op sum, scale 1).
+inline dnnl::primitive_attr onednn_accumulate_attr() {
+  dnnl::post_ops ops;
+  ops.append_sum(1.0f);
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(ops);
+  return attr;
+}
+
 /// A memory in the layout a primitive chose, with a reorder from (or to) KAT's layout when
-/// the two differ, and whether it currently holds a given source.
+/// the two differ, and whether it currently holds a given source. An output that adds to KAT's
+/// buffer (`accumulate_outbound`) is always staged: the primitive writes the staged copy and
+/// the reorder out adds it.
 struct OnednnStaged {
   dnnl::memory::desc kat_desc;  // KAT's layout
   dnnl::memory::desc want_desc; // the primitive's
@@ -170,7 +186,7 @@ struct OnednnStaged {
   OnednnStaged() = default;
   OnednnStaged(const dnnl::memory::desc &kat, const dnnl::memory::desc &want, bool inbound,
                bool outbound, bool accumulate_outbound = false)
-      : kat_desc(kat), want_desc(want), in_kat_layout(kat == want) {
+      : kat_desc(kat), want_desc(want), in_kat_layout(kat == want && !accumulate_outbound) {
     const dnnl::engine &eng = onednn_engine();
     if (in_kat_layout) {
       return;
@@ -180,12 +196,8 @@ struct OnednnStaged {
       to_staged = dnnl::reorder(dnnl::reorder::primitive_desc(eng, kat, eng, want));
     }
     if (outbound) {
-      dnnl::primitive_attr attr;
-      if (accumulate_outbound) {
-        dnnl::post_ops ops;
-        ops.append_sum(1.0f);
-        attr.set_post_ops(ops);
-      }
+      const dnnl::primitive_attr attr =
+          accumulate_outbound ? onednn_accumulate_attr() : dnnl::primitive_attr();
       from_staged = dnnl::reorder(dnnl::reorder::primitive_desc(eng, want, eng, kat, attr));
     }
   }
@@ -273,23 +285,10 @@ public:
     dx_bwd_ = OnednnStaged(x_kat, bwd_data_pd_.diff_src_desc(), false, true);
     dw_set_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, true, false);
     dw_add_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, true, true);
-    if (dw_add_.in_kat_layout) { // accumulation always goes through a staged copy
-      dw_add_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, false);
-      dw_add_.staged = memory(w_kat, eng);
-      dw_add_.in_kat_layout = false;
-      dnnl::primitive_attr attr;
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
-      dw_add_.from_staged = reorder(reorder::primitive_desc(eng, w_kat, eng, w_kat, attr));
-    }
     if (p.bias) {
       db_staged_ = memory(b_desc, eng);
-      dnnl::primitive_attr attr;
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
-      db_add_ = reorder(reorder::primitive_desc(eng, b_desc, eng, b_desc, attr));
+      db_add_ =
+          reorder(reorder::primitive_desc(eng, b_desc, eng, b_desc, onednn_accumulate_attr()));
     }
   }
 
@@ -310,13 +309,13 @@ public:
     }
     memory x_mem = stage_in(x_fwd_, x, stats);
     memory w_mem = stage_in(w_fwd_, w, stats);
-    memory y_mem = y_fwd_.in_kat_layout ? wrap(y_fwd_.kat_desc, y) : y_fwd_.staged;
+    memory y_mem = y_fwd_.in_kat_layout ? onednn_wrap(y_fwd_.kat_desc, y) : y_fwd_.staged;
     {
       ScopedRegion region("kat::dnn::conv2d_forward");
       std::unordered_map<int, memory> args{
           {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_DST, y_mem}};
       if (problem_.bias) {
-        args.insert({DNNL_ARG_BIAS, wrap(fwd_pd_.bias_desc(), b)});
+        args.insert({DNNL_ARG_BIAS, onednn_wrap(fwd_pd_.bias_desc(), b)});
       }
       fwd_.execute(stream_, args);
       stream_.wait();
@@ -340,21 +339,22 @@ public:
       memory x_mem = stage_in(x_bwd_, x, stats);
       memory dy_mem = stage_in(dy_bwd_w_, dy, stats);
       OnednnStaged &dw_target = accumulate ? dw_add_ : dw_set_;
-      memory dw_mem = dw_target.in_kat_layout ? wrap(dw_target.kat_desc, dw) : dw_target.staged;
+      memory dw_mem =
+          dw_target.in_kat_layout ? onednn_wrap(dw_target.kat_desc, dw) : dw_target.staged;
       {
         ScopedRegion region("kat::dnn::conv2d_backward_weights");
         std::unordered_map<int, memory> args{
             {DNNL_ARG_SRC, x_mem}, {DNNL_ARG_DIFF_DST, dy_mem}, {DNNL_ARG_DIFF_WEIGHTS, dw_mem}};
         if (problem_.bias) {
-          args.insert(
-              {DNNL_ARG_DIFF_BIAS, accumulate ? db_staged_ : wrap(db_staged_.get_desc(), db)});
+          args.insert({DNNL_ARG_DIFF_BIAS,
+                       accumulate ? db_staged_ : onednn_wrap(db_staged_.get_desc(), db)});
         }
         bwd_weights_.execute(stream_, args);
         stream_.wait();
       }
       stage_out(dw_target, dw, stats);
       if (problem_.bias && accumulate) {
-        memory db_mem = wrap(db_staged_.get_desc(), db);
+        memory db_mem = onednn_wrap(db_staged_.get_desc(), db);
         db_add_.execute(stream_, db_staged_, db_mem);
         stream_.wait();
       }
@@ -370,7 +370,7 @@ public:
       // forward().
       w_bwd_.holds = nullptr;
       memory w_mem = stage_in(w_bwd_, w, stats);
-      memory dx_mem = dx_bwd_.in_kat_layout ? wrap(dx_bwd_.kat_desc, dx) : dx_bwd_.staged;
+      memory dx_mem = dx_bwd_.in_kat_layout ? onednn_wrap(dx_bwd_.kat_desc, dx) : dx_bwd_.staged;
       {
         ScopedRegion region("kat::dnn::conv2d_backward_data");
         bwd_data_.execute(
@@ -383,19 +383,15 @@ public:
   }
 
 private:
-  static dnnl::memory wrap(const dnnl::memory::desc &desc, const float *data) {
-    return dnnl::memory(desc, onednn_engine(), const_cast<float *>(data));
-  }
-
   /// The operand `data` (in KAT's layout) as the primitive wants it: wrapped when the layouts
   /// agree, otherwise reordered into the staged buffer unless it already mirrors `data`
   /// (within one forward/backward; forward() and backward() forget what was staged before).
   dnnl::memory stage_in(OnednnStaged &s, const float *data, DnnReorderStats &stats) {
     if (s.in_kat_layout) {
-      return wrap(s.kat_desc, data);
+      return onednn_wrap(s.kat_desc, data);
     }
     if (s.holds != data) {
-      dnnl::memory src = wrap(s.kat_desc, data);
+      dnnl::memory src = onednn_wrap(s.kat_desc, data);
       onednn_run_reorder("kat::dnn::reorder_in", stream_, s.to_staged, src, s.staged, stats);
       s.holds = data;
     }
@@ -406,7 +402,7 @@ private:
     if (s.in_kat_layout) {
       return;
     }
-    dnnl::memory dst = wrap(s.kat_desc, data);
+    dnnl::memory dst = onednn_wrap(s.kat_desc, data);
     onednn_run_reorder("kat::dnn::reorder_out", stream_, s.from_staged, s.staged, dst, stats);
   }
 
@@ -470,12 +466,12 @@ public:
   void forward(const float *x, const float *scale_shift, float *y) {
     using namespace dnnl;
     ScopedRegion region("kat::dnn::batch_norm_forward");
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(data_, x)},
-                                         {DNNL_ARG_DST, wrap(data_, y)},
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, onednn_wrap(data_, x)},
+                                         {DNNL_ARG_DST, onednn_wrap(data_, y)},
                                          {DNNL_ARG_MEAN, mean_},
                                          {DNNL_ARG_VARIANCE, variance_}};
     if (problem_.affine) {
-      args.insert({DNNL_ARG_SCALE_SHIFT, wrap(fwd_pd_.weights_desc(), scale_shift)});
+      args.insert({DNNL_ARG_SCALE_SHIFT, onednn_wrap(fwd_pd_.weights_desc(), scale_shift)});
     }
     if (problem_.relu) {
       args.insert({DNNL_ARG_WORKSPACE, workspace_});
@@ -487,13 +483,13 @@ public:
   void backward(const float *x, const float *dy, const float *scale_shift, float *dx) {
     using namespace dnnl;
     ScopedRegion region("kat::dnn::batch_norm_backward");
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(data_, x)},
-                                         {DNNL_ARG_DIFF_DST, wrap(data_, dy)},
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, onednn_wrap(data_, x)},
+                                         {DNNL_ARG_DIFF_DST, onednn_wrap(data_, dy)},
                                          {DNNL_ARG_MEAN, mean_},
                                          {DNNL_ARG_VARIANCE, variance_},
-                                         {DNNL_ARG_DIFF_SRC, wrap(data_, dx)}};
+                                         {DNNL_ARG_DIFF_SRC, onednn_wrap(data_, dx)}};
     if (problem_.affine) {
-      args.insert({DNNL_ARG_SCALE_SHIFT, wrap(bwd_pd_.weights_desc(), scale_shift)});
+      args.insert({DNNL_ARG_SCALE_SHIFT, onednn_wrap(bwd_pd_.weights_desc(), scale_shift)});
       args.insert({DNNL_ARG_DIFF_SCALE_SHIFT, diff_scale_shift_});
     }
     if (problem_.relu) {
@@ -504,10 +500,6 @@ public:
   }
 
 private:
-  static dnnl::memory wrap(const dnnl::memory::desc &desc, const float *data) {
-    return dnnl::memory(desc, onednn_engine(), const_cast<float *>(data));
-  }
-
   BatchNormProblem problem_;
   dnnl::stream stream_;
   dnnl::memory::desc data_;
@@ -555,8 +547,8 @@ public:
 
   void forward(const float *x, float *y) {
     ScopedRegion region("kat::dnn::pool2d_forward");
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, wrap(src_, x)},
-                                               {DNNL_ARG_DST, wrap(dst_, y)}};
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, onednn_wrap(src_, x)},
+                                               {DNNL_ARG_DST, onednn_wrap(dst_, y)}};
     if (workspace_) {
       args.insert({DNNL_ARG_WORKSPACE, workspace_});
     }
@@ -566,8 +558,8 @@ public:
 
   void backward(const float *dy, float *dx) {
     ScopedRegion region("kat::dnn::pool2d_backward");
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, wrap(dst_, dy)},
-                                               {DNNL_ARG_DIFF_SRC, wrap(src_, dx)}};
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, onednn_wrap(dst_, dy)},
+                                               {DNNL_ARG_DIFF_SRC, onednn_wrap(src_, dx)}};
     if (workspace_) {
       args.insert({DNNL_ARG_WORKSPACE, workspace_});
     }
@@ -576,10 +568,6 @@ public:
   }
 
 private:
-  static dnnl::memory wrap(const dnnl::memory::desc &desc, const float *data) {
-    return dnnl::memory(desc, onednn_engine(), const_cast<float *>(data));
-  }
-
   Pool2dProblem problem_;
   dnnl::stream stream_;
   dnnl::memory::desc src_, dst_;

@@ -6,6 +6,7 @@
 #include "kat/core/math.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -89,6 +90,33 @@ void relu_mask(const ExecSpace &space, const MatrixView &y, const MatrixView &dy
         op[i] = yp[i] > value(0) ? d : value(0);
       });
 }
+
+/// The backward of a ReLU that a layer applies to its own output (Layer::can_fuse_relu): the
+/// layer remembers its output y in forward(), and mask() gives dy where y > 0, 0 elsewhere, in
+/// a workspace of its own, for the layer's own backward to take instead of dy.
+template <class Scalar, class MemorySpace> class FusedReluBackward {
+public:
+  using matrix_type = Matrix<Scalar, MemorySpace>;
+
+  /// @param region  the profiling region of mask(), also the workspace's label
+  explicit FusedReluBackward(const char *region) : region_(region), masked_(region) {}
+
+  void remember(const matrix_type &y) { y_ = y; }
+
+  template <class ExecSpace> matrix_type mask(const ExecSpace &space, const matrix_type &dy) {
+    ScopedRegion region(region_);
+    const matrix_type masked = masked_.matrix(dy.extent(0), dy.extent(1));
+    relu_mask(space, y_, dy, masked);
+    return masked;
+  }
+
+  std::size_t allocations() const { return masked_.allocations(); }
+
+private:
+  const char *region_;
+  Workspace<Scalar, MemorySpace> masked_;
+  matrix_type y_;
+};
 
 } // namespace detail
 

@@ -323,7 +323,7 @@ public:
     const Scalar *xp = x.data();
     dnn_forwarded_ = false;
     forward_fused_ = this->fused_relu_;
-    y_ = y;
+    relu_.remember(y);
     this->require_layouts_supported(where);
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (this->in_layout_ == ActivationLayout::channels16) {
@@ -510,12 +510,7 @@ public:
       // The fused ReLU's backward: dy where y > 0, 0 elsewhere, in one vectorized pass. (Inside
       // the reductions below the select compiles to a branch that mispredicts half the time on
       // a CPU, since they sum in scalar partial sums: 12x slower than this extra pass.)
-      const matrix_type masked = relu_dy_.matrix(n, cols);
-      {
-        ScopedRegion phase("kat::nn::BatchNorm::relu_backward");
-        detail::relu_mask(space, y_, dy, masked);
-      }
-      dyp = masked.data();
+      dyp = relu_.mask(space, dy).data(); // valid until the next backward
     }
     {
       ScopedRegion phase("kat::nn::BatchNorm::backward_sums");
@@ -812,8 +807,7 @@ private:
   BatchNormProblem dnn_problem_;
   bool dnn_forwarded_ = false;
   bool forward_fused_ = false; // whether the last forward applied the following ReLU
-  matrix_type y_;              // its output (the fused ReLU's mask)
-  Workspace<Scalar, MemorySpace> relu_dy_{"kat::nn::BatchNorm::relu_dy"};
+  detail::FusedReluBackward<Scalar, MemorySpace> relu_{"kat::nn::BatchNorm::relu_backward"};
   DnnIfAvailable<BatchNormDnn, execution_space, Scalar> dnn_;
   Workspace<Scalar, MemorySpace> dnn_dx_{"kat::nn::BatchNorm::dnn_dx"};
   matrix_type stats_view_, coefficients_view_;

@@ -537,7 +537,7 @@ public:
     }
     forward_layouts_ = {this->in_layout_, this->out_layout_};
     forward_fused_ = this->fused_relu_;
-    y_ = y;
+    relu_.remember(y);
     this->require_layouts_supported(where);
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (dnn_for(this->in_layout_, this->out_layout_)) { // (fused ReLUs take this path)
@@ -603,12 +603,8 @@ public:
     const bool want_dw = this->parameter_gradients_;
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (dnn_forwarded_) {
-        const Scalar *g = dy.data();
-        if (forward_fused_) { // the fused ReLU's backward first
-          const matrix_type masked = relu_dy_.matrix(dy.extent(0), dy.extent(1));
-          detail::relu_mask(space, y_, dy, masked);
-          g = masked.data();
-        }
+        // The fused ReLU's backward first.
+        const Scalar *g = forward_fused_ ? relu_.mask(space, dy).data() : dy.data();
         dnn_.backward(space, dnn_problem(), x_.data(), g, weight_.data(),
                       want_dx ? dx.data() : nullptr, want_dw ? grad_weight_.data() : nullptr,
                       bias_ ? grad_bias_.data() : nullptr, accumulate);
@@ -955,8 +951,7 @@ private:
   bool full_ = false;          // whether the last forward built the whole P (recording)
   bool dnn_forwarded_ = false; // whether the last forward ran through the DNN library
   bool forward_fused_ = false; // whether it applied the following ReLU
-  matrix_type y_;              // its output (the fused ReLU's mask)
-  Workspace<Scalar, MemorySpace> relu_dy_{"kat::nn::Conv2d::relu_dy"};
+  detail::FusedReluBackward<Scalar, MemorySpace> relu_{"kat::nn::Conv2d::relu_backward"};
   std::array<ActivationLayout, 2> forward_layouts_{ActivationLayout::features,
                                                    ActivationLayout::features};
   Conv2dBackend backend_ = Conv2dBackend::automatic;

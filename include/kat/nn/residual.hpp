@@ -148,7 +148,7 @@ public:
     kat::detail::require_extent("kat::nn::Residual::forward", "y columns", fx.extent(1),
                                 y.extent(1));
     forward_fused_ = this->fused_relu_;
-    y_ = y;
+    relu_.remember(y);
     detail::elementwise_add(space, fx, sx, y, forward_fused_);
   }
 
@@ -158,12 +158,7 @@ public:
     const bool acc = this->accumulate_;
     if (forward_fused_) {
       // The fused ReLU's backward: dy where y > 0, 0 elsewhere, for both branches.
-      const matrix_type masked = mask_ws_.matrix(dy.extent(0), dy.extent(1));
-      {
-        ScopedRegion mask_region("kat::nn::Residual::relu_backward");
-        detail::relu_mask(space, y_, dy, masked);
-      }
-      backward_branches(space, masked, dx, acc);
+      backward_branches(space, relu_.mask(space, dy), dx, acc);
       return;
     }
     backward_branches(space, dy, dx, acc);
@@ -320,7 +315,7 @@ public:
   /// (Re)allocations of the block's own workspaces so far.
   std::size_t workspace_allocations() const {
     return body_.workspace_allocations() + shortcut_.workspace_allocations() +
-           sum_ws_.allocations() + r_sum_ws_.allocations() + mask_ws_.allocations();
+           sum_ws_.allocations() + r_sum_ws_.allocations() + relu_.allocations();
   }
 
 private:
@@ -347,8 +342,7 @@ private:
   FeatureShape input_;
   detail::LayerChain<Scalar, MemorySpace> body_, shortcut_;
   Workspace<Scalar, MemorySpace> sum_ws_, r_sum_ws_;
-  Workspace<Scalar, MemorySpace> mask_ws_{"kat::nn::Residual::masked_dy"};
-  matrix_type y_;              // the last forward's output (the fused ReLU's mask)
+  detail::FusedReluBackward<Scalar, MemorySpace> relu_{"kat::nn::Residual::relu_backward"};
   bool forward_fused_ = false; // whether the last forward applied the following ReLU
   bool direction_bound_ = false;
 };

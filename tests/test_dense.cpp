@@ -1,4 +1,5 @@
 #include "layer_check.hpp"
+#include "r_operator_check.hpp"
 #include "test_helpers.hpp"
 
 #include <kat/core/parameter_buffer.hpp>
@@ -113,6 +114,87 @@ TEST_CASE("dense: bad arguments name the argument and values", "[dense][errors]"
   auto buffer = bind_fresh<float>(layer, 1);
   Matrix<float, Mem> x("x", 3, 5), y("y", 3, 2);
   CHECK_THROWS_AS(layer.forward(Space(), x, y), ShapeError);
+}
+
+TEST_CASE("dense: per position applies the same weights to every position of every sample",
+          "[dense][per_position]") {
+  // {in = 3, H = 2, W = 3}: six positions; feature index h + H (w + W c) (kat::FeatureShape).
+  const FeatureShape in{3, 2, 3};
+  const int n = 4, positions = 6, out = 5;
+  nn::Dense<double, Mem> layer(3, out, true, nn::DenseInput::per_position);
+  CHECK(layer.output_shape(in) == FeatureShape{out, 2, 3});
+  auto buffer = bind_fresh<double>(layer, 17);
+  auto x = random_matrix<double>(n, in.size(), 18);
+  Matrix<double, Mem> y("y", n, out * positions);
+  layer.forward(Space(), x, y);
+  auto xh = to_host(x);
+  auto yh = to_host(y);
+  auto wh = to_host(layer.weight());
+  auto bh = to_host(layer.bias());
+  for (int i = 0; i < n; ++i)
+    for (int p = 0; p < positions; ++p)
+      for (int o = 0; o < out; ++o) {
+        double ref = bh(o);
+        for (int c = 0; c < 3; ++c)
+          ref += wh(o, c) * xh(i, p + positions * c);
+        CHECK(yh(i, p + positions * o) == Approx(ref).epsilon(1e-13));
+      }
+}
+
+TEST_CASE("dense: per position gradients and R-operator equal finite differences",
+          "[dense][per_position][gradcheck]") {
+  SECTION("with bias") {
+    nn::Dense<double, Mem> layer(4, 3, true, nn::DenseInput::per_position);
+    check_layer_gradients(layer, FeatureShape{4, 3, 2}, 3, 31);
+    check_layer_r_operator(layer, FeatureShape{4, 3, 2}, 3, 32);
+  }
+  SECTION("without bias while recording curvature") {
+    nn::Dense<double, Mem> layer(2, 5, false, nn::DenseInput::per_position);
+    layer.record_curvature(true);
+    check_layer_gradients(layer, FeatureShape{2, 5, 1}, 2, 33);
+  }
+}
+
+TEST_CASE("dense: per position records N times P rows and N samples for K-FAC",
+          "[dense][per_position][curvature]") {
+  nn::Dense<double, Mem> layer(3, 2, true, nn::DenseInput::per_position);
+  auto buffer = bind_fresh<double>(layer, 3);
+  layer.record_curvature(true);
+  const int n = 2, positions = 4;
+  auto x = random_matrix<double>(n, 3 * positions, 5);
+  auto dy = random_matrix<double>(n, 2 * positions, 6);
+  Matrix<double, Mem> y("y", n, 2 * positions);
+  layer.forward(Space(), x, y);
+  layer.backward(Space(), dy, Matrix<double, Mem>());
+  const auto rec = layer.curvature();
+  CHECK(rec.samples == std::size_t(n));
+  REQUIRE(rec.a.extent(0) == std::size_t(n * positions));
+  REQUIRE(rec.g.extent(0) == std::size_t(n * positions));
+  auto ah = to_host(rec.a);
+  auto xh = to_host(x);
+  auto gh = to_host(rec.g);
+  auto dyh = to_host(dy);
+  for (int i = 0; i < n; ++i)
+    for (int p = 0; p < positions; ++p) {
+      for (int c = 0; c < 3; ++c)
+        CHECK(ah(i + n * p, c) == xh(i, p + positions * c));
+      CHECK(ah(i + n * p, 3) == 1.0);
+      for (int o = 0; o < 2; ++o)
+        CHECK(gh(i + n * p, o) == dyh(i, p + positions * o));
+    }
+}
+
+TEST_CASE("dense: per position refuses inputs whose channels are not in_features",
+          "[dense][per_position][errors]") {
+  nn::Dense<double, Mem> layer(3, 2, true, nn::DenseInput::per_position);
+  CHECK_THROWS_WITH(layer.output_shape(FeatureShape{4, 2, 2}), Catch::Contains("input channels") &&
+                                                                   Catch::Contains("3") &&
+                                                                   Catch::Contains("4"));
+  auto buffer = bind_fresh<double>(layer, 3);
+  Matrix<double, Mem> x("x", 2, 7), y("y", 2, 4);
+  CHECK_THROWS_WITH(layer.forward(Space(), x, y),
+                    Catch::Contains("x columns must be a positive multiple of 3") &&
+                        Catch::Contains("got 7"));
 }
 
 } // namespace test_dense

@@ -100,7 +100,24 @@ std::size_t count_active(const ExecSpace &space, const Mask &m) {
 
 } // namespace detail
 
+/// What a Dense layer multiplies: the whole sample, or each position of it.
+enum class DenseInput {
+  /// The sample's features, flattened: input shape of size `in`, output `{out}`.
+  flattened,
+  /// Each position (token) on its own, as PyTorch's nn.Linear over the last dimension and the
+  /// position-wise layers of a transformer (Vaswani et al. 2017, sec. 3.3): input `{in, H, W}`,
+  /// output `{out, H, W}`; the N x in·P batch is the (N·P) x in matrix of its rows
+  /// (kat::FeatureShape's index order), so each product is still one GEMM.
+  per_position
+};
+
 /// Fully connected (Linear) layer: y = x Wᵀ + b, x: N x in, W: out x in, b: out, y: N x out.
+///
+/// With DenseInput::per_position the same applies to each of the P = H·W positions of an
+/// `{in, H, W}` input: the N x in·P batch matrix is read as the (N·P) x in matrix whose row
+/// n + N·p is position p of sample n (the memory order of kat::FeatureShape), so forward and
+/// backward are each one GEMM over N·P rows. K-FAC then sees a = [x 1] with N·P rows and
+/// samples = N, as for a convolution (Grosse & Martens 2016).
 ///
 /// W and b are stored back to back in the flat parameter buffer, W column-major, so [W b] is
 /// one out x (in+1) column-major matrix — the gradient matrix K-FAC preconditions
@@ -127,9 +144,11 @@ public:
   using typename base::execution_space;
   using typename base::matrix_type;
 
+  /// @param input  DenseInput::flattened (the whole sample) or DenseInput::per_position
   /// @throws ValueError if either size is 0.
-  Dense(std::size_t in_features, std::size_t out_features, bool bias = true)
-      : in_(in_features), out_(out_features), bias_(bias), a_("kat::nn::Dense::a"),
+  Dense(std::size_t in_features, std::size_t out_features, bool bias = true,
+        DenseInput input = DenseInput::flattened)
+      : in_(in_features), out_(out_features), bias_(bias), input_(input), a_("kat::nn::Dense::a"),
         grad_scratch_("kat::nn::Dense::masked_gradient") {
     if (in_ == 0 || out_ == 0) {
       throw ValueError(kat::detail::concat("kat::nn::Dense: in_features and out_features must be "
@@ -142,8 +161,18 @@ public:
   std::size_t in_features() const { return in_; }
   std::size_t out_features() const { return out_; }
   bool has_bias() const { return bias_; }
+  DenseInput input_kind() const { return input_; }
+  bool per_position() const { return input_ == DenseInput::per_position; }
 
+  /// flattened: `{out}` for an input of size in_features; per_position: `{out, H, W}` for an
+  /// input `{in_features, H, W}`.
+  /// @throws ShapeError otherwise.
   FeatureShape output_shape(const FeatureShape &input) const override {
+    if (per_position()) {
+      kat::detail::require_extent("kat::nn::Dense (per position)", "input channels", in_,
+                                  static_cast<std::size_t>(input.channels));
+      return FeatureShape{static_cast<int>(out_), input.height, input.width};
+    }
     kat::detail::require_extent("kat::nn::Dense", "input features", in_, input.size());
     return FeatureShape{static_cast<int>(out_)};
   }
@@ -296,8 +325,12 @@ public:
 
   /// @}
 
-  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+  void forward(const execution_space &space, const matrix_type &x_in,
+               const matrix_type &y_in) override {
     ScopedRegion region("kat::nn::Dense::forward");
+    samples_ = x_in.extent(0);
+    const matrix_type x = rows(x_in, in_, "forward", "x");
+    const matrix_type y = rows(y_in, out_, "forward", "y");
     const std::size_t n = x.extent(0);
     kat::detail::require_extent("kat::nn::Dense::forward", "x columns", in_, x.extent(1));
     kat::detail::require_extent("kat::nn::Dense::forward", "y rows", n, y.extent(0));
@@ -339,9 +372,11 @@ public:
         KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) += b(j); });
   }
 
-  void backward(const execution_space &space, const matrix_type &dy,
-                const matrix_type &dx) override {
+  void backward(const execution_space &space, const matrix_type &dy_in,
+                const matrix_type &dx_in) override {
     ScopedRegion region("kat::nn::Dense::backward");
+    const matrix_type dy = rows(dy_in, out_, "backward", "dy");
+    const matrix_type dx = rows(dx_in, in_, "backward", "dx");
     const std::size_t n = x_.extent(0);
     kat::detail::require_extent("kat::nn::Dense::backward", "dy rows", n, dy.extent(0));
     kat::detail::require_extent("kat::nn::Dense::backward", "dy columns", out_, dy.extent(1));
@@ -404,7 +439,7 @@ public:
 
   bool supports_curvature() const override { return true; }
   CurvatureRecord<Scalar, MemorySpace> curvature() const override {
-    return {a_view_, g_, grad_weight_bias_, weight_bias_, x_.extent(0)};
+    return {a_view_, g_, grad_weight_bias_, weight_bias_, samples_};
   }
 
   /// R-operator (see Layer): R{y} = R{x} Wᵀ + x Vᵀ + v_b for the direction [V v_b];
@@ -423,9 +458,11 @@ public:
     }
   }
 
-  void forward_r(const execution_space &space, const matrix_type &rx,
-                 const matrix_type &ry) override {
+  void forward_r(const execution_space &space, const matrix_type &rx_in,
+                 const matrix_type &ry_in) override {
     ScopedRegion region("kat::nn::Dense::forward_r");
+    const matrix_type rx = rows(rx_in, in_, "forward_r", "rx");
+    const matrix_type ry = rows(ry_in, out_, "forward_r", "ry");
     const std::size_t n = x_.extent(0);
     require_direction("forward_r");
     kat::detail::require_extent("kat::nn::Dense::forward_r", "ry rows", n, ry.extent(0));
@@ -445,9 +482,12 @@ public:
     }
   }
 
-  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
-                  const matrix_type &rdx) override {
+  void backward_r(const execution_space &space, const matrix_type &dy_in, const matrix_type &rdy_in,
+                  const matrix_type &rdx_in) override {
     ScopedRegion region("kat::nn::Dense::backward_r");
+    const matrix_type dy = rows(dy_in, out_, "backward_r", "dy");
+    const matrix_type rdy = rows(rdy_in, out_, "backward_r", "rdy");
+    const matrix_type rdx = rows(rdx_in, in_, "backward_r", "rdx");
     const std::size_t n = x_.extent(0);
     require_direction("backward_r");
     kat::detail::require_extent("kat::nn::Dense::backward_r", "dy rows", n, dy.extent(0));
@@ -482,6 +522,27 @@ public:
   }
 
 private:
+  /// per_position: the N x cols·P matrix m as the (N·P) x cols matrix of its rows (the same
+  /// memory); flattened, or m of extent 0: m itself.
+  /// @throws ShapeError if cols does not divide m's columns or m is not contiguous.
+  matrix_type rows(const matrix_type &m, std::size_t cols, const char *what,
+                   const char *arg) const {
+    if (!per_position() || m.extent(0) == 0) {
+      return m;
+    }
+    if (m.extent(1) % cols != 0 || m.extent(1) == 0) {
+      throw ShapeError(kat::detail::concat("kat::nn::Dense::", what, ": ", arg,
+                                           " columns must be a positive multiple of ", cols,
+                                           " (features per position), got ", m.extent(1)));
+    }
+    if (m.extent(1) > 1 && m.stride(1) != m.extent(0)) {
+      throw ShapeError(kat::detail::concat("kat::nn::Dense::", what, ": ", arg,
+                                           " must be contiguous (column stride ", m.extent(0),
+                                           "), got column stride ", m.stride(1)));
+    }
+    return matrix_type(m.data(), m.extent(0) * (m.extent(1) / cols), cols);
+  }
+
   void require_direction(const char *what) const {
     if (v_weight_.extent(0) == 0) {
       throw Error(
@@ -512,6 +573,8 @@ private:
 
   std::size_t in_, out_;
   bool bias_;
+  DenseInput input_;
+  std::size_t samples_ = 0; // N of the last forward (rows of x_ are N·P per position)
   matrix_type weight_bias_, grad_weight_bias_, weight_, grad_weight_;
   Vector<Scalar, MemorySpace> bias_view_, grad_bias_;
   matrix_type x_;

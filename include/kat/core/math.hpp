@@ -10,6 +10,8 @@
 namespace kat::math {
 
 #if KOKKOS_VERSION >= 30700
+using Kokkos::erf;
+using Kokkos::erfc;
 using Kokkos::exp;
 using Kokkos::fabs;
 using Kokkos::isfinite;
@@ -17,6 +19,8 @@ using Kokkos::log;
 using Kokkos::sqrt;
 using Kokkos::tanh;
 #else
+using Kokkos::Experimental::erf;
+using Kokkos::Experimental::erfc;
 using Kokkos::Experimental::exp;
 using Kokkos::Experimental::fabs;
 using Kokkos::Experimental::isfinite;

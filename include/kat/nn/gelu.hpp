@@ -1,0 +1,183 @@
+#pragma once
+/// @file
+/// @brief GELU activation, the exact form x·Φ(x).
+
+#include "kat/core/error.hpp"
+#include "kat/core/math.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/nn/layer.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <string>
+
+namespace kat::nn {
+
+namespace detail {
+
+/// GELU and its first two derivatives at x, from Φ(x) = (1 + erf(x/√2))/2 and
+/// φ(x) = exp(−x²/2)/√(2π):
+///   f = x Φ,  f' = Φ + x φ,  f'' = φ (2 − x²)  (since φ' = −x φ).
+/// Φ is evaluated as erfc(−x/√2)/2, the same function without the cancellation of 1 + erf for
+/// x << 0 (in float, 1 + erf(−5/√2) keeps one digit; in double, x = −10 gives 0 instead of
+/// −7.6e-23). f'' is formed as 2φ − (xφ)x, so that a huge |x| gives 0 rather than 0·∞ = NaN.
+struct GELUOp {
+  template <class T> KOKKOS_INLINE_FUNCTION static T cdf(T x) {
+    return T(0.5) * math::erfc(x * T(-0.70710678118654752440));
+  }
+  template <class T> KOKKOS_INLINE_FUNCTION static T pdf(T x) {
+    return T(0.39894228040143267794) * math::exp(T(-0.5) * x * x);
+  }
+  template <class T> KOKKOS_INLINE_FUNCTION static T f(T x) { return x * cdf(x); }
+  template <class T> KOKKOS_INLINE_FUNCTION static T d1(T x) { return cdf(x) + x * pdf(x); }
+  template <class T> KOKKOS_INLINE_FUNCTION static T d2(T x) {
+    const T p = pdf(x);
+    return T(2) * p - (x * p) * x;
+  }
+};
+
+/// y = GELU(x) over `count` contiguous values.
+template <class ExecSpace, class Scalar>
+void gelu_forward(const ExecSpace &space, std::size_t count, const Scalar *x, Scalar *y) {
+  Kokkos::parallel_for(
+      "kat::nn::GELU::forward", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+      KOKKOS_LAMBDA(const std::size_t i) { y[i] = GELUOp::f(x[i]); });
+}
+
+/// out = GELU'(x) ⊙ d: dx from dy in backward, R{y} from R{x} in forward_r.
+template <class ExecSpace, class Scalar>
+void gelu_times_derivative(const ExecSpace &space, const char *label, std::size_t count,
+                           const Scalar *x, const Scalar *d, Scalar *out) {
+  Kokkos::parallel_for(
+      label, Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+      KOKKOS_LAMBDA(const std::size_t i) { out[i] = GELUOp::d1(x[i]) * d[i]; });
+}
+
+/// R{dx} = GELU'(x) R{dy} + GELU''(x) R{x} dy.
+template <class ExecSpace, class Scalar>
+void gelu_backward_r(const ExecSpace &space, std::size_t count, const Scalar *x, const Scalar *rx,
+                     const Scalar *dy, const Scalar *rdy, Scalar *rdx) {
+  Kokkos::parallel_for(
+      "kat::nn::GELU::backward_r", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+      KOKKOS_LAMBDA(const std::size_t i) {
+        const Scalar xi = x[i];
+        rdx[i] = GELUOp::d1(xi) * rdy[i] + GELUOp::d2(xi) * rx[i] * dy[i];
+      });
+}
+
+} // namespace detail
+
+/// Gaussian error linear unit (Hendrycks & Gimpel 2016, "Gaussian Error Linear Units",
+/// sec. 2), the exact form PyTorch's nn.GELU() uses by default (approximate='none'):
+///   y = x Φ(x) = x/2 · (1 + erf(x/√2)),
+/// element-wise, no parameters, output shape = input shape, any activation layout (the same in
+/// and out). Φ is computed as erfc(−x/√2)/2, which keeps its relative accuracy for x << 0
+/// where 1 + erf cancels.
+///
+/// Backward: dx = dy ⊙ (Φ(x) + x φ(x)), with φ the standard normal density; the layer keeps
+/// x (the input of the last forward, which must stay valid until backward) because, unlike
+/// ReLU, Tanh and Sigmoid, GELU is not invertible and its derivative cannot be read off y.
+///
+/// R-operator (Pearlmutter 1994; see Layer): R{y} = y'(x) R{x},
+/// R{dx} = y'(x) R{dy} + y''(x) R{x} dy with y'' = φ(x)(2 − x²).
+///
+/// All matrices must be contiguous (the kernels run over their raw spans).
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+class GELU final : public Layer<Scalar, MemorySpace> {
+  using base = Layer<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+  using typename base::matrix_type;
+
+  std::string name() const override { return "GELU"; }
+  FeatureShape output_shape(const FeatureShape &input) const override { return input; }
+  /// Element-wise, so any layout, the same in and out.
+  bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    return in == out;
+  }
+
+  /// @throws ShapeError if y's extents differ from x's or either is not contiguous.
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    ScopedRegion region("kat::nn::GELU::forward");
+    require_contiguous("forward", "x", x);
+    require_same("forward", x, y, "y");
+    x_ = x;
+    detail::gelu_forward(space, x.span(), x.data(), y.data());
+  }
+
+  /// dx = dy ⊙ GELU'(x); nothing to do when dx has extent 0.
+  /// @throws ShapeError if dy or dx differ from the last forward's x in extents.
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    ScopedRegion region("kat::nn::GELU::backward");
+    if (dx.extent(0) == 0) {
+      return;
+    }
+    require_same("backward", x_, dy, "dy");
+    require_same("backward", x_, dx, "dx");
+    detail::gelu_times_derivative(space, "kat::nn::GELU::backward", x_.span(), x_.data(), dy.data(),
+                                  dx.data());
+  }
+
+  bool supports_r_operator() const override { return true; }
+
+  /// R{y} = GELU'(x) ⊙ R{x}; an `rx` of extent 0 (R{x} = 0) gives R{y} = 0.
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region("kat::nn::GELU::forward_r");
+    require_same("forward_r", x_, ry, "ry");
+    rx_ = rx;
+    if (rx.extent(0) == 0) {
+      Kokkos::deep_copy(space, ry, Scalar(0));
+      return;
+    }
+    require_same("forward_r", x_, rx, "rx");
+    detail::gelu_times_derivative(space, "kat::nn::GELU::forward_r", x_.span(), x_.data(),
+                                  rx.data(), ry.data());
+  }
+
+  /// R{dx} = GELU'(x) R{dy} + GELU''(x) R{x} dy (the first term only after an empty rx).
+  void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region("kat::nn::GELU::backward_r");
+    if (rdx.extent(0) == 0) {
+      return;
+    }
+    require_same("backward_r", x_, dy, "dy");
+    require_same("backward_r", x_, rdy, "rdy");
+    require_same("backward_r", x_, rdx, "rdx");
+    if (rx_.extent(0) == 0) {
+      detail::gelu_times_derivative(space, "kat::nn::GELU::backward_r", x_.span(), x_.data(),
+                                    rdy.data(), rdx.data());
+      return;
+    }
+    require_same("backward_r", x_, rx_, "rx (of forward_r)");
+    detail::gelu_backward_r(space, x_.span(), x_.data(), rx_.data(), dy.data(), rdy.data(),
+                            rdx.data());
+  }
+
+private:
+  static void require_contiguous(const char *where, const char *what, const matrix_type &v) {
+    if (!v.span_is_contiguous()) {
+      throw ShapeError(kat::detail::concat("kat::nn::GELU::", where, ": ", what,
+                                           " must be contiguous, got strides ", v.stride(0), ", ",
+                                           v.stride(1), " for ", v.extent(0), "x", v.extent(1)));
+    }
+  }
+  // Element-wise over the raw span: equal extents and contiguous memory.
+  static void require_same(const char *where, const matrix_type &ref, const matrix_type &v,
+                           const char *what) {
+    if (v.extent(0) != ref.extent(0) || v.extent(1) != ref.extent(1)) {
+      throw ShapeError(kat::detail::concat("kat::nn::GELU::", where, ": ", what, " must be ",
+                                           ref.extent(0), "x", ref.extent(1), ", got ", v.extent(0),
+                                           "x", v.extent(1)));
+    }
+    require_contiguous(where, what, v);
+  }
+
+  matrix_type x_, rx_;
+};
+
+} // namespace kat::nn

@@ -11,10 +11,15 @@
 #include "kat/nn/dense.hpp"
 #include "kat/nn/flatten.hpp"
 #include "kat/nn/global_avg_pool2d.hpp"
+#include "kat/nn/layer_norm.hpp"
 #include "kat/nn/max_pool2d.hpp"
+#include "kat/nn/position_embedding.hpp"
 #include "kat/nn/residual.hpp"
 #include "kat/nn/sequential.hpp"
+#include "kat/nn/transformer.hpp"
 
+#include <array>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -98,7 +103,68 @@ Sequential<Scalar, MemorySpace> resnet(FeatureShape input, int classes) {
   return model;
 }
 
-/// The model called `name` ("mlp", "cnn", "resnet").
+/// Settings of models::vit.
+struct VitOptions {
+  /// Patch (height, width) in pixels; must divide the image. {7, 7} on 28x28 images gives 16
+  /// tokens of 49 pixels; {1, 28} makes each image row a token (28 tokens).
+  std::array<int, 2> patch{7, 7};
+  /// Token width D.
+  std::size_t width = 64;
+  /// Number of TransformerEncoderBlocks.
+  std::size_t depth = 4;
+  /// Attention heads per block (must divide width).
+  std::size_t heads = 4;
+  /// MLP hidden width (0: 2·width, ViT's 4·width halved for these small images).
+  std::size_t mlp_hidden = 0;
+};
+
+/// A Vision Transformer classifier (Dosovitskiy et al., ICLR 2021, eq. 1-4) for small images:
+/// patch embedding as a Conv2d with kernel = stride = the patch (eq. 1's E, one token per
+/// patch, `{width, H/ph, W/pw}`), a learned position embedding (E_pos), `depth` pre-norm
+/// TransformerEncoderBlocks, a final LayerNorm, the mean over tokens (GlobalAvgPool2d, instead
+/// of a class token) and Dense(width, classes).
+/// @throws ValueError if the patch does not divide the image or heads does not divide width.
+/// @param make_block  builds block i (0-based) for the token shape and the block options (the
+///                    tensor-parallel executor passes one that splits it); empty: a
+///                    TransformerEncoderBlock
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
+Sequential<Scalar, MemorySpace>
+vit(FeatureShape input, int classes, VitOptions o = {},
+    const std::function<std::unique_ptr<Layer<Scalar, MemorySpace>>(
+        FeatureShape, const TransformerBlockOptions &, std::size_t)> &make_block = {}) {
+  if (o.patch[0] < 1 || o.patch[1] < 1 || input.height % o.patch[0] != 0 ||
+      input.width % o.patch[1] != 0) {
+    throw ValueError(kat::detail::concat("kat::nn::models::vit: the patch (", o.patch[0], ", ",
+                                         o.patch[1], ") must divide the image (", input.height,
+                                         ", ", input.width, ")"));
+  }
+  if (o.width == 0 || o.depth == 0) {
+    throw ValueError(kat::detail::concat("kat::nn::models::vit: width and depth must be > 0, got "
+                                         "width = ",
+                                         o.width, ", depth = ", o.depth));
+  }
+  Sequential<Scalar, MemorySpace> model(input);
+  model.template add<Conv2d>(static_cast<std::size_t>(input.channels), o.width, o.patch, o.patch);
+  const FeatureShape tokens = model.output_shape();
+  model.template add<PositionEmbedding>(o.width,
+                                        static_cast<std::size_t>(tokens.height * tokens.width));
+  TransformerBlockOptions block;
+  block.heads = o.heads;
+  block.mlp_hidden = o.mlp_hidden != 0 ? o.mlp_hidden : 2 * o.width;
+  for (std::size_t i = 0; i < o.depth; ++i) {
+    if (make_block) {
+      model.add(make_block(tokens, block, i));
+    } else {
+      model.template add<TransformerEncoderBlock>(tokens, block);
+    }
+  }
+  model.template add<LayerNorm>(o.width);
+  model.template add<GlobalAvgPool2d>();
+  model.template add<Dense>(o.width, static_cast<std::size_t>(classes));
+  return model;
+}
+
+/// The model called `name` ("mlp", "cnn", "resnet", "vit" with VitOptions' defaults).
 /// @throws ValueError for any other name.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 Sequential<Scalar, MemorySpace> by_name(const std::string &name, FeatureShape input, int classes) {
@@ -111,7 +177,11 @@ Sequential<Scalar, MemorySpace> by_name(const std::string &name, FeatureShape in
   if (name == "resnet") {
     return resnet<Scalar, MemorySpace>(input, classes);
   }
-  throw ValueError("kat::nn::models::by_name: name must be mlp, cnn or resnet, got '" + name + "'");
+  if (name == "vit") {
+    return vit<Scalar, MemorySpace>(input, classes);
+  }
+  throw ValueError("kat::nn::models::by_name: name must be mlp, cnn, resnet or vit, got '" + name +
+                   "'");
 }
 
 } // namespace kat::nn::models

@@ -540,8 +540,25 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   app.add_option("--model", model_name,
                  "mlp (784-256-256-10) | cnn (two 5x5 convolutions, dense 3136-256-10) | "
-                 "resnet (ResNet-14 with batch norm)")
-      ->check(CLI::IsMember({"mlp", "cnn", "resnet"}))
+                 "resnet (ResNet-14 with batch norm) | vit (Vision Transformer: --vit-* below)")
+      ->check(CLI::IsMember({"mlp", "cnn", "resnet", "vit"}))
+      ->capture_default_str();
+  kat::nn::models::VitOptions vit;
+  std::string vit_patch = "7";
+  app.add_option("--vit-depth", vit.depth, "vit: transformer encoder blocks")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--vit-width", vit.width, "vit: token width D")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--vit-heads", vit.heads, "vit: attention heads (must divide --vit-width)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--vit-mlp", vit.mlp_hidden, "vit: MLP hidden width (0: 2 x width)")
+      ->capture_default_str();
+  app.add_option("--vit-patch", vit_patch,
+                 "vit: P for P x P patches (must divide 28) | rows (each image row a token)")
+      ->check(CLI::IsMember({"1", "2", "4", "7", "14", "28", "rows"}))
       ->capture_default_str();
   std::string conv_backend = "auto";
   app.add_option("--conv-backend", conv_backend,
@@ -584,6 +601,13 @@ int main(int argc, char **argv) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
 #ifdef KAT_ENABLE_MPI
+  int tensor_parallel = 1;
+  app.add_option("--tensor-parallel", tensor_parallel,
+                 "vit: split every transformer block's attention (by heads) and MLP over T "
+                 "ranks, Megatron-style; the ranks form (ranks / T) data-parallel replicas "
+                 "(docs/tensor_parallel.md)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--ranks-per-node", ranks_per_node,
                  "Treat blocks of G consecutive ranks as nodes (0: ranks sharing memory), to "
                  "run hierarchical strategies (DASO) on one machine")
@@ -680,7 +704,43 @@ int main(int argc, char **argv) {
                                  "must be 0 with --dist-strategy daso (its parameter sends are in "
                                  "flight inside an epoch; it checkpoints at epoch ends)");
     }
+#ifdef KAT_ENABLE_MPI
+    if (tensor_parallel > 1) {
+      if (model_name != "vit") {
+        throw CLI::ValidationError("--tensor-parallel", "needs --model vit");
+      }
+      if (world_group.size() % tensor_parallel != 0) {
+        throw CLI::ValidationError("--tensor-parallel", "must divide the " +
+                                                            std::to_string(world_group.size()) +
+                                                            " ranks");
+      }
+      if (vit.heads % static_cast<std::size_t>(tensor_parallel) != 0) {
+        throw CLI::ValidationError("--tensor-parallel",
+                                   "must divide --vit-heads (" + std::to_string(vit.heads) + ")");
+      }
+      for (const char *other : {"dist-strategy", "agent", "sparsity"}) {
+        const auto f = std::find_if(flags.begin(), flags.end(),
+                                    [&](const Flag &g) { return g.name == other; });
+        if (f != flags.end() && f->option->count() > 0) {
+          throw CLI::ValidationError("--tensor-parallel",
+                                     std::string("cannot be combined with --") + other);
+        }
+      }
+      if (optimizer_name == "kfac" || optimizer_name == "fosi") {
+        throw CLI::ValidationError("--tensor-parallel",
+                                   "runs with element-wise optimizers (sgd, adam, adamw); " +
+                                       optimizer_name +
+                                       "'s global quantities would differ between the shards");
+      }
+      if (!checkpoint_dir.empty()) {
+        throw CLI::ValidationError("--tensor-parallel",
+                                   "cannot checkpoint yet (each rank holds a shard)");
+      }
+    }
+    const int training_ranks = (world_group.size() - curvature_ranks) / tensor_parallel;
+#else
     const int training_ranks = world_group.size() - curvature_ranks;
+#endif
     if (training_ranks > 1 && batch_size % training_ranks != 0) {
       throw CLI::ValidationError("--batch-size", "is the global batch and must be divisible by " +
                                                      std::to_string(training_ranks) +
@@ -706,7 +766,15 @@ int main(int argc, char **argv) {
   if (curvature_ranks > 0) {
     dho2_roles = kat::distributed::dho2_roles(comm, curvature_ranks);
   }
-  kat::distributed::Communicator &train_comm = dho2_roles ? *dho2_roles->group : comm;
+  // With --tensor-parallel T: a (ranks / T) x T mesh; the data-parallel group trains together.
+  std::optional<kat::distributed::TensorParallelMesh> mesh;
+  if (tensor_parallel > 1) {
+    mesh.emplace(comm, tensor_parallel);
+    mesh->tensor().set_checked(false); // two all-reduces per block: no agreement round trips
+  }
+  kat::distributed::Communicator &train_comm = dho2_roles ? *dho2_roles->group
+                                               : mesh     ? mesh->data()
+                                                          : comm;
   kat::distributed::MPIProcessGroup group(train_comm);
 #else
   kat::train::ProcessGroup &group = world_group;
@@ -728,9 +796,32 @@ int main(int argc, char **argv) {
     kat::data::DataLoader<Scalar, Mem> test_loader(test_set, 1000, false, 0);
     const kat::distributed::DistributedSampler sampler(train_set.size(), group.rank(), group.size(),
                                                        seed);
-    auto model =
-        kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape, train_set.classes);
+    if (vit_patch == "rows") {
+      vit.patch = {1, train_set.shape.width};
+    } else {
+      vit.patch = {std::stoi(vit_patch), std::stoi(vit_patch)};
+    }
+    const auto make_model = [&] {
+#ifdef KAT_ENABLE_MPI
+      if (mesh) {
+        return kat::distributed::vit_tensor_parallel<Scalar, Mem>(
+            train_set.shape, train_set.classes, vit, mesh->tensor());
+      }
+#endif
+      return model_name == "vit"
+                 ? kat::nn::models::vit<Scalar, Mem>(train_set.shape, train_set.classes, vit)
+                 : kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape,
+                                                         train_set.classes);
+    };
+    auto model = make_model();
     model.compile(space, seed);
+#ifdef KAT_ENABLE_MPI
+    if (mesh) { // every shard cut from the same single-rank model
+      auto whole = kat::nn::models::vit<Scalar, Mem>(train_set.shape, train_set.classes, vit);
+      whole.compile(space, seed);
+      kat::distributed::copy_sharded_parameters(space, whole, model);
+    }
+#endif
     const auto backend = conv_backend == "im2col" ? kat::nn::Conv2dBackend::im2col
                          : conv_backend == "dnn"  ? kat::nn::Conv2dBackend::dnn
                                                   : kat::nn::Conv2dBackend::automatic;
@@ -772,7 +863,12 @@ int main(int argc, char **argv) {
     Trainer trainer(model, *setup.optimizer, train_loader);
     trainer.set_lr(setup.lr);
     trainer.set_test_loader(&test_loader);
-    trainer.set_identity({{"model", model_name},
+    const std::string model_id =
+        model_name != "vit"
+            ? model_name
+            : kat::detail::concat("vit(depth ", vit.depth, ", width ", vit.width, ", heads ",
+                                  vit.heads, ", mlp ", vit.mlp_hidden, ", patch ", vit_patch, ")");
+    trainer.set_identity({{"model", model_id},
                           {"optimizer", optimizer_name},
                           {"seed", std::to_string(seed)},
                           {"batch_size", std::to_string(batch_size)},
@@ -788,8 +884,7 @@ int main(int argc, char **argv) {
     if (config.flag("agent")) {
       agent = std::make_shared<kat::sparse::AGENT<Scalar, Mem>>(model.parameter_count(),
                                                                 kat::sparse::agent_options(config));
-      probe = std::make_unique<Model>(
-          kat::nn::models::by_name<Scalar, Mem>(model_name, train_set.shape, train_set.classes));
+      probe = std::make_unique<Model>(make_model());
       probe->compile(space, seed);
       kat::nn::set_conv2d_backend(probe->layers(), backend);
       refresh_loader =
@@ -954,6 +1049,18 @@ int main(int argc, char **argv) {
     }
     std::fflush(stdout);
     trainer.fit(space, epochs);
+#ifdef KAT_ENABLE_MPI
+    if (mesh && root) {
+      const auto st = mesh->tensor().stats();
+      const double steps_run = static_cast<double>(trainer.position().step);
+      std::printf("tensor parallel T = %d x data parallel D = %d: per step %.0f forward "
+                  "all-reduces (%.0f bytes) and %.0f backward all-reduces (%.0f bytes) per rank, "
+                  "over %.0f steps and evaluations\n",
+                  mesh->tensor_size(), mesh->data_size(), st.allreduce.calls / steps_run,
+                  st.allreduce.bytes / steps_run, st.iallreduce.calls / steps_run,
+                  st.iallreduce.bytes / steps_run, steps_run);
+    }
+#endif
     return 0;
   } catch (const kat::Error &e) {
     std::fprintf(stderr, "kat_train: error: %s\n", e.what());

@@ -39,6 +39,7 @@
 #include "kat/nn/residual.hpp"
 #include "kat/nn/sequential.hpp"
 #include "kat/nn/softmax_cross_entropy.hpp"
+#include "kat/nn/transformer.hpp"
 
 #include "kat/optim/adam.hpp"
 #include "kat/optim/fosi.hpp"
@@ -98,5 +99,7 @@
 #include "kat/distributed/process_group.hpp"
 #include "kat/distributed/sharded_lanczos.hpp"
 #include "kat/distributed/sharded_operator.hpp"
+#include "kat/distributed/tensor_parallel_dense.hpp"
+#include "kat/distributed/tensor_parallel_model.hpp"
 #include "kat/distributed/thread_budget.hpp"
 #endif

@@ -156,9 +156,12 @@ TEST_CASE("layer norm: each position normalized to mean 0 and variance 1", "[lay
 }
 
 TEST_CASE("layer norm: equals a naive double loop with random gamma and beta", "[layernorm]") {
-  for (const FeatureShape shape : {FeatureShape{6, 3, 2}, FeatureShape{5, 1, 1}}) {
+  // 18, 3 and 75 rows: on a host, one partial block of 32 rows, and two full blocks and a
+  // partial one.
+  for (const FeatureShape shape :
+       {FeatureShape{6, 3, 2}, FeatureShape{5, 1, 1}, FeatureShape{7, 5, 3}}) {
     INFO("shape " << shape);
-    const std::size_t n = 3, C = shape.channels;
+    const std::size_t n = shape.channels == 7 ? 5 : 3, C = shape.channels;
     nn::LayerNorm<double, Mem> layer(C, 1e-3);
     auto buffer = bind_fresh<double>(layer);
     const auto gamma = uniform_values(C, 21, -1.5, 1.5), beta = uniform_values(C, 22, -1, 1);
@@ -219,6 +222,10 @@ TEST_CASE("layer norm: finite-difference gradients in double", "[layernorm][grad
     nn::LayerNorm<double, Mem> layer(4, 1e-5, false);
     check_layer_gradients(layer, FeatureShape{4, 2, 3}, 3, 45);
   }
+  SECTION("75 rows: several blocks of rows") {
+    nn::LayerNorm<double, Mem> layer(3);
+    check_layer_gradients(layer, FeatureShape{3, 5, 3}, 5, 46, random_affine_once(layer, 47));
+  }
 }
 
 TEST_CASE("layer norm: the R-operator equals finite differences", "[layernorm][hvp]") {
@@ -229,6 +236,10 @@ TEST_CASE("layer norm: the R-operator equals finite differences", "[layernorm][h
   SECTION("without affine") {
     nn::LayerNorm<double, Mem> layer(4, 1e-3, false);
     check_layer_r_operator(layer, FeatureShape{4, 2, 3}, 3, 53);
+  }
+  SECTION("75 rows: several blocks of rows") {
+    nn::LayerNorm<double, Mem> layer(7);
+    check_layer_r_operator(layer, FeatureShape{7, 5, 3}, 5, 59, random_affine_once(layer, 60));
   }
   SECTION("an empty rx is R{x} = 0") {
     const Space space;

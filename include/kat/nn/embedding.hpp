@@ -31,33 +31,37 @@ KOKKOS_INLINE_FUNCTION bool embedding_id_valid(Scalar v, std::size_t count) {
          static_cast<Scalar>(static_cast<std::int64_t>(v)) == v;
 }
 
-/// out(r, d) = table(id_r, d) for the R = ids.extent(0) tokens and the D columns of the
-/// V x D column-major `table` (out: R x D, column-major, contiguous); a row with an invalid
-/// id is set to 0 and counted. One thread per token, so the id is read and checked once and
-/// consecutive GPU threads write consecutive addresses. Returns the number of invalid ids.
+/// The number of invalid ids among the `tokens` values at `ids` (a reduction over the tokens
+/// only, N·T values, against the N·T·D the gather writes).
 template <class ExecSpace, class Scalar>
-std::size_t embedding_gather(const ExecSpace &space, const char *label, const Scalar *ids,
-                             std::size_t tokens, const Scalar *table, std::size_t count,
-                             std::size_t dim, Scalar *out) {
+std::size_t embedding_count_invalid(const ExecSpace &space, const Scalar *ids, std::size_t tokens,
+                                    std::size_t count) {
   std::size_t bad = 0;
   Kokkos::parallel_reduce(
-      label, Kokkos::RangePolicy<ExecSpace>(space, 0, tokens),
+      "kat::nn::Embedding::count_invalid_ids", Kokkos::RangePolicy<ExecSpace>(space, 0, tokens),
       KOKKOS_LAMBDA(const std::size_t r, std::size_t &sum) {
-        const Scalar v = ids[r];
-        if (embedding_id_valid(v, count)) {
-          const std::size_t id = static_cast<std::size_t>(v);
-          for (std::size_t d = 0; d < dim; ++d) {
-            out[r + tokens * d] = table[id + count * d];
-          }
-        } else {
-          for (std::size_t d = 0; d < dim; ++d) {
-            out[r + tokens * d] = Scalar(0);
-          }
-          ++sum;
-        }
+        sum += embedding_id_valid(ids[r], count) ? 0 : 1;
       },
       bad);
   return bad;
+}
+
+/// out(r, d) = table(id_r, d) for the R = `tokens` ids and the D columns of the V x D
+/// column-major `table` (out: R x D, column-major, contiguous), ids already validated. The
+/// token index runs fastest, so writes are contiguous (coalesced on a GPU) and only the reads
+/// of the table jump. One thread per token looping over d wrote with a stride of 4·R bytes:
+/// for N·T = 2048 tokens, D = 768, V = 1000 (float, Serial, 2026-11-26) it took 9.2 ms, 100
+/// times a copy of y, against 0.75 ms (8 times) here; with V = 50257 both take about 9 ms,
+/// bound by the reads of E(id, d), V·4 bytes apart for one id.
+template <class ExecSpace, class Scalar>
+void embedding_gather(const ExecSpace &space, const char *label, const Scalar *ids,
+                      std::size_t tokens, const Scalar *table, std::size_t count, std::size_t dim,
+                      Scalar *out) {
+  Kokkos::parallel_for(
+      label, matrix_policy(space, tokens, dim),
+      KOKKOS_LAMBDA(const std::size_t r, const std::size_t d) {
+        out[r + tokens * d] = table[static_cast<std::size_t>(ids[r]) + count * d];
+      });
 }
 
 /// The smallest token index r whose id is invalid (`tokens` if none).
@@ -105,10 +109,11 @@ void embedding_scatter_add(const ExecSpace &space, const char *label, const Scal
 /// at offset i + num_embeddings·d; PyTorch's weight is the same (V, D) matrix row-major),
 /// initialized N(0, 1) as PyTorch does, drawn as a pure function of the seed.
 ///
-/// Ids are checked, never clamped: forward counts the invalid ids (non-integral, negative, NaN
-/// or >= num_embeddings) in the gather kernel itself (a reduction, so forward waits for its
-/// result on the host) and throws ValueError naming the count, the valid range and the first
-/// invalid id. Ids are not differentiable: dx = 0 (R{dx} = 0) when asked for.
+/// Ids are checked, never clamped: forward first counts the invalid ids (non-integral,
+/// negative, NaN or >= num_embeddings) in a reduction over the N·T ids (so forward waits for
+/// its result on the host) and throws ValueError naming the count, the valid range and the
+/// first invalid id; only valid ids reach the gather. Ids are not differentiable: dx = 0 (R{dx} =
+/// 0) when asked for.
 ///
 /// Backward: dE[id, :] += dy[n, t, :] for every token, scattered with atomic additions (two
 /// equal ids add into the same row; their order, and so the rounding of such a sum, can vary
@@ -174,8 +179,8 @@ public:
 
   /// y = E[ids] for x: N x T ids, y: N x (T·embedding_dim); both contiguous.
   /// @throws ShapeError for y's extents or a non-contiguous x or y.
-  /// @throws ValueError if an id is not an integer in [0, num_embeddings) (y is then
-  ///         unspecified and no backward may follow).
+  /// @throws ValueError if an id is not an integer in [0, num_embeddings) (y is then left
+  ///         as it was and no backward may follow).
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region("kat::nn::Embedding::forward");
     const char *where = "kat::nn::Embedding::forward";
@@ -189,8 +194,7 @@ public:
     require_contiguous(where, "y", y);
     x_ = matrix_type();
     const std::size_t rows = n * tokens;
-    const std::size_t bad = detail::embedding_gather(space, "kat::nn::Embedding::forward", x.data(),
-                                                     rows, weight_.data(), count_, dim_, y.data());
+    const std::size_t bad = detail::embedding_count_invalid(space, x.data(), rows, count_);
     if (bad != 0) {
       const std::size_t r = detail::embedding_first_invalid(space, x.data(), rows, count_);
       auto value = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
@@ -202,6 +206,8 @@ public:
           " that are not integers in [0, num_embeddings) = [0, ", count_,
           ") (ids are never clamped); the first is x(", r % n, ", ", r / n, ") = ", first.str()));
     }
+    detail::embedding_gather(space, "kat::nn::Embedding::forward", x.data(), rows, weight_.data(),
+                             count_, dim_, y.data());
     x_ = x;
   }
 
@@ -241,7 +247,6 @@ public:
     require_forward(where);
     require_direction(where);
     require_output(where, "ry", ry);
-    // The ids passed forward's check, so the count of invalid ones is 0.
     detail::embedding_gather(space, "kat::nn::Embedding::forward_r", x_.data(), x_.span(),
                              v_weight_.data(), count_, dim_, ry.data());
   }

@@ -20,7 +20,7 @@ using namespace kat::test;
 
 // The naive forward on host, straight from the definition: x is the N x 3D·P column-major
 // batch matrix (feature index p + P·c), y the N x D·P output, a the probabilities in the
-// layer's documented order ((n + N·h)·P² + t + P·s).
+// layer's documented order (n + N·(h + heads·(t + P·s))).
 struct Reference {
   std::vector<double> y, a;
 };
@@ -52,7 +52,7 @@ Reference reference_attention(const std::vector<double> &x, std::size_t n_batch,
           sum += std::exp(logit[s] - max);
         for (std::size_t s = 0; s < end; ++s) {
           const double w = std::exp(logit[s] - max) / sum;
-          r.a[(n + n_batch * h) * p * p + t + p * s] = w;
+          r.a[n + n_batch * (h + heads * (t + p * s))] = w;
           for (std::size_t j = 0; j < dh; ++j)
             r.y[n + n_batch * (t + p * (h * dh + j))] += w * at(n, s, 2 * d + h * dh + j);
         }
@@ -60,6 +60,14 @@ Reference reference_attention(const std::vector<double> &x, std::size_t n_batch,
     }
   }
   return r;
+}
+
+// Every test runs both kernel families (they share no arithmetic code).
+constexpr nn::AttentionKernel kernels[] = {nn::AttentionKernel::batch_lanes,
+                                           nn::AttentionKernel::batched_gemm};
+
+const char *kernel_name(nn::AttentionKernel k) {
+  return k == nn::AttentionKernel::batched_gemm ? "batched_gemm" : "batch_lanes";
 }
 
 double max_abs_diff(const std::vector<double> &a, const std::vector<double> &b) {
@@ -92,27 +100,31 @@ TEST_CASE("attention: forward matches a naive host reference", "[attention]") {
       {1, 1, 4, 1, 1, true},  {3, 1, 5, 6, 1, false}, {3, 1, 5, 6, 1, true},
       {3, 3, 2, 2, 3, false}, // W > 1: positions p = h + H·w
       {3, 3, 2, 2, 3, true},  {2, 2, 8, 4, 4, false}, {1, 3, 3, 7, 1, true},
+      {37, 2, 3, 3, 1, true}, // a full block of 32 samples and a partial one
   };
   std::uint64_t seed = 10;
   for (const Case &c : cases) {
     const std::size_t d = c.heads * c.dh;
     const std::size_t p = std::size_t(c.height) * std::size_t(c.width);
-    INFO("N " << c.n << " heads " << c.heads << " dh " << c.dh << " H " << c.height << " W "
-              << c.width << " causal " << c.causal);
-    nn::ScaledDotProductAttention<double, Mem> layer(c.heads, c.dh, c.causal);
     const FeatureShape in{int(3 * d), c.height, c.width};
-    REQUIRE(layer.output_shape(in) == FeatureShape{int(d), c.height, c.width});
     // Spread 2: logits of order several units, so the softmax is far from uniform.
     const auto x = random_matrix<double>(c.n, in.size(), ++seed, -2.0, 2.0);
-    const auto got = run_forward(layer, x);
     const auto want = reference_attention(host_values(x), c.n, p, c.heads, c.dh, c.causal);
-    CHECK(max_abs_diff(got.y, want.y) < 1e-13);
-    CHECK(max_abs_diff(got.a, want.a) < 1e-14);
-    if (p == 1) {
-      // One token: A = 1 and the output is the value itself.
-      const auto xh = host_values(x);
-      for (std::size_t k = 0; k < got.y.size(); ++k)
-        CHECK(got.y[k] == Approx(xh[2 * d * c.n + k]).epsilon(1e-15));
+    for (const auto kernel : kernels) {
+      INFO(kernel_name(kernel) << " N " << c.n << " heads " << c.heads << " dh " << c.dh << " H "
+                               << c.height << " W " << c.width << " causal " << c.causal);
+      nn::ScaledDotProductAttention<double, Mem> layer(c.heads, c.dh, c.causal);
+      layer.set_kernel(kernel);
+      REQUIRE(layer.output_shape(in) == FeatureShape{int(d), c.height, c.width});
+      const auto got = run_forward(layer, x);
+      CHECK(max_abs_diff(got.y, want.y) < 1e-13);
+      CHECK(max_abs_diff(got.a, want.a) < 1e-14);
+      if (p == 1) {
+        // One token: A = 1 and the output is the value itself.
+        const auto xh = host_values(x);
+        for (std::size_t k = 0; k < got.y.size(); ++k)
+          CHECK(got.y[k] == Approx(xh[2 * d * c.n + k]).epsilon(1e-15));
+      }
     }
   }
 }
@@ -128,22 +140,24 @@ TEST_CASE("attention: equal keys give the mean of the values", "[attention]") {
       for (std::size_t pos = 1; pos < p; ++pos)
         xh(i, pos + p * c) = xh(i, 0 + p * c);
   Kokkos::deep_copy(x, xh);
-  for (const bool causal : {false, true}) {
-    INFO("causal " << causal);
-    nn::ScaledDotProductAttention<double, Mem> layer(heads, dh, causal);
-    const auto y = run_forward(layer, x).y;
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t c = 0; c < d; ++c)
-        for (std::size_t t = 0; t < p; ++t) {
-          // non-causal: mean over all p values; causal: over values 0..t.
-          const std::size_t count = causal ? t + 1 : p;
-          double mean = 0;
-          for (std::size_t s = 0; s < count; ++s)
-            mean += xh(i, s + p * (2 * d + c));
-          mean /= double(count);
-          CHECK(y[i + n * (t + p * c)] == Approx(mean).epsilon(1e-14).margin(1e-15));
-        }
-  }
+  for (const auto kernel : kernels)
+    for (const bool causal : {false, true}) {
+      INFO(kernel_name(kernel) << " causal " << causal);
+      nn::ScaledDotProductAttention<double, Mem> layer(heads, dh, causal);
+      layer.set_kernel(kernel);
+      const auto y = run_forward(layer, x).y;
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t c = 0; c < d; ++c)
+          for (std::size_t t = 0; t < p; ++t) {
+            // non-causal: mean over all p values; causal: over values 0..t.
+            const std::size_t count = causal ? t + 1 : p;
+            double mean = 0;
+            for (std::size_t s = 0; s < count; ++s)
+              mean += xh(i, s + p * (2 * d + c));
+            mean /= double(count);
+            CHECK(y[i + n * (t + p * c)] == Approx(mean).epsilon(1e-14).margin(1e-15));
+          }
+    }
 }
 
 // Queries and keys along one direction u = (1, ..., 1): Q_t = ±(1 + t/10)·1e3·u (the sign
@@ -152,7 +166,7 @@ TEST_CASE("attention: equal keys give the mean of the values", "[attention]") {
 // The largest allowed logit is then ahead of the next by at least 1e3·√dh, so A is one-hot
 // and the output is the value at the argmax: s = p − 1 (causal: t) for the positive rows and
 // s = 0 for the negative ones.
-template <class Scalar> void check_large_logits(bool causal) {
+template <class Scalar> void check_large_logits(nn::AttentionKernel kernel, bool causal) {
   const std::size_t n = 2, heads = 2, dh = 4, p = 5, d = heads * dh;
   auto x = random_matrix<Scalar>(n, 3 * d * p, 4);
   auto xh = to_host(x);
@@ -165,6 +179,7 @@ template <class Scalar> void check_large_logits(bool causal) {
       }
   Kokkos::deep_copy(x, xh);
   nn::ScaledDotProductAttention<Scalar, Mem> layer(heads, dh, causal);
+  layer.set_kernel(kernel);
   const auto y = run_forward(layer, x).y;
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t c = 0; c < d; ++c)
@@ -178,91 +193,106 @@ template <class Scalar> void check_large_logits(bool causal) {
 }
 
 TEST_CASE("attention: large logits stay finite and select the argmax value", "[attention]") {
-  for (const bool causal : {false, true}) {
-    INFO("causal " << causal);
-    check_large_logits<double>(causal);
-    check_large_logits<float>(causal);
-  }
+  for (const auto kernel : kernels)
+    for (const bool causal : {false, true}) {
+      INFO(kernel_name(kernel) << " causal " << causal);
+      check_large_logits<double>(kernel, causal);
+      check_large_logits<float>(kernel, causal);
+    }
 }
 
+// The layers of the finite-difference checks: (heads, head_dim, causal, input shape, batch).
+struct CheckCase {
+  std::size_t heads, dh;
+  bool causal;
+  FeatureShape in;
+  std::size_t n;
+};
+constexpr CheckCase check_cases[] = {
+    {2, 3, false, {18, 2, 2}, 2}, // two heads, 2 x 2 positions
+    {3, 2, true, {18, 3, 2}, 3},  // causal, three heads, 3 x 2 positions
+    {1, 4, false, {12, 1, 1}, 3}, // one head, one position
+};
+
 TEST_CASE("attention: finite-difference gradients in double", "[attention][gradcheck]") {
-  SECTION("two heads, 2 x 2 positions") {
-    nn::ScaledDotProductAttention<double, Mem> layer(2, 3);
-    check_layer_gradients(layer, FeatureShape{18, 2, 2}, 2, 21);
-  }
-  SECTION("causal, three heads, 3 x 2 positions") {
-    nn::ScaledDotProductAttention<double, Mem> layer(3, 2, true);
-    check_layer_gradients(layer, FeatureShape{18, 3, 2}, 3, 22);
-  }
-  SECTION("one head, one position") {
-    nn::ScaledDotProductAttention<double, Mem> layer(1, 4);
-    check_layer_gradients(layer, FeatureShape{12, 1, 1}, 3, 23);
-  }
+  std::uint64_t seed = 20;
+  for (const auto kernel : kernels)
+    for (const CheckCase &c : check_cases) {
+      INFO(kernel_name(kernel) << " heads " << c.heads << " dh " << c.dh << " causal " << c.causal
+                               << " input " << c.in);
+      nn::ScaledDotProductAttention<double, Mem> layer(c.heads, c.dh, c.causal);
+      layer.set_kernel(kernel);
+      check_layer_gradients(layer, c.in, c.n, ++seed);
+    }
 }
 
 TEST_CASE("attention: R-operator matches finite differences", "[attention][hessian]") {
-  SECTION("two heads, 2 x 2 positions") {
-    nn::ScaledDotProductAttention<double, Mem> layer(2, 3);
-    check_layer_r_operator(layer, FeatureShape{18, 2, 2}, 2, 31);
-  }
-  SECTION("causal, three heads, 3 x 2 positions") {
-    nn::ScaledDotProductAttention<double, Mem> layer(3, 2, true);
-    check_layer_r_operator(layer, FeatureShape{18, 3, 2}, 3, 32);
-  }
-  SECTION("one head, one position") {
-    nn::ScaledDotProductAttention<double, Mem> layer(1, 4);
-    check_layer_r_operator(layer, FeatureShape{12, 1, 1}, 2, 33);
-  }
+  std::uint64_t seed = 30;
+  for (const auto kernel : kernels)
+    for (const CheckCase &c : check_cases) {
+      INFO(kernel_name(kernel) << " heads " << c.heads << " dh " << c.dh << " causal " << c.causal
+                               << " input " << c.in);
+      nn::ScaledDotProductAttention<double, Mem> layer(c.heads, c.dh, c.causal);
+      layer.set_kernel(kernel);
+      check_layer_r_operator(layer, c.in, c.n, ++seed);
+    }
 }
 
 TEST_CASE("attention: an empty R{x} is a zero R{x}", "[attention][hessian]") {
   const std::size_t n = 2, cols = 18 * 4;
-  nn::ScaledDotProductAttention<double, Mem> layer(2, 3, true);
   const auto x = random_matrix<double>(n, cols, 41);
   const auto dy = random_matrix<double>(n, cols / 3, 42);
   const auto rdy = random_matrix<double>(n, cols / 3, 43);
-  Matrix<double, Mem> y("y", n, cols / 3), dx("dx", n, cols), zero("zero", n, cols);
-  auto run = [&](const Matrix<double, Mem> &rx) {
-    Matrix<double, Mem> ry("ry", n, cols / 3), rdx("rdx", n, cols);
-    layer.forward(Space(), x, y);
-    layer.forward_r(Space(), rx, ry);
-    layer.backward(Space(), dy, dx);
-    layer.backward_r(Space(), dy, rdy, rdx);
-    Space().fence();
-    return std::vector<std::vector<double>>{host_values(ry), host_values(rdx)};
-  };
-  const auto with_zero = run(zero);
-  const auto with_empty = run(Matrix<double, Mem>());
-  CHECK(with_empty[0] == with_zero[0]);
-  CHECK(with_empty[1] == with_zero[1]);
-  // R{dx} = the backward of R{dy} alone: not zero.
-  CHECK(max_abs_diff(with_empty[1], std::vector<double>(n * cols, 0.0)) > 1e-3);
+  for (const auto kernel : kernels) {
+    INFO(kernel_name(kernel));
+    nn::ScaledDotProductAttention<double, Mem> layer(2, 3, true);
+    layer.set_kernel(kernel);
+    Matrix<double, Mem> y("y", n, cols / 3), dx("dx", n, cols), zero("zero", n, cols);
+    auto run = [&](const Matrix<double, Mem> &rx) {
+      Matrix<double, Mem> ry("ry", n, cols / 3), rdx("rdx", n, cols);
+      layer.forward(Space(), x, y);
+      layer.forward_r(Space(), rx, ry);
+      layer.backward(Space(), dy, dx);
+      layer.backward_r(Space(), dy, rdy, rdx);
+      Space().fence();
+      return std::vector<std::vector<double>>{host_values(ry), host_values(rdx)};
+    };
+    const auto with_zero = run(zero);
+    const auto with_empty = run(Matrix<double, Mem>());
+    CHECK(with_empty[0] == with_zero[0]);
+    CHECK(with_empty[1] == with_zero[1]);
+    // R{dx} = the backward of R{dy} alone: not zero.
+    CHECK(max_abs_diff(with_empty[1], std::vector<double>(n * cols, 0.0)) > 1e-3);
+  }
 }
 
 TEST_CASE("attention: float agrees with double", "[attention]") {
   const std::size_t n = 4, heads = 2, dh = 8, d = heads * dh;
   const int height = 4, width = 4;
   const std::size_t cols = 3 * d * std::size_t(height * width);
-  for (const bool causal : {false, true}) {
-    INFO("causal " << causal);
-    const auto xd = random_matrix<double>(n, cols, 51);
-    const auto dyd = random_matrix<double>(n, cols / 3, 52);
-    const auto xf = random_matrix<float>(n, cols, 51);
-    const auto dyf = random_matrix<float>(n, cols / 3, 52);
-    nn::ScaledDotProductAttention<double, Mem> ld(heads, dh, causal);
-    nn::ScaledDotProductAttention<float, Mem> lf(heads, dh, causal);
-    Matrix<double, Mem> yd("yd", n, cols / 3), dxd("dxd", n, cols);
-    Matrix<float, Mem> yf("yf", n, cols / 3), dxf("dxf", n, cols);
-    ld.forward(Space(), xd, yd);
-    ld.backward(Space(), dyd, dxd);
-    lf.forward(Space(), xf, yf);
-    lf.backward(Space(), dyf, dxf);
-    Space().fence();
-    // The same uniform draws rounded to float; the difference is float's rounding.
-    CHECK(max_diff_over_scale(yf, yd) < 1e-5);
-    CHECK(max_diff_over_scale(dxf, dxd) < 1e-5);
-    CHECK(max_diff_over_scale(yf, yd) > 0); // not comparing a copy with itself
-  }
+  for (const auto kernel : kernels)
+    for (const bool causal : {false, true}) {
+      INFO(kernel_name(kernel) << " causal " << causal);
+      const auto xd = random_matrix<double>(n, cols, 51);
+      const auto dyd = random_matrix<double>(n, cols / 3, 52);
+      const auto xf = random_matrix<float>(n, cols, 51);
+      const auto dyf = random_matrix<float>(n, cols / 3, 52);
+      nn::ScaledDotProductAttention<double, Mem> ld(heads, dh, causal);
+      nn::ScaledDotProductAttention<float, Mem> lf(heads, dh, causal);
+      ld.set_kernel(kernel);
+      lf.set_kernel(kernel);
+      Matrix<double, Mem> yd("yd", n, cols / 3), dxd("dxd", n, cols);
+      Matrix<float, Mem> yf("yf", n, cols / 3), dxf("dxf", n, cols);
+      ld.forward(Space(), xd, yd);
+      ld.backward(Space(), dyd, dxd);
+      lf.forward(Space(), xf, yf);
+      lf.backward(Space(), dyf, dxf);
+      Space().fence();
+      // The same uniform draws rounded to float; the difference is float's rounding.
+      CHECK(max_diff_over_scale(yf, yd) < 1e-5);
+      CHECK(max_diff_over_scale(dxf, dxd) < 1e-5);
+      CHECK(max_diff_over_scale(yf, yd) > 0); // not comparing a copy with itself
+    }
 }
 
 TEST_CASE("attention: bad arguments name the argument and values", "[attention][errors]") {
@@ -305,6 +335,13 @@ TEST_CASE("attention: bad arguments name the argument and values", "[attention][
   CHECK_NOTHROW(layer.backward(Space(), dy, Matrix<double, Mem>()));
   CHECK_THROWS_MATCHES(layer.backward_r(Space(), dy, dy, dx), Error,
                        MessageContains("call forward_r() after forward() first"));
+
+  // KokkosBatched's int offsets: A = N·heads·P² = 2.5e9 entries for a 1 x 150000 x.
+  Layer tiny(1, 1);
+  tiny.set_kernel(nn::AttentionKernel::batched_gemm);
+  Matrix<double, Mem> long_x("x", 1, 150000), long_y("y", 1, 50000);
+  CHECK_THROWS_MATCHES(tiny.forward(Space(), long_x, long_y), ShapeError,
+                       MessageContains("got 150000 and 2500000000"));
 }
 
 } // namespace test_attention

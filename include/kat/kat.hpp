@@ -22,6 +22,7 @@
 #include "kat/core/workspace.hpp"
 
 #include "kat/nn/activation.hpp"
+#include "kat/nn/attention.hpp"
 #include "kat/nn/avg_pool2d.hpp"
 #include "kat/nn/batch_norm.hpp"
 #include "kat/nn/conv2d.hpp"

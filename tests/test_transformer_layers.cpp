@@ -187,6 +187,30 @@ TEST_CASE("layer norm: equals a naive double loop with random gamma and beta", "
   }
 }
 
+TEST_CASE("layer norm: the team-per-row kernels of GPUs equal the layer", "[layernorm]") {
+  // On a host the layer runs the blocked kernels; here the team-per-row ones (what a GPU runs)
+  // are called directly on the same rows and compared.
+  const Space space;
+  const FeatureShape shape{7, 5, 3};
+  const std::size_t n = 5, cols = shape.size(), rows = n * 15;
+  nn::LayerNorm<double, Mem> layer(7, 1e-3);
+  auto buffer = bind_fresh<double>(layer);
+  random_affine_once(layer, 65)();
+  const auto x = random_matrix<double>(n, cols, 66, -2.0, 3.0);
+  const auto dy = random_matrix<double>(n, cols, 67);
+  Matrix<double, Mem> y("y", n, cols), dx("dx", n, cols), y2("y2", n, cols), dx2("dx2", n, cols);
+  layer.forward(space, x, y);
+  layer.backward(space, dy, dx);
+  Vector<double, Mem> stats("stats", 2 * rows);
+  const nn::detail::LayerNormRows<double> d{
+      x.data(),           rows, 7, layer.gamma().data(), layer.beta().data(), stats.data(),
+      stats.data() + rows};
+  nn::detail::layer_norm_forward_teams<double>(space, d, 1e-3, y2.data());
+  nn::detail::layer_norm_backward_input_teams<double>(space, d, dy.data(), dx2.data());
+  CHECK(max_diff_over_scale(y2, y) < 1e-14);
+  CHECK(max_diff_over_scale(dx2, dx) < 1e-14);
+}
+
 TEST_CASE("layer norm: float rows far from zero keep their accuracy", "[layernorm]") {
   // Features 1000 + U(-1, 1): Σx² − Cμ² in float would lose all digits; the two-pass variance
   // in double keeps x̂ at float precision.
@@ -457,6 +481,28 @@ TEST_CASE("position embedding: finite differences of backward and of the R-opera
   check_layer_r_operator(layer, FeatureShape{6, 3, 2}, 3, 102);
   nn::PositionEmbedding<double, Mem> flat(5, 1);
   check_layer_r_operator(flat, FeatureShape{5}, 4, 103);
+}
+
+TEST_CASE("position embedding: dE is the sum of dy over the batch", "[posembed]") {
+  // 3 and 40 samples: on a GPU, a thread and a team per column.
+  for (const std::size_t n : {std::size_t(3), std::size_t(40)}) {
+    INFO("n = " << n);
+    nn::PositionEmbedding<double, Mem> layer(3, 4);
+    auto buffer = bind_fresh<double>(layer);
+    layer.accumulate_gradients(false);
+    const auto x = random_matrix<double>(n, 12, 115);
+    const auto dy = random_matrix<double>(n, 12, 116);
+    Matrix<double, Mem> y("y", n, 12), dx("dx", n, 12);
+    layer.forward(Space(), x, y);
+    layer.backward(Space(), dy, dx);
+    auto dyh = to_host(dy);
+    std::vector<double> ref(12, 0.0);
+    for (std::size_t j = 0; j < 12; ++j)
+      for (std::size_t i = 0; i < n; ++i)
+        ref[j] += dyh(i, j);
+    CHECK(max_rel_error(buffer.gradients(), ref) < 1e-14);
+    CHECK(host_values(dx) == host_values(dy));
+  }
 }
 
 TEST_CASE("position embedding: overwrite and accumulate gradient modes", "[posembed]") {

@@ -14,6 +14,7 @@ packages=(
   catch2 libbenchmark-dev zlib1g-dev
   dataset-fashion-mnist
   libcli11-dev # the example trainer's command line
+  nlohmann-json3-dev # kat::plan's plans as JSON (kat_plan, the tests)
   libdnnl-dev  # oneDNN: Conv2d on host memory (KAT_ENABLE_ONEDNN)
   dpkg-dev     # apt-get source, for the OpenMP Kokkos build
 )

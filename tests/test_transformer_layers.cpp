@@ -455,8 +455,9 @@ TEST_CASE("position embedding: adds exactly E to every sample", "[posembed]") {
         CHECK(yh(i, p + P * c) == xh(i, p + P * c) + eh(p, c));
 }
 
-TEST_CASE("position embedding: initial values are N(0, 0.02^2) and a function of the seed",
-          "[posembed]") {
+TEST_CASE(
+    "position embedding: initial values are normal with deviation 0.02 and a function of the seed",
+    "[posembed]") {
   nn::PositionEmbedding<double, Mem> layer(40, 50);
   auto buffer = bind_fresh<double>(layer, 3);
   const auto a = host_values(buffer.parameters());
@@ -548,7 +549,8 @@ TEST_CASE("embedding: equals a host gather of the table", "[embedding]") {
         CHECK(yh(i, t + T * d) == eh(std::size_t(ids[i + n * t]), d));
 }
 
-TEST_CASE("embedding: initial values are N(0, 1) and a function of the seed", "[embedding]") {
+TEST_CASE("embedding: initial values are standard normal and a function of the seed",
+          "[embedding]") {
   nn::Embedding<double, Mem> layer(100, 30);
   auto buffer = bind_fresh<double>(layer, 9);
   const auto a = host_values(buffer.parameters());
@@ -667,7 +669,7 @@ TEST_CASE("embedding: overwrite and accumulate gradient modes", "[embedding]") {
   check_gradient_modes(layer, x, 6, 151);
 }
 
-TEST_CASE("embedding: bad ids are counted and named, never clamped", "[embedding][errors]") {
+TEST_CASE("embedding: bad ids are counted and named and never clamped", "[embedding][errors]") {
   const std::size_t V = 10, D = 2, n = 2, T = 4;
   nn::Embedding<double, Mem> layer(V, D);
   auto buffer = bind_fresh<double>(layer);

@@ -63,6 +63,17 @@
 
 #include "kat/io/checkpoint.hpp"
 
+// Tensor-parallel planning (host only). kat/plan/plan_io.hpp, plans as JSON, needs
+// nlohmann/json and is not included here.
+#include "kat/plan/cost_model.hpp"
+#include "kat/plan/folding.hpp"
+#include "kat/plan/gpt.hpp"
+#include "kat/plan/graph.hpp"
+#include "kat/plan/megatron.hpp"
+#include "kat/plan/plan.hpp"
+#include "kat/plan/search.hpp"
+#include "kat/plan/strategy.hpp"
+
 #include "kat/train/callback.hpp"
 #include "kat/train/checkpointer.hpp"
 #include "kat/train/console_logger.hpp"

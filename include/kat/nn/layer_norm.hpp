@@ -61,9 +61,10 @@ template <class Scalar> struct LayerNormDirection {
   }
 };
 
-/// Rows per work item of the row kernels: 1 on a GPU (a thread per row, so consecutive threads
-/// read consecutive addresses), a block of 32 on a host, where the loops then run over the
-/// features outside and the block's rows inside, on contiguous memory. One row per item on a
+/// Rows per work item of the blocked row kernels: a block of 32 on a host, where the loops then
+/// run over the features outside and the block's rows inside, on contiguous memory; 1 on a
+/// GPU, which runs these kernels for the R-operator only (a thread per row, consecutive threads
+/// reading consecutive addresses; forward and dx run a team per row there). One row per item on a
 /// host reads each feature 4·N·P bytes after the previous one (8 KB for N·P = 2048), a cache
 /// and TLB miss each time: float, N·P = 2048 rows of C = 768, Serial (2026-11-26), forward
 /// 21.5 ms and backward 41.6 ms one row at a time, 2.0 and 4.8 ms in blocks of 32 (blocks of

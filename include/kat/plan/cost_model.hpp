@@ -99,17 +99,17 @@ struct ClusterModel {
   double memory_bytes = 0; ///< memory per device (the default budget; 0: unlimited)
 };
 
-/// This development machine (2-core Xeon VM, Open MPI 4.1 over shared memory): alpha 0.73 µs and
-/// beta 1.93e-10 s/B (5.2 GB/s), the medians of three runs of scripts/measure_alpha_beta.sh on
+/// This development machine (2-core Xeon VM, Open MPI 4.1 over shared memory): alpha 0.72 µs and
+/// beta 1.79e-10 s/B (5.6 GB/s), the medians of three runs of scripts/measure_alpha_beta.sh on
 /// 2 ranks (docs/benchmarks.md has the date and the per-size table); FLOP rate 60 GFLOP/s per
 /// rank, half the float GEMM rate of OpenBLAS on both cores (about 120 GFLOP/s,
 /// ARCHITECTURE.md); memory 24 GiB shared by the ranks.
 inline ClusterModel mpi_local_cluster() {
   ClusterModel c;
   c.name = "mpi-local";
-  c.description = "2-core development VM, Open MPI over shared memory: alpha 0.73 us, "
-                  "5.2 GB/s (measured), 60 GFLOP/s per rank, 24 GiB";
-  c.intra = {0.73e-6, 1.93e-10};
+  c.description = "2-core development VM, Open MPI over shared memory: alpha 0.72 us, "
+                  "5.6 GB/s (measured), 60 GFLOP/s per rank, 24 GiB";
+  c.intra = {0.72e-6, 1.79e-10};
   c.inter = c.intra;
   c.ranks_per_node = 1 << 20; // one node
   c.flop_rate = 60e9;

@@ -179,7 +179,7 @@ TEST_CASE("transformer block: bad options name the values", "[transformer][error
   CHECK_THROWS_WITH(make(), Catch::Contains("the patch (5, 5) must divide the image (28, 28)"));
 }
 
-TEST_CASE("vit: tokens, shapes and an exact Hessian-vector product", "[transformer][vit][hvp]") {
+TEST_CASE("vit: token shapes and an exact Hessian-vector product", "[transformer][vit][hvp]") {
   // 8x8 images, 4x4 patches: 4 tokens of width 4, one block with 2 heads, MLP 6.
   nn::models::VitOptions o;
   o.patch = {4, 4};

@@ -11,6 +11,9 @@
 #include <kat/nn/models.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
 #include <kat/nn/transformer.hpp>
+#include <kat/plan/folding.hpp>
+#include <kat/plan/graph.hpp>
+#include <kat/plan/megatron.hpp>
 #include <kat/precond/kfac.hpp>
 
 #include <catch2/catch.hpp>
@@ -209,6 +212,61 @@ TEST_CASE("vit: token shapes and an exact Hessian-vector product", "[transformer
   o.patch = {1, 8};
   auto rows = nn::models::vit<double, Mem>(FeatureShape{1, 8, 8}, 3, o);
   CHECK(rows.layers()[0]->output_shape(FeatureShape{1, 8, 8}) == FeatureShape{4, 8, 1});
+}
+
+TEST_CASE("vit: describe gives the plan graph named by layer paths that folds into one block",
+          "[transformer][vit][plan]") {
+  nn::models::VitOptions o;
+  o.patch = {7, 7}; // 16 tokens
+  o.width = 8;
+  o.depth = 3;
+  o.heads = 4;
+  o.mlp_hidden = 16;
+  const auto model = nn::models::vit<float, Mem>(FeatureShape{1, 28, 28}, 10, o);
+  const plan::Graph g = model.describe(32);
+  CHECK(g.dtype_bytes() == 4);
+  // Conv2d, PositionEmbedding, 3 x (4 + Add + 4 + Add), LayerNorm, GlobalAvgPool2d, Dense.
+  REQUIRE(g.operators().size() == 2 + 3 * 10 + 3);
+  const auto &qkv = g.op(g.find("2.attention.body.1"));
+  CHECK(qkv.type == "Dense");
+  CHECK(qkv.scope == "2.attention.body");
+  CHECK(qkv.integer("in") == 8);
+  CHECK(qkv.integer("out") == 24);
+  CHECK(qkv.integer("positions") == 16);
+  CHECK(qkv.integer("bias") == 1);
+  CHECK(g.tensor(qkv.inputs[0]).shape == plan::Shape{32, 16, 8});
+  const auto &attention = g.op(g.find("3.attention.body.2"));
+  CHECK(attention.type == "Attention");
+  CHECK(attention.integer("heads") == 4);
+  CHECK(attention.integer("head_dim") == 2);
+  CHECK(attention.integer("causal") == 0);
+  CHECK(g.op(g.find("4.mlp.body.2")).type == "GELU");
+  CHECK(g.op(g.find("4.mlp.add")).type == "Add");
+  CHECK(g.op(g.find("4.mlp.add")).inputs.size() == 2);
+  CHECK(g.op(g.find("5")).type == "LayerNorm");
+  const auto &head = g.op(g.find("7"));
+  CHECK(head.type == "Dense");
+  CHECK(head.integer("positions") == 1);
+  CHECK(g.tensor(head.inputs[0]).shape == plan::Shape{32, 8});
+  std::int64_t parameters = 0;
+  for (const auto &t : g.tensors())
+    if (t.parameter)
+      parameters += plan::numel(t.shape);
+  CHECK(parameters == static_cast<std::int64_t>(model.parameter_count()));
+
+  const plan::Folding f = plan::fold(g);
+  CHECK(f.depth == 1);
+  REQUIRE(f.unique.size() == 1);
+  CHECK(f.instances.size() == 3);
+  CHECK(f.loose_operators == 5);
+  const auto megatron = plan::megatron_strategies(g);
+  CHECK(megatron[g.find("3.attention.body.1")] == "column");
+  CHECK(megatron[g.find("3.attention.body.2")] == "heads");
+  CHECK(megatron[g.find("3.attention.body.3")] == "row");
+  CHECK(megatron[g.find("3.mlp.body.1")] == "column");
+  CHECK(megatron[g.find("3.mlp.body.3")] == "row");
+  CHECK(megatron[g.find("7")] == "replicated");
+  CHECK_THROWS_WITH(model.describe(0), Catch::Contains("batch must be >= 1, got 0"));
 }
 
 } // namespace test_transformer

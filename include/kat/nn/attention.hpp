@@ -849,6 +849,18 @@ public:
   }
 
   /// R-operator (see Layer): parameter-free, so R{y} depends on R{x} only.
+  /// One "Attention" operator {heads, head_dim, positions, causal}.
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                          const std::string &name) const override {
+    return graph.add("Attention", name, {x},
+                     graph_shape(graph.tensor(x).shape[0], output_shape(in)),
+                     this->parameter_shapes(),
+                     {{"heads", static_cast<std::int64_t>(heads_)},
+                      {"head_dim", static_cast<std::int64_t>(head_dim_)},
+                      {"positions", static_cast<std::int64_t>(in.height) * in.width},
+                      {"causal", causal_}});
+  }
+
   bool supports_r_operator() const override { return true; }
 
   /// ry = R{y} (N x D·P) for rx = R{x} (N x 3D·P; extent 0 stands for R{x} = 0), after

@@ -437,6 +437,27 @@ public:
     }
   }
 
+  /// One "Dense" operator {in, out, bias, positions} on [B, P, in] (per position) or [B, in]
+  /// (flattened; a "Flatten" operator `name`_flatten first when the input has positions).
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                          const std::string &name) const override {
+    const std::int64_t batch = graph.tensor(x).shape[0];
+    const FeatureShape out = output_shape(in);
+    std::int64_t positions = 1;
+    if (per_position()) {
+      positions = static_cast<std::int64_t>(in.height) * in.width;
+    } else if (!in.is_flat()) {
+      x = graph.add("Flatten", name + "_flatten", {x},
+                    {batch, static_cast<std::int64_t>(in.size())});
+    }
+    plan::Attributes attributes{{"in", static_cast<std::int64_t>(in_)},
+                                {"out", static_cast<std::int64_t>(out_)},
+                                {"bias", bias_},
+                                {"positions", positions}};
+    return graph.add("Dense", name, {x}, graph_shape(batch, out), this->parameter_shapes(),
+                     std::move(attributes));
+  }
+
   bool supports_curvature() const override { return true; }
   CurvatureRecord<Scalar, MemorySpace> curvature() const override {
     return {a_view_, g_, grad_weight_bias_, weight_bias_, samples_};

@@ -232,6 +232,16 @@ public:
     }
   }
 
+  /// One "Embedding" operator {vocab, features} on the ids [B, P, 1].
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                          const std::string &name) const override {
+    return graph.add("Embedding", name, {x},
+                     graph_shape(graph.tensor(x).shape[0], output_shape(in)),
+                     this->parameter_shapes(),
+                     {{"vocab", static_cast<std::int64_t>(num_embeddings())},
+                      {"features", static_cast<std::int64_t>(embedding_dim())}});
+  }
+
   bool supports_r_operator() const override { return true; }
 
   void bind_direction(Scalar *v, Scalar *hv) override {

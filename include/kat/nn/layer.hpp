@@ -7,6 +7,7 @@
 #include "kat/core/error.hpp"
 #include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
+#include "kat/plan/graph.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -44,6 +45,15 @@ struct ParameterSpec {
     return n;
   }
 };
+
+/// The shape of a batch of `batch` samples of shape `s` in a model graph (kat::plan::Graph):
+/// [batch, C] for a flat shape, [batch, H·W, C] (positions, features) otherwise.
+inline plan::Shape graph_shape(std::int64_t batch, FeatureShape s) {
+  if (s.is_flat()) {
+    return {batch, s.channels};
+  }
+  return {batch, static_cast<std::int64_t>(s.height) * s.width, s.channels};
+}
 
 /// Base class of all layers. A layer maps a batch x in_shape.size() matrix to a batch x
 /// out_shape.size() matrix (see FeatureShape for image layouts).
@@ -187,6 +197,22 @@ public:
   /// The recorded quantities (empty views unless recording and after a forward/backward).
   virtual CurvatureRecord<Scalar, MemorySpace> curvature() const { return {}; }
 
+  /// @name Model graph (kat::plan; TAP, Shi et al. 2023)
+  /// Appends this layer to `graph` as operators reading `x`, the layer's input (shape
+  /// graph_shape(batch, in)), under the local name `name` in the graph's current scope, and
+  /// returns the output tensor. By default one operator of type name() with the layer's
+  /// parameter shapes and output graph_shape(batch, output_shape(in)); layers whose structure
+  /// a tensor-parallel plan needs (Dense, attention, LayerNorm, embeddings) and containers
+  /// (which open a scope named `name` for their layers) override it.
+  /// @throws as kat::plan::Graph::add.
+  /// @{
+  virtual plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                                  const std::string &name) const {
+    return graph.add(this->name(), name, {x},
+                     graph_shape(graph.tensor(x).shape[0], output_shape(in)), parameter_shapes());
+  }
+  /// @}
+
   /// @name R-operator (Pearlmutter 1994, "Fast exact multiplication by the Hessian")
   /// R{·} is the directional derivative d/dr ·(θ + r v)|_{r=0} along a parameter direction v.
   /// A layer that supports it computes, after forward(x, y):
@@ -230,6 +256,15 @@ public:
   /// @}
 
 protected:
+  /// parameter_specs()' shapes, for describe().
+  std::vector<plan::Shape> parameter_shapes() const {
+    std::vector<plan::Shape> shapes;
+    for (const auto &spec : parameter_specs()) {
+      shapes.emplace_back(spec.shape.begin(), spec.shape.end());
+    }
+    return shapes;
+  }
+
   /// For forward(): throws Error(where + ": layouts <in> -> <out> set but not supported in
   /// the layer's current mode") when set_layouts() chose a pair the layer's mode no longer
   /// supports (a mode changed since).

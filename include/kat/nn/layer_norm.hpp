@@ -646,6 +646,14 @@ public:
     }
   }
 
+  /// One "LayerNorm" operator {features}.
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                          const std::string &name) const override {
+    return graph.add(
+        "LayerNorm", name, {x}, graph_shape(graph.tensor(x).shape[0], output_shape(in)),
+        this->parameter_shapes(), {{"features", static_cast<std::int64_t>(features_)}});
+  }
+
   bool supports_r_operator() const override { return true; }
 
   void bind_direction(Scalar *v, Scalar *hv) override {

@@ -187,6 +187,16 @@ public:
     }
   }
 
+  /// One "PositionEmbedding" operator {positions, features}.
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                          const std::string &name) const override {
+    return graph.add("PositionEmbedding", name, {x},
+                     graph_shape(graph.tensor(x).shape[0], output_shape(in)),
+                     this->parameter_shapes(),
+                     {{"positions", static_cast<std::int64_t>(positions())},
+                      {"features", static_cast<std::int64_t>(features())}});
+  }
+
   bool supports_r_operator() const override { return true; }
 
   void bind_direction(Scalar *v, Scalar *hv) override {

@@ -152,6 +152,26 @@ public:
     detail::elementwise_add(space, fx, sx, y, forward_fused_);
   }
 
+  /// In scope `name`: the body's layers in scope "body", the shortcut's in "shortcut", and an
+  /// "Add" operator "add" of the two (of the body's output and x for an identity shortcut).
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                          const std::string &name) const override {
+    graph.push_scope(name);
+    graph.push_scope("body");
+    const plan::TensorId f = body_.describe(graph, x);
+    graph.pop_scope();
+    plan::TensorId s = x;
+    if (!shortcut_.empty()) {
+      graph.push_scope("shortcut");
+      s = shortcut_.describe(graph, x);
+      graph.pop_scope();
+    }
+    const plan::TensorId y =
+        graph.add("Add", "add", {f, s}, graph_shape(graph.tensor(x).shape[0], output_shape(in)));
+    graph.pop_scope();
+    return y;
+  }
+
   void backward(const execution_space &space, const matrix_type &dy,
                 const matrix_type &dx) override {
     ScopedRegion region("kat::nn::Residual::backward");

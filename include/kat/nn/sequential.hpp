@@ -284,6 +284,22 @@ public:
   std::size_t workspace_allocations() const { return chain_.workspace_allocations(); }
 
   /// One line per layer: index, name, output shape, parameter count.
+  /// The model as a graph of operators (kat::plan::Graph, for tensor-parallel planning): an
+  /// input "input" of graph_shape(batch, input_shape()), then each layer i under the name "i"
+  /// (containers as scopes "i", their layers named by the parameter names' paths, e.g.
+  /// "2.attention.body.1"), in the precision of Scalar.
+  /// @throws ValueError if batch < 1.
+  plan::Graph describe(std::int64_t batch) const {
+    if (batch < 1) {
+      throw ValueError(
+          kat::detail::concat("kat::nn::Sequential::describe: batch must be >= 1, got ", batch));
+    }
+    plan::Graph graph(static_cast<std::int64_t>(sizeof(Scalar)), "kat::nn::Sequential");
+    const plan::TensorId x = graph.add_input("input", graph_shape(batch, input_shape()));
+    chain_.describe(graph, x);
+    return graph;
+  }
+
   std::string summary() const {
     std::ostringstream os;
     os << "input " << input_shape() << '\n';

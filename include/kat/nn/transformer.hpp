@@ -154,6 +154,18 @@ public:
     return input_;
   }
 
+  /// In scope `name`: the residuals' operators in scopes "attention" and "mlp"
+  /// (Residual::describe), so every block of a model is one scope for repeated-block folding.
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
+                          const std::string &name) const override {
+    (void)in;
+    graph.push_scope(name);
+    x = attention_->describe(graph, x, input_, "attention");
+    x = mlp_->describe(graph, x, input_, "mlp");
+    graph.pop_scope();
+    return x;
+  }
+
   std::size_t parameter_count() const override { return chain_.parameter_count(); }
   std::vector<ParameterSpec> parameter_specs() const override {
     auto specs = chain_.parameter_specs("", 0);

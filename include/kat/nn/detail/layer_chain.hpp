@@ -53,6 +53,17 @@ public:
     return *layers_.back();
   }
 
+  /// Appends the layers to `graph` (Layer::describe) as "0", "1", ... in the current scope,
+  /// from `x`; returns the last output (x for an empty chain).
+  plan::TensorId describe(plan::Graph &graph, plan::TensorId x) const {
+    FeatureShape in = input_shape_;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      x = layers_[i]->describe(graph, x, in, std::to_string(i));
+      in = shapes_[i];
+    }
+    return x;
+  }
+
   /// Adds layer i's state as "<prefix>.<i>.<entry>".
   void save_state(StateDict &state, const std::string &prefix) const {
     for (std::size_t i = 0; i < layers_.size(); ++i) {

@@ -99,7 +99,7 @@ struct ClusterModel {
   double memory_bytes = 0; ///< memory per device (the default budget; 0: unlimited)
 };
 
-/// This development machine (2-core Xeon VM, Open MPI 4.1 over shared memory): alpha 0.72 µs and
+/// This development machine (2-core VM, Open MPI 4.1 over shared memory): alpha 0.72 µs and
 /// beta 1.79e-10 s/B (5.6 GB/s), the medians of three runs of scripts/measure_alpha_beta.sh on
 /// 2 ranks (docs/benchmarks.md has the date and the per-size table); FLOP rate 60 GFLOP/s per
 /// rank, half the float GEMM rate of OpenBLAS on both cores (about 120 GFLOP/s,

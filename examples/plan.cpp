@@ -8,7 +8,8 @@
 //
 // Prints the folding (unique blocks and instances), the search time, the predicted step time,
 // bytes communicated and memory per device of both plans, and each block's strategies; --out
-// writes the plan as JSON for the executor (docs/tensor_parallel.md).
+// writes the plan as JSON for the executor (docs/tensor_parallel.md), --disable keeps the
+// search off strategies the executor lacks.
 #include <kat/plan/cost_model.hpp>
 #include <kat/plan/folding.hpp>
 #include <kat/plan/gpt.hpp>
@@ -125,6 +126,12 @@ int main(int argc, char **argv) {
   app.add_option("--fold-depth", fold_depth, "Scope depth of the blocks (0: chosen)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
+  std::vector<std::string> disabled;
+  app.add_option("--disable", disabled,
+                 "Strategies the search must not use, comma-separated: a name for every type "
+                 "(batch) or Type:name (SoftmaxCrossEntropy:vocab), e.g. for an executor "
+                 "without them")
+      ->delimiter(',');
   app.add_option("--out", out, "Write the searched plan as JSON to FILE");
   app.add_option("--megatron-out", megatron_out, "Write Megatron-LM's plan as JSON to FILE");
   GptConfig config;
@@ -183,6 +190,7 @@ int main(int argc, char **argv) {
     options.method = search_method_from_string(method);
     options.fold_depth = fold_depth;
     options.memory_budget = memory_gib >= 0 ? memory_gib * gib : cm.cluster.memory_bytes;
+    options.disabled = disabled;
     const Plan plan = search(g, cm, options);
     std::optional<Plan> megatron;
     std::string megatron_error;

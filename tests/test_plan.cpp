@@ -432,6 +432,27 @@ TEST_CASE("plan folded search on N identical blocks equals brute force on one bl
   }
 }
 
+TEST_CASE("plan disabled strategies are never chosen", "[plan]") {
+  // The data-parallel regime: without batch splits inside the tensor group the block must
+  // fall back on the tensor-parallel strategies; brute force with the same filter agrees.
+  const Graph g = blocks_graph(2, 32, 128, 128, 4);
+  const CostModel cm = model(1, 2);
+  CHECK(search(g, cm).at("blocks.0.fc1").strategy == "batch");
+  SearchOptions o;
+  o.disabled = {"batch", "Dense:row"};
+  const Plan p = search(g, cm, o);
+  for (const auto &op : p.operators) {
+    CHECK(op.strategy != "batch");
+    CHECK_FALSE((op.type == "Dense" && op.strategy == "row"));
+  }
+  const Graph one = blocks_graph(1, 32, 128, 128, 4);
+  const Plan brute = brute_force(one, cm, 0, 1e8, o.disabled);
+  CHECK(brute.search.combinations == 16 * 2 * 2); // 2^4 Dense, 2 Attention, 2 GELU, 1 others
+  CHECK(close(search(one, cm, o).predicted.step_seconds, brute.predicted.step_seconds));
+  o.disabled = {"replicated", "batch"};
+  CHECK_THROWS_WITH(search(g, cm, o), Contains("has no feasible strategy that is not disabled"));
+}
+
 TEST_CASE("plan dynamic programs equal brute force for every boundary layout", "[plan]") {
   // A Dense in front of the block lets its input arrive in any layout (the optima below use
   // replicated, partial and batch); a GELU after it lets its output leave in any layout.

@@ -58,6 +58,10 @@ struct SearchOptions {
   int fold_depth = 0;       ///< scope depth of the blocks (0: chosen by fold())
   double memory_budget = 0; ///< bytes per device (0: unlimited)
   int max_passes = 64;      ///< dynamic programs at most, under a memory budget
+  /// Strategies the search must not use, for an executor that lacks them: a strategy name for
+  /// every operator type ("batch": no data parallelism inside the tensor group) or
+  /// "Type:name" for one type ("SoftmaxCrossEntropy:vocab").
+  std::vector<std::string> disabled;
 };
 
 namespace detail {
@@ -103,9 +107,9 @@ inline bool better(const Cost &a, const Cost &b) {
 // computed on first use, so the folded search prices only the operators it visits.
 class Tables {
 public:
-  Tables(const Graph &g, const CostModel &cm)
-      : g_(g), cm_(cm), options_(g.operators().size()), convert_(g.tensors().size()),
-        sink_(g.tensors().size()), last_use_(last_uses(g)) {}
+  Tables(const Graph &g, const CostModel &cm, const std::vector<std::string> &disabled = {})
+      : g_(g), cm_(cm), disabled_(disabled), options_(g.operators().size()),
+        convert_(g.tensors().size()), sink_(g.tensors().size()), last_use_(last_uses(g)) {}
 
   const Graph &graph() const { return g_; }
   const std::vector<std::size_t> &last_use() const { return last_use_; }
@@ -114,14 +118,24 @@ public:
     return !graph_input(t) && last_use_[static_cast<std::size_t>(t)] == no_use;
   }
 
+  // The feasible strategies of operator `op` that are not disabled.
+  // @throws ValueError naming the operator when none is left
   const std::vector<StrategyOption> &options(std::size_t op) {
     auto &o = options_[op];
     if (!o) {
       o.emplace();
+      const std::string &type = g_.op(op).type;
       for (auto &s : strategy_options(g_, op, cm_)) {
-        if (s.feasible) {
+        const bool off = std::any_of(disabled_.begin(), disabled_.end(), [&](const auto &d) {
+          return d == s.name || d == type + ":" + s.name;
+        });
+        if (s.feasible && !off) {
           o->push_back(std::move(s));
         }
+      }
+      if (o->empty()) {
+        throw ValueError(kat::detail::concat("kat::plan::search: ", type, " '", g_.op(op).name,
+                                             "' has no feasible strategy that is not disabled"));
       }
     }
     return *o;
@@ -158,6 +172,7 @@ public:
 private:
   const Graph &g_;
   const CostModel &cm_;
+  std::vector<std::string> disabled_;
   std::vector<std::optional<std::vector<StrategyOption>>> options_;
   std::vector<std::optional<std::array<std::array<double, layout_count>, layout_count>>> convert_;
   std::vector<std::optional<std::array<double, layout_count>>> sink_;
@@ -587,7 +602,7 @@ inline std::vector<std::string> search_strategies(const Graph &g, const CostMode
                                          "max_passes >= 2, got ",
                                          options.memory_budget, " and ", options.max_passes));
   }
-  detail::Tables tb(g, cm);
+  detail::Tables tb(g, cm, options.disabled);
   const detail::Chain chain = detail::make_chain(tb, options.method, options.fold_depth);
   int passes = 0;
   const auto run = [&](const detail::Weights &w) {
@@ -667,7 +682,8 @@ inline std::vector<std::string> search_strategies(const Graph &g, const CostMode
 /// not fit, that plan is returned with predicted.feasible = false and search.lambda = ∞.
 /// search.seconds is the search's wall time without the final evaluate().
 /// @throws ValueError for an invalid cost model or options, a global batch not divisible by
-///   the data-parallel replicas, or more than 32 activations live at once
+///   the data-parallel replicas, more than 32 activations live at once, or an operator whose
+///   strategies are all disabled
 inline Plan search(const Graph &g, const CostModel &cm, const SearchOptions &options = {}) {
   SearchInfo info;
   const auto strategies = search_strategies(g, cm, options, &info);
@@ -680,14 +696,16 @@ inline Plan search(const Graph &g, const CostModel &cm, const SearchOptions &opt
 /// feasible strategies, priced as evaluate() prices it (partial sums shared along the
 /// enumeration, nothing pruned); the fastest that fits `memory_budget` (0: unlimited), or the
 /// one of least memory when none fits. Meant for one block (a GPT block has 36,864
-/// combinations).
-/// @throws ValueError when there are more than `max_combinations` combinations
+/// combinations). `disabled` removes strategies as SearchOptions::disabled does.
+/// @throws ValueError when there are more than `max_combinations` combinations, or an
+///   operator has no strategy left
 inline Plan brute_force(const Graph &g, const CostModel &cm, double memory_budget = 0,
-                        double max_combinations = 1e8) {
+                        double max_combinations = 1e8,
+                        const std::vector<std::string> &disabled = {}) {
   const auto t0 = std::chrono::steady_clock::now();
   cm.validate();
   detail::require_batch_divisible(g, cm, "kat::plan::brute_force");
-  detail::Tables tb(g, cm);
+  detail::Tables tb(g, cm, disabled);
   const std::size_t n = g.operators().size();
   double combinations = 1;
   for (std::size_t i = 0; i < n; ++i) {

@@ -13,6 +13,8 @@
 #include <kat/nn/layer_norm.hpp>
 #include <kat/nn/models.hpp>
 #include <kat/nn/sequential.hpp>
+#include <kat/plan/megatron.hpp>
+#include <kat/plan/search.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -201,6 +203,58 @@ TEST_CASE("tensor parallel: bad splits name the sizes", "[mpi][tensor_parallel]"
                                                   {dist::TensorParallelSplit{}});
   };
   CHECK_THROWS_WITH(one_split(), Catch::Contains("one per block (2), got 1"));
+}
+
+TEST_CASE("tensor parallel: a plan searched for the ViT runs with the bytes it predicts",
+          "[mpi][tensor_parallel][plan]") {
+  auto world = Communicator::world();
+  INFO(rank_of(world));
+  const FeatureShape image{1, 28, 28};
+  nn::models::VitOptions o;
+  o.patch = {7, 7};
+  o.width = 8;
+  o.depth = 2;
+  o.heads = 4;
+  o.mlp_hidden = 16;
+  const std::size_t n = 2; // per data-parallel replica
+  for (const int t : degrees(world.size())) {
+    if (o.heads % std::size_t(t) != 0)
+      continue;
+    INFO("T = " << t);
+    TensorParallelMesh mesh(world, t);
+    auto whole = nn::models::vit<double, Mem>(image, 10, o);
+    whole.compile(Space(), 3);
+    // Slow arithmetic makes splitting pay; only plans the executor runs.
+    plan::CostModel cm;
+    cm.cluster = plan::mpi_local_cluster();
+    cm.cluster.flop_rate = 1e3;
+    cm.mesh = {mesh.data_size(), t};
+    cm.optimizer = plan::OptimizerMemory::sgd();
+    plan::SearchOptions so;
+    so.allowed = plan::megatron_executor_allows;
+    const auto graph = whole.describe(static_cast<std::int64_t>(n) * mesh.data_size());
+    const plan::Plan p = plan::search(graph, cm, so);
+    const auto splits = dist::tensor_parallel_splits(p, whole, t);
+    REQUIRE(splits.size() == o.depth);
+    if (t > 1) {
+      CHECK(splits[0].attention);
+      CHECK(splits[0].mlp);
+    }
+    auto split = dist::vit_tensor_parallel<double, Mem>(image, 10, o, mesh.tensor(), splits);
+    split.compile(Space(), 4);
+    mesh.tensor().reset_stats();
+    mesh.data().reset_stats();
+    check_sharded_step(mesh, whole, split, n * std::size_t(mesh.data_size()), 61);
+    double tensor_bytes = 0, data_bytes = 0;
+    for (const auto &c : p.collectives)
+      (c.group == plan::Group::tensor ? tensor_bytes : data_bytes) += c.bytes;
+    const auto ts = mesh.tensor().stats();
+    CHECK(static_cast<double>(ts.allreduce.bytes + ts.iallreduce.bytes) == tensor_bytes);
+    if (mesh.data_size() > 1) {
+      // check_sharded_step all-reduces the whole local gradient once over the data group.
+      CHECK(static_cast<double>(mesh.data().stats().allreduce.bytes) == data_bytes);
+    }
+  }
 }
 
 } // namespace test_tensor_parallel

@@ -14,6 +14,7 @@
 #include <kat/plan/folding.hpp>
 #include <kat/plan/graph.hpp>
 #include <kat/plan/megatron.hpp>
+#include <kat/plan/search.hpp>
 #include <kat/precond/kfac.hpp>
 
 #include <catch2/catch.hpp>
@@ -266,6 +267,28 @@ TEST_CASE("vit: describe gives the plan graph named by layer paths that folds in
   CHECK(megatron[g.find("3.mlp.body.1")] == "column");
   CHECK(megatron[g.find("3.mlp.body.3")] == "row");
   CHECK(megatron[g.find("7")] == "replicated");
+  // Where arithmetic is slow, splitting everything would pay; the executor's filter keeps the
+  // splits inside the blocks' attention and MLP.
+  plan::CostModel cm;
+  cm.cluster = plan::mpi_local_cluster();
+  cm.cluster.flop_rate = 1e3;
+  cm.mesh = {1, 2};
+  plan::SearchOptions so;
+  so.allowed = plan::megatron_executor_allows;
+  const plan::Plan p = plan::search(g, cm, so);
+  for (const auto &op : p.operators) {
+    INFO(op.name << " " << op.strategy);
+    const std::string &scope = g.op(g.find(op.name)).scope;
+    const bool in_body = scope.find(".attention.body") != std::string::npos ||
+                         scope.find(".mlp.body") != std::string::npos;
+    if (!in_body || op.type == "LayerNorm")
+      CHECK(op.strategy == "replicated");
+  }
+  CHECK(p.at("3.attention.body.1").strategy == "column");
+  CHECK(p.at("3.mlp.body.3").strategy == "row");
+  plan::SearchOptions unfiltered;
+  unfiltered.disabled = {"batch"};
+  CHECK(plan::search(g, cm, unfiltered).at("1").strategy == "sharded"); // what the filter stops
   CHECK_THROWS_WITH(model.describe(0), Catch::Contains("batch must be >= 1, got 0"));
 }
 

@@ -19,9 +19,11 @@
 #include "kat/nn/residual.hpp"
 #include "kat/nn/sequential.hpp"
 #include "kat/nn/transformer.hpp"
+#include "kat/plan/plan.hpp"
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -134,6 +136,65 @@ vit_tensor_parallel(FeatureShape input, int classes, const nn::models::VitOption
           std::size_t i) -> std::unique_ptr<nn::Layer<Scalar, MemorySpace>> {
         return tensor_parallel_block<Scalar, MemorySpace>(tokens, block, splits[i], comm);
       });
+}
+
+/// The splits a tensor-parallel plan (kat::plan::search over `whole.describe(batch)`) gives
+/// the TransformerEncoderBlocks of `whole`, which the executor runs as Megatron-LM does: per
+/// block, the attention's Q|K|V Dense "column", the attention "heads" and its output Dense
+/// "row" (or all three "replicated"), and the MLP's first Dense "column", the activation
+/// "sharded" and the second Dense "row" (or all "replicated"); every other operator
+/// "replicated". The plan's mesh must be `tensor` wide.
+/// @throws ValueError naming the operator for any other strategy (the executor has no
+///   per-operator batch split and no other combination), a plan of another tensor width, or a
+///   plan without the model's operators.
+template <class Scalar, class MemorySpace>
+std::vector<TensorParallelSplit>
+tensor_parallel_splits(const plan::Plan &plan, const nn::Sequential<Scalar, MemorySpace> &whole,
+                       int tensor) {
+  const char *where = "kat::distributed::tensor_parallel_splits";
+  if (plan.mesh.tensor != tensor) {
+    throw ValueError(kat::detail::concat(where, ": the plan is for ", plan.mesh.tensor,
+                                         " tensor-parallel ranks, the run has ", tensor));
+  }
+  std::vector<TensorParallelSplit> splits;
+  std::vector<std::string> checked;
+  // Whether the half `half` of block i is split: its three operators all split or all not.
+  const auto split_half = [&](std::size_t i, const char *half, const char *middle) {
+    const std::string prefix = kat::detail::concat(i, '.', half, ".body.");
+    const std::string names[3] = {prefix + "1", prefix + "2", prefix + "3"};
+    const std::string got[3] = {plan.at(names[0]).strategy, plan.at(names[1]).strategy,
+                                plan.at(names[2]).strategy};
+    checked.insert(checked.end(), names, names + 3);
+    if (got[0] == "column" && got[1] == middle && got[2] == "row") {
+      return true;
+    }
+    if (got[0] == "replicated" && got[1] == "replicated" && got[2] == "replicated") {
+      return false;
+    }
+    throw ValueError(kat::detail::concat(where, ": operators ", names[0], ", ", names[1], ", ",
+                                         names[2], " have strategies ", got[0], ", ", got[1], ", ",
+                                         got[2], "; the executor runs column, ", middle,
+                                         ", row or replicated x 3"));
+  };
+  for (std::size_t i = 0; i < whole.layers().size(); ++i) {
+    if (dynamic_cast<const nn::TransformerEncoderBlock<Scalar, MemorySpace> *>(
+            whole.layers()[i].get()) != nullptr) {
+      TensorParallelSplit s;
+      s.attention = split_half(i, "attention", "heads");
+      s.mlp = split_half(i, "mlp", "sharded");
+      splits.push_back(s);
+    }
+  }
+  for (const auto &op : plan.operators) {
+    if (op.strategy != "replicated" &&
+        std::find(checked.begin(), checked.end(), op.name) == checked.end()) {
+      throw ValueError(kat::detail::concat(where, ": operator ", op.name, " (", op.type,
+                                           ") has strategy ", op.strategy,
+                                           "; the executor replicates every operator outside the "
+                                           "blocks' attention and MLP"));
+    }
+  }
+  return splits;
 }
 
 namespace detail {

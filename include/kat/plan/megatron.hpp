@@ -64,4 +64,32 @@ inline Plan megatron_plan(const Graph &g, const CostModel &cm, double memory_bud
   return p;
 }
 
+/// Whether KAT's Megatron-style executor (kat/distributed/tensor_parallel_model.hpp, for
+/// models described by kat::nn::Sequential::describe) can run operator `op` with `strategy`:
+/// inside the attention and MLP bodies of a TransformerEncoderBlock (scopes ending in
+/// ".attention.body" and ".mlp.body") a Dense "replicated", "column" or "row", the attention
+/// "replicated" or "heads", GELU and ReLU "replicated" or "sharded"; every other operator
+/// "replicated" (no batch split inside the tensor-parallel group: that is the mesh's data
+/// dimension). Pass it as SearchOptions::allowed to search only plans the executor runs.
+inline bool megatron_executor_allows(const Operator &op, const std::string &strategy) {
+  const auto ends_with = [&](const char *tail) {
+    const std::string t(tail);
+    return op.scope.size() >= t.size() &&
+           op.scope.compare(op.scope.size() - t.size(), t.size(), t) == 0;
+  };
+  if (strategy == "replicated") {
+    return true;
+  }
+  if (!ends_with(".attention.body") && !ends_with(".mlp.body")) {
+    return false;
+  }
+  if (op.type == "Dense") {
+    return strategy == "column" || strategy == "row";
+  }
+  if (op.type == "Attention") {
+    return strategy == "heads";
+  }
+  return (op.type == "GELU" || op.type == "ReLU") && strategy == "sharded";
+}
+
 } // namespace kat::plan

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -62,6 +63,9 @@ struct SearchOptions {
   /// every operator type ("batch": no data parallelism inside the tensor group) or
   /// "Type:name" for one type ("SoftmaxCrossEntropy:vocab").
   std::vector<std::string> disabled;
+  /// When set, only the strategies it accepts for an operator (an executor's abilities, e.g.
+  /// megatron_executor_allows in megatron.hpp); applied after `disabled`.
+  std::function<bool(const Operator &, const std::string &)> allowed;
 };
 
 namespace detail {
@@ -107,9 +111,11 @@ inline bool better(const Cost &a, const Cost &b) {
 // computed on first use, so the folded search prices only the operators it visits.
 class Tables {
 public:
-  Tables(const Graph &g, const CostModel &cm, const std::vector<std::string> &disabled = {})
-      : g_(g), cm_(cm), disabled_(disabled), options_(g.operators().size()),
-        convert_(g.tensors().size()), sink_(g.tensors().size()), last_use_(last_uses(g)) {}
+  Tables(const Graph &g, const CostModel &cm, const std::vector<std::string> &disabled = {},
+         std::function<bool(const Operator &, const std::string &)> allowed = {})
+      : g_(g), cm_(cm), disabled_(disabled), allowed_(std::move(allowed)),
+        options_(g.operators().size()), convert_(g.tensors().size()), sink_(g.tensors().size()),
+        last_use_(last_uses(g)) {}
 
   const Graph &graph() const { return g_; }
   const std::vector<std::size_t> &last_use() const { return last_use_; }
@@ -126,9 +132,10 @@ public:
       o.emplace();
       const std::string &type = g_.op(op).type;
       for (auto &s : strategy_options(g_, op, cm_)) {
-        const bool off = std::any_of(disabled_.begin(), disabled_.end(), [&](const auto &d) {
-          return d == s.name || d == type + ":" + s.name;
-        });
+        const bool off =
+            std::any_of(disabled_.begin(), disabled_.end(),
+                        [&](const auto &d) { return d == s.name || d == type + ":" + s.name; }) ||
+            (allowed_ && !allowed_(g_.op(op), s.name));
         if (s.feasible && !off) {
           o->push_back(std::move(s));
         }
@@ -173,6 +180,7 @@ private:
   const Graph &g_;
   const CostModel &cm_;
   std::vector<std::string> disabled_;
+  std::function<bool(const Operator &, const std::string &)> allowed_;
   std::vector<std::optional<std::vector<StrategyOption>>> options_;
   std::vector<std::optional<std::array<std::array<double, layout_count>, layout_count>>> convert_;
   std::vector<std::optional<std::array<double, layout_count>>> sink_;
@@ -602,7 +610,7 @@ inline std::vector<std::string> search_strategies(const Graph &g, const CostMode
                                          "max_passes >= 2, got ",
                                          options.memory_budget, " and ", options.max_passes));
   }
-  detail::Tables tb(g, cm, options.disabled);
+  detail::Tables tb(g, cm, options.disabled, options.allowed);
   const detail::Chain chain = detail::make_chain(tb, options.method, options.fold_depth);
   int passes = 0;
   const auto run = [&](const detail::Weights &w) {

@@ -10,6 +10,7 @@
 // bytes communicated and memory per device of both plans, and each block's strategies; --out
 // writes the plan as JSON for the executor (docs/tensor_parallel.md), --disable keeps the
 // search off strategies the executor lacks.
+#include <kat/nn/models.hpp>
 #include <kat/plan/cost_model.hpp>
 #include <kat/plan/folding.hpp>
 #include <kat/plan/gpt.hpp>
@@ -19,6 +20,7 @@
 #include <kat/plan/search.hpp>
 
 #include <CLI/CLI.hpp>
+#include <Kokkos_Core.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -83,6 +85,17 @@ int main(int argc, char **argv) {
   int tp = 1, dp = 1, fold_depth = 0;
   double memory_gib = -1;
   auto *gpt_opt = app.add_option("--gpt", gpt, "Blocks x hidden size, e.g. 24x1024");
+  std::string vit;
+  int patch = 7;
+  app.add_option("--vit", vit,
+                 "Instead of a GPT: kat_train's ViT on 28x28 images (kat::nn::models::vit, "
+                 "described by Sequential::describe), blocks x width, e.g. 4x64; --heads "
+                 "(default 4), --ffn (default 2 x width), --patch, --batch (default 128); its plan "
+                 "is what kat_train --tensor-parallel --plan reads")
+      ->excludes(gpt_opt);
+  app.add_option("--patch", patch, "--vit: P x P patches (must divide 28)")
+      ->check(CLI::IsMember({1, 2, 4, 7, 14, 28}))
+      ->capture_default_str();
   std::string presets;
   for (const auto &n : gpt_preset_names()) {
     presets += (presets.empty() ? "" : " | ") + n;
@@ -137,10 +150,27 @@ int main(int argc, char **argv) {
   GptConfig config;
   try {
     app.parse(argc, argv);
-    if (gpt.empty() && preset.empty()) {
-      throw CLI::RequiredError("--gpt or --preset");
+    if (gpt.empty() && preset.empty() && vit.empty()) {
+      throw CLI::RequiredError("--gpt, --preset or --vit");
     }
-    if (!preset.empty()) {
+    if (!vit.empty()) {
+      const auto dw = parse_gpt(vit);
+      if (!dw || dw->first < 1 || dw->second < 1) {
+        throw CLI::ValidationError(
+            "--vit", "must be BLOCKSxWIDTH with both >= 1, e.g. 4x64; got '" + vit + "'");
+      }
+      config.layers = dw->first;
+      config.hidden = dw->second;
+      config.heads = 4;
+      config.seq_len = (28 / patch) * (28 / patch);
+      config.vocab = 10; // classes
+      config.ffn_hidden = 2 * config.hidden;
+      config.batch = 128;
+      if (dtype_bytes > 0 && dtype_bytes != 4) {
+        throw CLI::ValidationError("--dtype-bytes", "is 4 for --vit (kat_train trains in float)");
+      }
+      dtype_bytes = 4;
+    } else if (!preset.empty()) {
       config = gpt_preset(preset);
     } else {
       const auto lh = parse_gpt(gpt);
@@ -178,7 +208,24 @@ int main(int argc, char **argv) {
     return app.exit(e);
   }
   try {
-    const Graph g = gpt_graph(config);
+    // The ViT is kat::nn's own model, described layer by layer (its layers need Kokkos).
+    std::optional<Kokkos::ScopeGuard> kokkos;
+    if (!vit.empty()) {
+      kokkos.emplace(argc, argv);
+    }
+    const Graph g = [&] {
+      if (vit.empty()) {
+        return gpt_graph(config);
+      }
+      kat::nn::models::VitOptions o;
+      o.patch = {patch, patch};
+      o.depth = static_cast<std::size_t>(config.layers);
+      o.width = static_cast<std::size_t>(config.hidden);
+      o.heads = static_cast<std::size_t>(config.heads);
+      o.mlp_hidden = static_cast<std::size_t>(config.ffn());
+      return kat::nn::models::vit<float, Kokkos::HostSpace>(kat::FeatureShape{1, 28, 28}, 10, o)
+          .describe(config.batch);
+    }();
     CostModel cm;
     cm.cluster = cluster_preset(cluster_name);
     cm.mesh = {dp, tp};
@@ -191,6 +238,9 @@ int main(int argc, char **argv) {
     options.fold_depth = fold_depth;
     options.memory_budget = memory_gib >= 0 ? memory_gib * gib : cm.cluster.memory_bytes;
     options.disabled = disabled;
+    if (!vit.empty()) {
+      options.allowed = megatron_executor_allows; // plans kat_train --tensor-parallel runs
+    }
     const Plan plan = search(g, cm, options);
     std::optional<Plan> megatron;
     std::string megatron_error;

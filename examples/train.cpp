@@ -15,6 +15,7 @@
 
 #include <CLI/CLI.hpp>
 #ifdef KAT_ENABLE_MPI
+#include <kat/plan/plan_io.hpp>
 #include <mpi.h>
 #endif
 
@@ -281,6 +282,45 @@ private:
   }
   std::vector<const kat::distributed::Communicator *> comms_;
   std::vector<double> start_{0, 0};
+};
+#endif
+
+#ifdef KAT_ENABLE_MPI
+// With --tensor-parallel: the bytes this rank's tensor-parallel layers hand to MPI in the
+// training steps (evaluation excluded), per step of a full local batch (the bytes are
+// proportional to the rows, so a shorter last batch does not skew it), and what the plan
+// predicted (--plan).
+class TensorParallelReport : public kat::train::Callback<Scalar, Mem> {
+public:
+  TensorParallelReport(const kat::distributed::Communicator &comm, double predicted,
+                       std::size_t local_batch)
+      : comm_(comm), predicted_(predicted), batch_(static_cast<double>(local_batch)) {}
+  std::string name() const override { return "tensor_parallel"; }
+  void on_epoch_begin(Trainer &) override { bytes_ = 0; }
+  void on_step_begin(Trainer &) override { start_ = total(); }
+  void on_step_end(Trainer &) override { bytes_ += total() - start_; }
+  void on_epoch_end(Trainer &trainer, kat::train::EpochSummary &summary) override {
+    const double seen = static_cast<double>(trainer.position().seen);
+    const double per_step = seen > 0 ? bytes_ / seen * batch_ : 0;
+    summary.metrics.push_back({"tp_bytes_per_step", per_step, 0});
+    char note[96];
+    if (predicted_ > 0) {
+      std::snprintf(note, sizeof note, "  tensor-parallel %.3f MB/step (plan: %.3f)",
+                    per_step / 1e6, predicted_ / 1e6);
+    } else {
+      std::snprintf(note, sizeof note, "  tensor-parallel %.3f MB/step", per_step / 1e6);
+    }
+    summary.note += note;
+  }
+
+private:
+  double total() const {
+    const auto s = comm_.stats();
+    return static_cast<double>(s.allreduce.bytes + s.iallreduce.bytes);
+  }
+  const kat::distributed::Communicator &comm_;
+  double predicted_, batch_;
+  double bytes_ = 0, start_ = 0;
 };
 #endif
 
@@ -608,6 +648,11 @@ int main(int argc, char **argv) {
                  "(docs/tensor_parallel.md)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  std::string plan_file;
+  app.add_option("--plan", plan_file,
+                 "with --tensor-parallel: a plan from kat_plan --vit (JSON) choosing which "
+                 "blocks' attention and MLP to split")
+      ->check(CLI::ExistingFile);
   app.add_option("--ranks-per-node", ranks_per_node,
                  "Treat blocks of G consecutive ranks as nodes (0: ranks sharing memory), to "
                  "run hierarchical strategies (DASO) on one machine")
@@ -705,6 +750,9 @@ int main(int argc, char **argv) {
                                  "flight inside an epoch; it checkpoints at epoch ends)");
     }
 #ifdef KAT_ENABLE_MPI
+    if (!plan_file.empty() && tensor_parallel == 1) {
+      throw CLI::ValidationError("--plan", "needs --tensor-parallel T > 1");
+    }
     if (tensor_parallel > 1) {
       if (model_name != "vit") {
         throw CLI::ValidationError("--tensor-parallel", "needs --model vit");
@@ -801,11 +849,31 @@ int main(int argc, char **argv) {
     } else {
       vit.patch = {std::stoi(vit_patch), std::stoi(vit_patch)};
     }
+#ifdef KAT_ENABLE_MPI
+    // The blocks' splits: all (Megatron's plan) or as --plan says.
+    std::vector<kat::distributed::TensorParallelSplit> splits;
+    double predicted_tp_bytes = 0;
+    if (mesh && !plan_file.empty()) {
+      const auto plan = kat::plan::read_plan(plan_file);
+      const auto whole = kat::nn::models::vit<Scalar, Mem>(train_set.shape, train_set.classes, vit);
+      splits = kat::distributed::tensor_parallel_splits(plan, whole, mesh->tensor_size());
+      if (plan.mesh.data != mesh->data_size()) {
+        throw kat::ValueError(
+            kat::detail::concat("kat_train: --plan ", plan_file, " is for ", plan.mesh.data,
+                                " data-parallel replicas, the run has ", mesh->data_size()));
+      }
+      for (const auto &c : plan.collectives) {
+        if (c.group == kat::plan::Group::tensor) {
+          predicted_tp_bytes += c.bytes;
+        }
+      }
+    }
+#endif
     const auto make_model = [&] {
 #ifdef KAT_ENABLE_MPI
       if (mesh) {
         return kat::distributed::vit_tensor_parallel<Scalar, Mem>(
-            train_set.shape, train_set.classes, vit, mesh->tensor());
+            train_set.shape, train_set.classes, vit, mesh->tensor(), splits);
       }
 #endif
       return model_name == "vit"
@@ -983,6 +1051,11 @@ int main(int argc, char **argv) {
         }
       }
     }
+    if (mesh) {
+      trainer.add_callback(
+          std::make_shared<TensorParallelReport>(mesh->tensor(), predicted_tp_bytes, local_batch));
+      extra_columns.push_back("tp_bytes_per_step");
+    }
     if (ranks_per_node > 0) {
       trainer.add_callback(std::make_shared<InternodeReport>(comms));
       extra_columns.push_back("internode_bytes");
@@ -1022,6 +1095,21 @@ int main(int argc, char **argv) {
                   setup.description.empty() ? setup.optimizer->name().c_str()
                                             : setup.description.c_str(),
                   setup.optimizer->lr(), batch_size, epochs, static_cast<unsigned long long>(seed));
+#ifdef KAT_ENABLE_MPI
+      if (mesh) {
+        std::size_t attention = 0, mlp = 0;
+        for (const auto &sp : splits.empty()
+                                  ? std::vector<kat::distributed::TensorParallelSplit>(vit.depth)
+                                  : splits) {
+          attention += sp.attention;
+          mlp += sp.mlp;
+        }
+        std::printf("tensor parallel: %d ranks per replica, %d replicas; of %zu blocks, %zu "
+                    "split their attention by heads and %zu their MLP (%s)\n",
+                    mesh->tensor_size(), mesh->data_size(), vit.depth, attention, mlp,
+                    plan_file.empty() ? "Megatron-LM's plan" : plan_file.c_str());
+      }
+#endif
       if (trainer.gradient_sync()) {
         std::printf("%s; global batch %d (%zu per rank), %zu samples per rank and epoch\n",
                     trainer.gradient_sync()->summary().c_str(), batch_size, local_batch,
@@ -1049,18 +1137,6 @@ int main(int argc, char **argv) {
     }
     std::fflush(stdout);
     trainer.fit(space, epochs);
-#ifdef KAT_ENABLE_MPI
-    if (mesh && root) {
-      const auto st = mesh->tensor().stats();
-      const double steps_run = static_cast<double>(trainer.position().step);
-      std::printf("tensor parallel T = %d x data parallel D = %d: per step %.0f forward "
-                  "all-reduces (%.0f bytes) and %.0f backward all-reduces (%.0f bytes) per rank, "
-                  "over %.0f steps and evaluations\n",
-                  mesh->tensor_size(), mesh->data_size(), st.allreduce.calls / steps_run,
-                  st.allreduce.bytes / steps_run, st.iallreduce.calls / steps_run,
-                  st.iallreduce.bytes / steps_run, steps_run);
-    }
-#endif
     return 0;
   } catch (const kat::Error &e) {
     std::fprintf(stderr, "kat_train: error: %s\n", e.what());

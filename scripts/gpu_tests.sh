@@ -16,7 +16,8 @@
 #                      without their tests and examples
 #   kat-src.tar.gz     KAT at the checkout's last commit (git archive HEAD; kat-src.commit
 #                      names it), built instead of the working tree with KAT_GPU_SOURCE=snapshot
-#   deps/              Catch2 2.x (header and CMake package), CLI11 and zlib headers, libz,
+#   deps/              Catch2 2.x and nlohmann/json (headers and CMake packages), CLI11 and
+#                      zlib headers, libz,
 #                      reference LAPACK and BLAS with libgfortran and libquadmath (Debian 12;
 #                      the libraries gzipped, unpacked by the run)
 #   data/fashion-mnist the Fashion-MNIST IDX files of dataset-fashion-mnist (kat_train and the
@@ -129,6 +130,10 @@ prepare() {
   cp -a /usr/include/catch2 /usr/include/CLI /usr/include/zlib.h /usr/include/zconf.h \
     "$dir/deps/include/"
   cp -a /usr/lib/cmake/Catch2 "$dir/deps/lib/cmake/"
+  # nlohmann/json (kat_plan's and kat_train --plan's JSON, test_plan.cpp), header-only.
+  cp -a /usr/include/nlohmann "$dir/deps/include/"
+  mkdir -p "$dir/deps/share/cmake"
+  cp -a /usr/share/cmake/nlohmann_json "$dir/deps/share/cmake/"
   # Catch2's CMake package names this library (and CMake checks that it exists); KAT does not
   # link it, so an empty archive stands in for its 1.7 MB.
   printf '!<arch>\n' >"$dir/deps/lib/libCatch2WithMain.a"

@@ -155,6 +155,12 @@ prepare() {
     mkdir -p "$dir/prebuilt"
     gzip -c "$KAT_GPU_PREBUILT/tests/kat_tests" >"$dir/prebuilt/kat_tests.gz"
     gzip -c "$KAT_GPU_PREBUILT/examples/kat_train" >"$dir/prebuilt/kat_train.gz"
+    # Libraries they link that the GPU machine's image lacks: oneDNN (where the build found
+    # it) and its OpenCL loader, by soname, unpacked into deps/lib there.
+    ldd "$KAT_GPU_PREBUILT/tests/kat_tests" | awk '/libdnnl|libOpenCL/ {print $1, $3}' |
+      while read -r soname path; do
+        gzip -9 -c "$path" >"$dir/deps/lib/$soname.gz"
+      done
     sed -n 's/^KAT_TEST_DATA_DIR:PATH=//p' "$KAT_GPU_PREBUILT/CMakeCache.txt" \
       >"$dir/prebuilt/test-data-dir"
     echo "built in $KAT_GPU_PREBUILT on $(hostname) with $(nvcc --version | grep -o 'release [0-9.]*')," \

@@ -54,6 +54,25 @@ class Block(nn.Module):
         return self.f(x) + self.s(x)
 
 
+class ViT(nn.Module):
+    """kat::nn::models::vit with its defaults: 7x7 patches (16 tokens), width 64, 4 pre-norm
+    blocks of 4 heads and MLP 128 (GELU), final LayerNorm, mean over the tokens."""
+
+    def __init__(self, width=64, depth=4, heads=4, mlp=128, patch=7):
+        super().__init__()
+        self.embed = nn.Conv2d(1, width, patch, patch)
+        self.pos = nn.Parameter(0.02 * torch.randn(1, (28 // patch) ** 2, width))
+        block = nn.TransformerEncoderLayer(width, heads, mlp, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, depth)
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        tokens = self.embed(x).flatten(2).transpose(1, 2) + self.pos
+        return self.head(self.norm(self.blocks(tokens)).mean(1))
+
+
 def model(name):
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256),
@@ -72,7 +91,9 @@ def model(name):
                 cin = cout
         layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)]
         return nn.Sequential(*layers)
-    raise ValueError(f"--model must be mlp, cnn or resnet, got {name!r}")
+    if name == "vit":
+        return ViT()
+    raise ValueError(f"--model must be mlp, cnn, resnet or vit, got {name!r}")
 
 
 def main():

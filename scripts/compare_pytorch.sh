@@ -7,7 +7,7 @@
 # PyTorch's one-time set-up) and the ratio KAT / PyTorch.
 #
 #   scripts/compare_pytorch.sh
-#   KAT_MODELS="mlp cnn resnet"   models (default all three)
+#   KAT_MODELS="mlp cnn resnet"   models (default these three; vit adds the Vision Transformer)
 #   KAT_EPOCHS=3                  epochs per run (at least 2)
 #   KAT_SUBSET="resnet:12800"     training images per model (default: ResNet 12,800, others all)
 #   KAT_THREADS=2                 threads of both (default: nproc)

@@ -82,6 +82,10 @@ BENCHMARK_CAPTURE(BM_Epoch, resnet, std::string("resnet"))
     ->Iterations(1)
     ->UseManualTime()
     ->Unit(benchmark::kSecond);
+BENCHMARK_CAPTURE(BM_Epoch, vit, std::string("vit"))
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kSecond);
 
 // One forward + backward of a batch of 128 (random inputs and output gradients) of a model
 // in training, under kat::RegionTimer: the step's time and the exclusive time of every
@@ -139,3 +143,9 @@ BENCHMARK_CAPTURE(BM_StepProfile, resnet, std::string("resnet"))
     ->Unit(benchmark::kMillisecond);
 
 } // namespace
+BENCHMARK_CAPTURE(BM_StepProfile, vit, std::string("vit"))
+    ->ArgName("im2col")
+    ->Arg(0)
+    ->Iterations(30)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);

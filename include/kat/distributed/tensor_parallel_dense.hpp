@@ -84,6 +84,41 @@ Matrix<Scalar, MemorySpace> position_rows(const Matrix<Scalar, MemorySpace> &m, 
   return Matrix<Scalar, MemorySpace>(m.data(), m.extent(0) * (m.extent(1) / cols), cols);
 }
 
+/// What column- and row-parallel Dense share: the local kat::nn::Dense that holds this rank's
+/// shard, the tensor-parallel communicator, and passing the layer's modes (gradient
+/// accumulation, parameter gradients, curvature recording, training) on to the local layer.
+template <class Scalar, class MemorySpace>
+class ShardedDense : public nn::Layer<Scalar, MemorySpace> {
+  using base = nn::Layer<Scalar, MemorySpace>;
+
+public:
+  using typename base::execution_space;
+
+  const nn::Dense<Scalar, MemorySpace> &local() const { return local_; }
+  FeatureShape output_shape(const FeatureShape &input) const override {
+    return local_.output_shape(input);
+  }
+  bool supports_curvature() const override { return true; }
+  nn::CurvatureRecord<Scalar, MemorySpace> curvature() const override { return local_.curvature(); }
+  void train(bool on) override {
+    base::train(on);
+    local_.train(on);
+  }
+
+protected:
+  ShardedDense(Communicator &comm, std::size_t in, std::size_t out, bool bias, nn::DenseInput input)
+      : comm_(&comm), local_(in, out, bias, input) {}
+
+  void sync_modes() {
+    local_.accumulate_gradients(this->accumulate_);
+    local_.compute_parameter_gradients(this->parameter_gradients_);
+    local_.record_curvature(this->recording_);
+  }
+
+  Communicator *comm_;
+  nn::Dense<Scalar, MemorySpace> local_;
+};
+
 } // namespace detail
 
 /// Column-parallel Dense (Shoeybi et al., "Megatron-LM", 2019, sec. 3, fig. 3a): the weight
@@ -103,8 +138,8 @@ Matrix<Scalar, MemorySpace> position_rows(const Matrix<Scalar, MemorySpace> &m, 
 /// Parameters: as the local kat::nn::Dense(in, out/T) ([W_r b_r]). K-FAC sees that Dense's
 /// record (its rows of G and the whole A). No R-operator.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
-class ColumnParallelDense final : public nn::Layer<Scalar, MemorySpace> {
-  using base = nn::Layer<Scalar, MemorySpace>;
+class ColumnParallelDense final : public detail::ShardedDense<Scalar, MemorySpace> {
+  using base = detail::ShardedDense<Scalar, MemorySpace>;
 
 public:
   using typename base::execution_space;
@@ -114,21 +149,14 @@ public:
   /// @throws ValueError unless groups·T divides out_features.
   ColumnParallelDense(std::size_t in_features, std::size_t out_features, bool bias,
                       nn::DenseInput input, Communicator &comm, std::size_t groups = 1)
-      : comm_(&comm), in_(in_features), out_(out_features), groups_(groups),
-        rows_(detail::shard_indices("kat::distributed::ColumnParallelDense: out_features",
-                                    out_features, groups, comm.rank(), comm.size())),
-        local_(in_features, out_features / static_cast<std::size_t>(comm.size()), bias, input) {}
+      : base(comm, in_features, checked_rows(out_features, groups, comm).size(), bias, input),
+        in_(in_features), out_(out_features), rows_(checked_rows(out_features, groups, comm)) {}
 
   std::string name() const override { return "ColumnParallelDense"; }
   std::size_t in_features() const { return in_; }
   std::size_t out_features() const { return out_; }
   /// The global output rows this rank owns, in local order.
   const std::vector<std::size_t> &rows() const { return rows_; }
-  const nn::Dense<Scalar, MemorySpace> &local() const { return local_; }
-
-  FeatureShape output_shape(const FeatureShape &input) const override {
-    return local_.output_shape(input);
-  }
   std::size_t parameter_count() const override { return local_.parameter_count(); }
   std::vector<nn::ParameterSpec> parameter_specs() const override {
     return local_.parameter_specs();
@@ -181,25 +209,19 @@ public:
     sum.wait();
   }
 
-  bool supports_curvature() const override { return true; }
-  nn::CurvatureRecord<Scalar, MemorySpace> curvature() const override { return local_.curvature(); }
-
-  void train(bool on) override {
-    base::train(on);
-    local_.train(on);
-  }
-
 private:
-  void sync_modes() {
-    local_.accumulate_gradients(this->accumulate_);
-    local_.compute_parameter_gradients(this->parameter_gradients_);
-    local_.record_curvature(this->recording_);
+  // Validated before the local Dense is built, so a bad split is reported as such.
+  static std::vector<std::size_t> checked_rows(std::size_t out, std::size_t groups,
+                                               const Communicator &comm) {
+    return detail::shard_indices("kat::distributed::ColumnParallelDense: out_features", out, groups,
+                                 comm.rank(), comm.size());
   }
 
-  Communicator *comm_;
-  std::size_t in_, out_, groups_;
+  using base::comm_;
+  using base::local_;
+  using base::sync_modes;
+  std::size_t in_, out_;
   std::vector<std::size_t> rows_;
-  nn::Dense<Scalar, MemorySpace> local_;
 };
 
 /// Row-parallel Dense (Megatron-LM, sec. 3, fig. 3a): W (out x in) is split along the input
@@ -212,8 +234,8 @@ private:
 /// sees the local product without a bias column (the bias keeps its plain gradient). No
 /// R-operator.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
-class RowParallelDense final : public nn::Layer<Scalar, MemorySpace> {
-  using base = nn::Layer<Scalar, MemorySpace>;
+class RowParallelDense final : public detail::ShardedDense<Scalar, MemorySpace> {
+  using base = detail::ShardedDense<Scalar, MemorySpace>;
 
 public:
   using typename base::execution_space;
@@ -223,21 +245,15 @@ public:
   /// @throws ValueError unless T divides in_features.
   RowParallelDense(std::size_t in_features, std::size_t out_features, bool bias,
                    nn::DenseInput input, Communicator &comm)
-      : comm_(&comm), in_(in_features), out_(out_features), bias_(bias),
-        cols_(detail::shard_indices("kat::distributed::RowParallelDense: in_features", in_features,
-                                    1, comm.rank(), comm.size())),
-        local_(in_features / static_cast<std::size_t>(comm.size()), out_features, false, input) {}
+      : base(comm, checked_columns(in_features, comm).size(), out_features, false, input),
+        in_(in_features), out_(out_features), bias_(bias),
+        cols_(checked_columns(in_features, comm)) {}
 
   std::string name() const override { return "RowParallelDense"; }
   std::size_t in_features() const { return in_; }
   std::size_t out_features() const { return out_; }
   /// The global input columns this rank owns, in local order.
   const std::vector<std::size_t> &columns() const { return cols_; }
-  const nn::Dense<Scalar, MemorySpace> &local() const { return local_; }
-
-  FeatureShape output_shape(const FeatureShape &input) const override {
-    return local_.output_shape(input);
-  }
   std::size_t parameter_count() const override {
     return local_.parameter_count() + (bias_ ? out_ : 0);
   }
@@ -302,26 +318,18 @@ public:
     local_.backward(space, dy, dx);
   }
 
-  bool supports_curvature() const override { return true; }
-  nn::CurvatureRecord<Scalar, MemorySpace> curvature() const override { return local_.curvature(); }
-
-  void train(bool on) override {
-    base::train(on);
-    local_.train(on);
-  }
-
 private:
-  void sync_modes() {
-    local_.accumulate_gradients(this->accumulate_);
-    local_.compute_parameter_gradients(this->parameter_gradients_);
-    local_.record_curvature(this->recording_);
+  static std::vector<std::size_t> checked_columns(std::size_t in, const Communicator &comm) {
+    return detail::shard_indices("kat::distributed::RowParallelDense: in_features", in, 1,
+                                 comm.rank(), comm.size());
   }
 
-  Communicator *comm_;
+  using base::comm_;
+  using base::local_;
+  using base::sync_modes;
   std::size_t in_, out_;
   bool bias_;
   std::vector<std::size_t> cols_;
-  nn::Dense<Scalar, MemorySpace> local_;
   Vector<Scalar, MemorySpace> bias_view_, grad_bias_;
 };
 

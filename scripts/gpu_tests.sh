@@ -520,7 +520,8 @@ run_train() {
   local log=$out/train.log
   : >"$log"
   for args in "--epochs 1" "--epochs 1 --model cnn" "--epochs 1 --optimizer kfac" \
-    "--epochs 1 --model resnet --train-subset 10000"; do
+    "--epochs 1 --model resnet --train-subset 10000" \
+    "--epochs 1 --model vit --optimizer adam --lr 1e-3"; do
     t=$(($(left) - 5))
     [ "$t" -gt 10 ] || { echo "no time left for kat_train $args" | tee -a "$log"; break; }
     [ "$t" -lt 120 ] || t=120

@@ -423,7 +423,8 @@ void layer_norm_backward_r_input(const ExecSpace &space, const LayerNormRows<Sca
           }
         }
         const Accum n = static_cast<Accum>(C);
-        Scalar mg[B], mgx[B], mrg[B], coupled[B];
+        // Zero-initialized: only the first nb are set and read, which the compiler cannot prove.
+        Scalar mg[B] = {}, mgx[B] = {}, mrg[B] = {}, coupled[B] = {};
         for (std::size_t b = 0; b < nb; ++b) {
           mg[b] = static_cast<Scalar>(sg[b] / n);
           mgx[b] = static_cast<Scalar>(sgx[b] / n);

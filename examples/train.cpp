@@ -296,12 +296,14 @@ public:
                        std::size_t local_batch)
       : comm_(comm), predicted_(predicted), batch_(static_cast<double>(local_batch)) {}
   std::string name() const override { return "tensor_parallel"; }
-  void on_epoch_begin(Trainer &) override { bytes_ = 0; }
+  void on_epoch_begin(Trainer &) override { bytes_ = seen_ = 0; }
   void on_step_begin(Trainer &) override { start_ = total(); }
-  void on_step_end(Trainer &) override { bytes_ += total() - start_; }
-  void on_epoch_end(Trainer &trainer, kat::train::EpochSummary &summary) override {
-    const double seen = static_cast<double>(trainer.position().seen);
-    const double per_step = seen > 0 ? bytes_ / seen * batch_ : 0;
+  void on_step_end(Trainer &trainer) override {
+    bytes_ += total() - start_;
+    seen_ = static_cast<double>(trainer.position().seen); // this epoch's samples so far
+  }
+  void on_epoch_end(Trainer &, kat::train::EpochSummary &summary) override {
+    const double per_step = seen_ > 0 ? bytes_ / seen_ * batch_ : 0;
     summary.metrics.push_back({"tp_bytes_per_step", per_step, 0});
     char note[96];
     if (predicted_ > 0) {
@@ -320,7 +322,7 @@ private:
   }
   const kat::distributed::Communicator &comm_;
   double predicted_, batch_;
-  double bytes_ = 0, start_ = 0;
+  double bytes_ = 0, start_ = 0, seen_ = 0;
 };
 #endif
 

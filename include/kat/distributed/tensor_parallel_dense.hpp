@@ -48,42 +48,6 @@ inline std::vector<std::size_t> shard_indices(const char *where, std::size_t ext
   return idx;
 }
 
-/// y(i, j) += b(j) over the rows of y (rows x b.extent(0)).
-template <class ExecSpace, class YView, class BView>
-void add_row_bias(const ExecSpace &space, const YView &y, const BView &b) {
-  Kokkos::parallel_for(
-      "kat::distributed::RowParallelDense::bias",
-      Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Left>>(
-          space, {0, 0}, {y.extent(0), y.extent(1)}),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) += b(j); });
-}
-
-/// db (+)= column sums of m (rows x db.extent(0)), one team per column.
-template <class ExecSpace, class M, class V>
-void column_sums(const ExecSpace &space, const M &m, const V &db, bool accumulate) {
-  using value = typename V::non_const_value_type;
-  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename team_policy::member_type;
-  const std::size_t rows = m.extent(0);
-  Kokkos::parallel_for(
-      "kat::distributed::RowParallelDense::bias_gradient",
-      team_policy(space, m.extent(1), Kokkos::AUTO), KOKKOS_LAMBDA(const member &team) {
-        const std::size_t j = team.league_rank();
-        value sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, rows),
-            [&](const std::size_t i, value &s) { s += m(i, j); }, sum);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { db(j) = accumulate ? db(j) + sum : sum; });
-      });
-}
-
-/// The rows x cols matrix m (a layer's N x cols·P batch read per position when cols divides
-/// its columns), for the kernels above.
-template <class Scalar, class MemorySpace>
-Matrix<Scalar, MemorySpace> position_rows(const Matrix<Scalar, MemorySpace> &m, std::size_t cols) {
-  return Matrix<Scalar, MemorySpace>(m.data(), m.extent(0) * (m.extent(1) / cols), cols);
-}
-
 /// What column- and row-parallel Dense share: the local kat::nn::Dense that holds this rank's
 /// shard, the tensor-parallel communicator, and passing the layer's modes (gradient
 /// accumulation, parameter gradients, curvature recording, training) on to the local layer.
@@ -304,7 +268,9 @@ public:
     local_.forward(space, x, y);
     comm_->allreduce(space, y);
     if (bias_) {
-      detail::add_row_bias(space, detail::position_rows(y, out_), bias_view_);
+      const auto rows = nn::detail::position_rows(y, out_);
+      nn::detail::add_row_vector(space, "kat::distributed::RowParallelDense::bias", rows,
+                                 bias_view_, rows);
     }
   }
 
@@ -313,7 +279,8 @@ public:
     ScopedRegion region("kat::distributed::RowParallelDense::backward");
     sync_modes();
     if (bias_ && this->parameter_gradients_) {
-      detail::column_sums(space, detail::position_rows(dy, out_), grad_bias_, this->accumulate_);
+      nn::detail::column_sums(space, "kat::distributed::RowParallelDense::bias_gradient",
+                              nn::detail::position_rows(dy, out_), grad_bias_, this->accumulate_);
     }
     local_.backward(space, dy, dx);
   }

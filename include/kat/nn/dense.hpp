@@ -8,6 +8,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/row_vectors.hpp"
 #include "kat/nn/detail/sparse_products.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
@@ -67,25 +68,6 @@ void apply_weight_mask(const ExecSpace &space, const Mask &mask, const G &g, con
           dp[k] = m[k] != 0 ? gk : value(0);
         });
   }
-}
-
-/// v(j) += Σ_i m(i, j) (column sums of m added to v), one team per column.
-template <class ExecSpace, class M, class V>
-void add_column_sums(const ExecSpace &space, const M &m, const V &v) {
-  using value = typename V::non_const_value_type;
-  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename team_policy::member_type;
-  const std::size_t rows = m.extent(0);
-  Kokkos::parallel_for(
-      "kat::nn::add_column_sums", team_policy(space, m.extent(1), Kokkos::AUTO),
-      KOKKOS_LAMBDA(const member &team) {
-        const std::size_t j = team.league_rank();
-        value sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, rows),
-            [&](const std::size_t i, value &s) { s += m(i, j); }, sum);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { v(j) += sum; });
-      });
 }
 
 /// Number of nonzero entries of a 0/1 mask.
@@ -350,26 +332,9 @@ public:
       record_activations(space, x);
     }
     if (bias_) {
-      fill_bias(space, y);
+      detail::fill_rows(space, "kat::nn::Dense::forward_bias", bias_view_, y); // y = b
     }
     gemm(space, Trans::N, Trans::T, Scalar(1), x, weight_, Scalar(bias_ ? 1 : 0), y);
-  }
-
-  /// y = b (every row), the start of forward without the fused [x 1] GEMM. Public only because
-  /// GPU compilers require kernels in public members.
-  void fill_bias(const execution_space &space, const matrix_type &y) const {
-    const auto b = bias_view_;
-    Kokkos::parallel_for(
-        "kat::nn::Dense::forward_bias", matrix_policy(space, y.extent(0), out_),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) = b(j); });
-  }
-  /// y += b (every row), the end of the sparse forward. Public only because GPU compilers
-  /// require kernels in public members.
-  void add_bias(const execution_space &space, const matrix_type &y) const {
-    const auto b = bias_view_;
-    Kokkos::parallel_for(
-        "kat::nn::Dense::forward_add_bias", matrix_policy(space, y.extent(0), out_),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) += b(j); });
   }
 
   void backward(const execution_space &space, const matrix_type &dy_in,
@@ -409,21 +374,8 @@ public:
       detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
     }
     if (bias_ && this->parameter_gradients_) {
-      // db (+)= column sums of dy, one team per output feature.
-      const auto db = grad_bias_;
-      using team_policy = Kokkos::TeamPolicy<execution_space>;
-      using member = typename team_policy::member_type;
-      Kokkos::parallel_for(
-          "kat::nn::Dense::backward_bias", team_policy(space, out_, Kokkos::AUTO),
-          KOKKOS_LAMBDA(const member &team) {
-            const std::size_t j = team.league_rank();
-            Scalar sum = 0;
-            Kokkos::parallel_reduce(
-                Kokkos::TeamThreadRange(team, n),
-                [&](const std::size_t i, Scalar &s) { s += dy(i, j); }, sum);
-            Kokkos::single(Kokkos::PerTeam(team),
-                           [&]() { db(j) = accumulate ? db(j) + sum : sum; });
-          });
+      // db (+)= column sums of dy
+      detail::column_sums(space, "kat::nn::Dense::backward_bias", dy, grad_bias_, accumulate);
     }
     if (dx.extent(0) != 0) {
       kat::detail::require_extent("kat::nn::Dense::backward", "dx rows", n, dx.extent(0));
@@ -490,10 +442,7 @@ public:
     kat::detail::require_extent("kat::nn::Dense::forward_r", "ry columns", out_, ry.extent(1));
     rx_ = rx;
     if (bias_) {
-      const auto b = v_bias_;
-      Kokkos::parallel_for(
-          "kat::nn::Dense::forward_r_bias", matrix_policy(space, n, out_),
-          KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { ry(i, j) = b(j); });
+      detail::fill_rows(space, "kat::nn::Dense::forward_r_bias", v_bias_, ry); // R{y} = v_b
     }
     gemm(space, Trans::N, Trans::T, Scalar(1), x_, v_weight_, Scalar(bias_ ? 1 : 0), ry);
     if (rx.extent(0) != 0) {
@@ -531,7 +480,7 @@ public:
       }
     }
     if (bias_) {
-      detail::add_column_sums(space, rdy, hv_bias_);
+      detail::column_sums(space, "kat::nn::Dense::backward_r_bias", rdy, hv_bias_, true);
     }
     if (rdx.extent(0) != 0) {
       kat::detail::require_extent("kat::nn::Dense::backward_r", "rdx rows", n, rdx.extent(0));
@@ -561,7 +510,7 @@ private:
                                            " must be contiguous (column stride ", m.extent(0),
                                            "), got column stride ", m.stride(1)));
     }
-    return matrix_type(m.data(), m.extent(0) * (m.extent(1) / cols), cols);
+    return detail::position_rows(m, cols);
   }
 
   void require_direction(const char *what) const {
@@ -588,7 +537,7 @@ private:
     // the bias) took 2.6x as long as with beta = 0 (784 -> 256, 5% density, batch 128).
     sparse_->multiply(space, weight_, x, Scalar(0), y);
     if (bias_) {
-      add_bias(space, y);
+      detail::add_row_vector(space, "kat::nn::Dense::forward_add_bias", y, bias_view_, y);
     }
   }
 

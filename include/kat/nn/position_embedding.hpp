@@ -7,6 +7,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/nn/detail/normal.hpp"
+#include "kat/nn/detail/row_vectors.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -16,64 +17,6 @@
 #include <vector>
 
 namespace kat::nn {
-
-namespace detail {
-
-/// y(i, j) = x(i, j) + e(j) for an N x F matrix and F values e.
-template <class ExecSpace, class M, class V>
-void add_row_vector(const ExecSpace &space, const char *label, const M &x, const V &e, const M &y) {
-  Kokkos::parallel_for(
-      label, matrix_policy(space, x.extent(0), x.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) = x(i, j) + e(j); });
-}
-
-/// y(i, j) = e(j) for every row i of y.
-template <class ExecSpace, class V, class M>
-void fill_rows(const ExecSpace &space, const char *label, const V &e, const M &y) {
-  Kokkos::parallel_for(
-      label, matrix_policy(space, y.extent(0), y.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) { y(i, j) = e(j); });
-}
-
-/// v(j) = Σ_i m(i, j) (`accumulate` false) or v(j) += Σ_i m(i, j) (true), in a fixed order
-/// of additions for a given backend. A thread per column (adding its rows in order) on a host,
-/// and on a GPU for up to 32 rows; a team per column on a GPU beyond, with as many threads as
-/// rows rounded up to 64, at most 256. The batch is often small (N = 8 rows of 196608 columns
-/// for a GPT-sized E_pos), where teams of Kokkos::AUTO's size left most threads idle: H100,
-/// float, 8 x 196608 (2026-11-26), 0.19 ms (15 times a copy of the matrix) with those teams,
-/// 0.14 ms with teams of 32 threads, 0.017 ms with a thread per column.
-template <class ExecSpace, class M, class V>
-void column_sums(const ExecSpace &space, const char *label, const M &m, const V &v,
-                 bool accumulate) {
-  using value = typename V::non_const_value_type;
-  const std::size_t rows = m.extent(0);
-  if (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible || rows <= 32) {
-    Kokkos::parallel_for(
-        label, Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(1)),
-        KOKKOS_LAMBDA(const std::size_t j) {
-          value sum = 0;
-          for (std::size_t i = 0; i < rows; ++i) {
-            sum += m(i, j);
-          }
-          v(j) = accumulate ? v(j) + sum : sum;
-        });
-    return;
-  }
-  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename team_policy::member_type;
-  const int team_size = rows <= 64 ? 64 : rows <= 128 ? 128 : 256;
-  Kokkos::parallel_for(
-      label, team_policy(space, m.extent(1), team_size), KOKKOS_LAMBDA(const member &team) {
-        const std::size_t j = team.league_rank();
-        value sum = 0;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, rows),
-            [&](const std::size_t i, value &s) { s += m(i, j); }, sum);
-        Kokkos::single(Kokkos::PerTeam(team), [&]() { v(j) = accumulate ? v(j) + sum : sum; });
-      });
-}
-
-} // namespace detail
 
 /// Learned additive position embedding: the E_pos of the Vision Transformer (Dosovitskiy et
 /// al., ICLR 2021, "An Image is Worth 16x16 Words", eq. 1), and GPT's learned positions.

@@ -156,8 +156,10 @@ public:
   }
 
   /// Runs the layers; the result lives in the last layer's workspace (or is x for an empty
-  /// chain) and stays valid until the next forward.
-  const matrix_type &forward(const execution_space &space, const matrix_type &x) {
+  /// chain) and stays valid until the next forward. With `out` (a container's own output,
+  /// batch x output size), the last layer writes there instead, and the result is *out.
+  const matrix_type &forward(const execution_space &space, const matrix_type &x,
+                             const matrix_type *out = nullptr) {
     kat::detail::require_extent((owner_ + "::forward").c_str(), "x columns", input_shape_.size(),
                                 x.extent(1));
     input_ = x;
@@ -165,10 +167,15 @@ public:
     outputs_.resize(layers_.size());
     const matrix_type *in = &input_;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const bool last = out != nullptr && i + 1 == layers_.size();
       if (skipped(i)) {
         outputs_[i] = *in; // y = x: no workspace, no copy
+        if (last) {
+          Kokkos::deep_copy(space, *out, *in);
+          outputs_[i] = *out;
+        }
       } else {
-        outputs_[i] = activations_[i].matrix(n, shapes_[i].size());
+        outputs_[i] = last ? *out : activations_[i].matrix(n, shapes_[i].size());
         layers_[i]->forward(space, *in, outputs_[i]);
       }
       in = &outputs_[i];
@@ -289,8 +296,10 @@ public:
   /// R-operator forward pass after forward(): R{output} for the bound direction and `rx` =
   /// R{input} (extent 0: zero). While R{x} is zero, layers without parameters are skipped
   /// (their R{y} is zero too); the result has extent 0 if it is zero (no layer has
-  /// parameters and rx was empty). Valid until the next forward_r.
-  const matrix_type &forward_r(const execution_space &space, const matrix_type &rx) {
+  /// parameters and rx was empty). Valid until the next forward_r. With `out`, the last layer
+  /// writes R{y} there instead (zero filled when R{y} is zero), and the result is *out.
+  const matrix_type &forward_r(const execution_space &space, const matrix_type &rx,
+                               const matrix_type *out = nullptr) {
     if (outputs_.size() != layers_.size() || layers_.empty()) {
       throw Error(owner_ + "::forward_r: call forward() first");
     }
@@ -299,13 +308,22 @@ public:
     r_outputs_.assign(layers_.size(), matrix_type());
     const matrix_type *in = &r_input_;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const bool last = out != nullptr && i + 1 == layers_.size();
       const bool zero_in = in->extent(0) == 0;
       if (zero_in && layers_[i]->parameter_count() == 0) {
         // R{x} = 0 and no parameters: R{y} = 0. r_outputs_[i] stays empty.
+        if (last) {
+          Kokkos::deep_copy(space, *out, Scalar(0));
+          r_outputs_[i] = *out;
+        }
       } else if (skipped(i)) {
         r_outputs_[i] = *in;
+        if (last) {
+          Kokkos::deep_copy(space, *out, *in);
+          r_outputs_[i] = *out;
+        }
       } else {
-        r_outputs_[i] = r_activations_[i].matrix(n, shapes_[i].size());
+        r_outputs_[i] = last ? *out : r_activations_[i].matrix(n, shapes_[i].size());
         layers_[i]->forward_r(space, *in, r_outputs_[i]);
       }
       in = &r_outputs_[i];

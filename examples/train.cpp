@@ -853,12 +853,16 @@ int main(int argc, char **argv) {
     }
 #ifdef KAT_ENABLE_MPI
     // The blocks' splits: all (Megatron's plan) or as --plan says.
+    // The single-rank model every rank's shards are cut from.
+    std::optional<Model> whole;
     std::vector<kat::distributed::TensorParallelSplit> splits;
     double predicted_tp_bytes = 0;
+    if (mesh) {
+      whole.emplace(kat::nn::models::vit<Scalar, Mem>(train_set.shape, train_set.classes, vit));
+    }
     if (mesh && !plan_file.empty()) {
       const auto plan = kat::plan::read_plan(plan_file);
-      const auto whole = kat::nn::models::vit<Scalar, Mem>(train_set.shape, train_set.classes, vit);
-      splits = kat::distributed::tensor_parallel_splits(plan, whole, mesh->tensor_size());
+      splits = kat::distributed::tensor_parallel_splits(plan, *whole, mesh->tensor_size());
       if (plan.mesh.data != mesh->data_size()) {
         throw kat::ValueError(
             kat::detail::concat("kat_train: --plan ", plan_file, " is for ", plan.mesh.data,
@@ -887,9 +891,9 @@ int main(int argc, char **argv) {
     model.compile(space, seed);
 #ifdef KAT_ENABLE_MPI
     if (mesh) { // every shard cut from the same single-rank model
-      auto whole = kat::nn::models::vit<Scalar, Mem>(train_set.shape, train_set.classes, vit);
-      whole.compile(space, seed);
-      kat::distributed::copy_sharded_parameters(space, whole, model);
+      whole->compile(space, seed);
+      kat::distributed::copy_sharded_parameters(space, *whole, model);
+      whole.reset(); // its parameters are in the shards now
     }
 #endif
     const auto backend = conv_backend == "im2col" ? kat::nn::Conv2dBackend::im2col

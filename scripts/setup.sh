@@ -16,6 +16,7 @@ packages=(
   libcli11-dev # the example trainer's command line
   nlohmann-json3-dev # kat::plan's plans as JSON (kat_plan, the tests)
   libdnnl-dev  # oneDNN: Conv2d on host memory (KAT_ENABLE_ONEDNN)
+  ocl-icd-opencl-dev # dnnl-config.cmake calls find_package(OpenCL REQUIRED); only a Recommends
   dpkg-dev     # apt-get source, for the OpenMP Kokkos build
 )
 

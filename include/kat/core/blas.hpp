@@ -1,8 +1,9 @@
 #pragma once
 /// @file
 /// @brief KAT's entry point for dense matrix-matrix and matrix-vector products, over Kokkos
-/// Kernels.
+/// Kernels, with float products on the host through oneDNN when KAT is built with it.
 
+#include "kat/core/detail/blas_onednn.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 
@@ -68,7 +69,10 @@ template <class ExecSpace, class F> void on_default_instance(const ExecSpace &sp
 enum class Trans : char { N = 'N', T = 'T' };
 
 /// `C = alpha * op(A) * op(B) + beta * C` through `KokkosBlas::gemm` (which calls the vendor
-/// BLAS — OpenBLAS on host, cuBLAS/rocBLAS when Kokkos Kernels is built with them).
+/// BLAS — OpenBLAS on host, cuBLAS/rocBLAS when Kokkos Kernels is built with them), or, for
+/// float views in host memory in a build with KAT_ENABLE_ONEDNN, through oneDNN's `dnnl_sgemm`
+/// (kernels generated for the CPU at hand; see kat/core/detail/blas_onednn.hpp). Views whose
+/// first dimension is strided take the Kokkos Kernels path.
 ///
 /// @param space  execution space instance the product runs on. With Kokkos Kernels >= 4.1 it is
 ///               passed to `KokkosBlas::gemm` (cuBLAS/rocBLAS then use its stream). Older
@@ -101,6 +105,15 @@ void gemm(const ExecSpace &space, Trans trans_a, Trans trans_b,
   }
   if (m == 0 || n == 0) {
     return;
+  }
+  if constexpr (detail::onednn_gemm_available<ExecSpace, AView, BView, CView>()) {
+    if (k > 0) {
+      space.fence(); // oneDNN's threads must see what kernels on `space` wrote
+      if (detail::onednn_gemm(static_cast<char>(trans_a), static_cast<char>(trans_b), m, n, k,
+                              alpha, A, B, beta, C)) {
+        return;
+      }
+    }
   }
   const char ta_s[2] = {static_cast<char>(trans_a), '\0'};
   const char tb_s[2] = {static_cast<char>(trans_b), '\0'};

@@ -1,0 +1,84 @@
+#pragma once
+/// @file
+/// @brief kat::gemm's host path for float: oneDNN's `dnnl_sgemm`, which generates its kernels
+/// for the CPU it runs on (AVX2, AVX-512, AMX-capable cores alike), so the speed of KAT's host
+/// products does not hinge on OpenBLAS recognizing the CPU (Debian's OpenBLAS 0.3.21 takes some
+/// Sapphire Rapids machines for a "Prescott" core and runs training's small products ~3x
+/// slower; see docs/backends.md). Double precision and views oneDNN cannot take (a first
+/// dimension with a stride) keep the Kokkos Kernels path, i.e. the system BLAS.
+
+#include "kat/core/error.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+
+#if defined(KAT_ENABLE_ONEDNN)
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+namespace kat::detail {
+
+/// Whether kat::gemm computes `C = alpha op(A) op(B) + beta C` on `ExecSpace` through oneDNN in
+/// this build: float views on an execution space whose memory the host can access, with KAT
+/// built with KAT_ENABLE_ONEDNN.
+template <class ExecSpace, class AView, class BView, class CView>
+constexpr bool onednn_gemm_available() {
+#if defined(KAT_ENABLE_ONEDNN)
+  return std::is_same<typename AView::non_const_value_type, float>::value &&
+         std::is_same<typename BView::non_const_value_type, float>::value &&
+         std::is_same<typename CView::non_const_value_type, float>::value &&
+         Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                    typename ExecSpace::memory_space>::accessible &&
+         Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                    typename CView::memory_space>::accessible;
+#else
+  return false;
+#endif
+}
+
+/// The leading dimension BLAS expects for a rank-2 view whose first dimension is contiguous, or
+/// 0 when it is not (a strided first dimension that no BLAS takes). A view with one column may
+/// report any stride for its second dimension; BLAS only needs it to be at least the rows.
+template <class View> std::size_t blas_leading_dimension(const View &v) {
+  if (v.extent(0) > 1 && v.stride(0) != 1) {
+    return 0;
+  }
+  const std::size_t rows = std::max<std::size_t>(1, v.extent(0));
+  if (v.extent(1) <= 1) {
+    return rows;
+  }
+  return v.stride(1) >= rows ? static_cast<std::size_t>(v.stride(1)) : 0;
+}
+
+#if defined(KAT_ENABLE_ONEDNN)
+/// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0) through oneDNN's
+/// row-major `dnnl_sgemm`: a column-major matrix is the row-major storage of its transpose, so
+/// the product is computed as the row-major `C^T = op(B)^T op(A)^T`. oneDNN runs it on its
+/// own thread pool (Debian's build: OpenMP, the runtime KAT's OpenMP backend shares).
+/// @returns false, computing nothing, when a view's first dimension is strided.
+/// @throws Error if oneDNN reports a failure.
+template <class AView, class BView, class CView>
+bool onednn_gemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::size_t k,
+                 float alpha, const AView &A, const BView &B, float beta, const CView &C) {
+  const std::size_t lda = blas_leading_dimension(A), ldb = blas_leading_dimension(B),
+                    ldc = blas_leading_dimension(C);
+  if (lda == 0 || ldb == 0 || ldc == 0) {
+    return false;
+  }
+  using dim = dnnl_dim_t;
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_b, trans_a, dim(n), dim(m), dim(k), alpha, B.data(), dim(ldb), A.data(),
+                 dim(lda), beta, C.data(), dim(ldc));
+  if (status != dnnl_success) {
+    throw Error(concat("kat::gemm: dnnl_sgemm(", trans_b, ", ", trans_a, ", n = ", n, ", m = ", m,
+                       ", k = ", k, ", ldb = ", ldb, ", lda = ", lda, ", ldc = ", ldc,
+                       ") returned oneDNN status ", int(status)));
+  }
+  return true;
+}
+#endif
+
+} // namespace kat::detail

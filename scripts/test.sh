@@ -10,6 +10,9 @@
 #             scripts/check_cuda.sh and check_hip.sh compile and link the benchmarks)
 # and prints how long each stage took.
 #   KAT_BACKENDS="openmp sanitize"   which configurations to test (default these two)
+#   KAT_TEST_FAST=1   builds kat_tests only (no examples, benchmarks or header check) and runs
+#                     its single-process cases and the MPI cases at 1 and 2 ranks: what
+#                     scripts/check_fresh_system.sh runs on a bare Debian system
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -86,6 +89,11 @@ for backend in $backends; do
       ;;
     *) echo "test.sh: unknown configuration '$backend' (serial | openmp | sanitize)" >&2; exit 2 ;;
   esac
+  if [ "${KAT_TEST_FAST:-0}" = 1 ]; then
+    args+=(-DKAT_ENABLE_EXAMPLES=OFF -DKAT_ENABLE_BENCHMARKS=OFF)
+    targets=(--target kat_tests)
+    skip=(-E 'headers_are_self_contained|install_and_find_package|mpi_ranks_(3|4)|training: CNN on a')
+  fi
   stage "$backend: configure and build"
   mkdir -p "$build"
   cmake -S "$root" -B "$build" "${args[@]}" >"$build/configure.log" 2>&1 ||

@@ -8,7 +8,13 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
+
+// OpenBLAS's threading model (0 sequential, 1 pthreads, 2 OpenMP); null when the BLAS loaded
+// is not OpenBLAS.
+extern "C" int openblas_get_parallel() __attribute__((weak));
 
 namespace test_core {
 
@@ -38,6 +44,65 @@ TEMPLATE_TEST_CASE("core: gemm equals a triple loop for every transposition", "[
           REQUIRE(double(Ch(i, j)) == Approx(ref).epsilon(tol).margin(tol));
         }
     }
+}
+
+TEST_CASE("core: gemm on row ranges and strided views with long inner dimensions", "[core][blas]") {
+  // Row ranges of a LayoutLeft matrix have a leading dimension above their rows; a LayoutStride
+  // view with a strided first dimension takes the Kokkos Kernels path; k = 700 runs oneDNN's
+  // blocked kernels on the host (float). The bound: |error| <= k eps sum |a b| for float sums.
+  const std::size_t m = 33, n = 17, k = 700;
+  auto Abig = random_matrix<float>(m + 5, k, 11);
+  auto B = random_matrix<float>(n, k, 12);
+  auto Cbig = random_matrix<float>(m + 3, n, 13);
+  const auto A = Kokkos::subview(Abig, std::make_pair<std::size_t, std::size_t>(2, 2 + m),
+                                 Kokkos::ALL());
+  const auto C = Kokkos::subview(Cbig, std::make_pair<std::size_t, std::size_t>(1, 1 + m),
+                                 Kokkos::ALL());
+  const auto C0 = to_host(Cbig);
+  gemm(Space(), Trans::N, Trans::T, 1.5f, A, B, -0.5f, C);
+  const auto Ah = to_host(Abig), Bh = to_host(B), Ch = to_host(Cbig);
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t i = 0; i < m + 3; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      if (i < 1 || i >= 1 + m) {
+        REQUIRE(Ch(i, j) == C0(i, j)); // outside the row range: untouched
+        continue;
+      }
+      double ref = -0.5 * double(C0(i, j)), mag = 0.5 * std::abs(double(C0(i, j)));
+      for (std::size_t p = 0; p < k; ++p) {
+        ref += 1.5 * double(Ah(i + 1, p)) * double(Bh(j, p));
+        mag += 1.5 * std::abs(double(Ah(i + 1, p)) * double(Bh(j, p)));
+      }
+      REQUIRE(std::abs(double(Ch(i, j)) - ref) <= double(k + 2) * eps * mag);
+    }
+  // Every other row of A (a strided first dimension) equals the same product on a copy.
+  Kokkos::View<float **, Kokkos::LayoutStride, Mem> rows(
+      Abig.data(), Kokkos::LayoutStride(m / 2, 2, k, Abig.stride(1)));
+  Matrix<float, Mem> copy("copy", m / 2, k), Cs("Cs", m / 2, n), Cc("Cc", m / 2, n);
+  Kokkos::deep_copy(copy, rows);
+  gemm(Space(), Trans::N, Trans::T, 1.0f, rows, B, 0.0f, Cs);
+  gemm(Space(), Trans::N, Trans::T, 1.0f, copy, B, 0.0f, Cc);
+  const auto Csh = to_host(Cs), Cch = to_host(Cc);
+  for (std::size_t i = 0; i < m / 2; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double mag = 0;
+      for (std::size_t p = 0; p < k; ++p) {
+        mag += std::abs(double(Ah(2 * i, p)) * double(Bh(j, p)));
+      }
+      REQUIRE(std::abs(double(Csh(i, j)) - double(Cch(i, j))) <= 2.0 * double(k) * eps * mag);
+    }
+}
+
+TEST_CASE("core: an OpenMP build's BLAS shares the OpenMP runtime", "[core][blas]") {
+  // A pthread OpenBLAS beside Kokkos's OpenMP threads would start a second pool on the same
+  // cores (cmake/KATKokkos.cmake links the OpenMP one).
+#if defined(KOKKOS_ENABLE_OPENMP)
+  if (openblas_get_parallel != nullptr) {
+    CHECK(openblas_get_parallel() == 2);
+  }
+#else
+  SUCCEED("not an OpenMP build");
+#endif
 }
 
 TEST_CASE("core: gemm shape errors and the k = 0 case", "[core][blas]") {

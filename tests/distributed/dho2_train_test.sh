@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # kat_train with DHO2 on 2 ranks against FOSI on one process: the same global batches, the same
-# curvature batch (each rank differentiating its half), so every epoch's train loss, test loss
-# and test accuracy agree up to the rounding of the reductions; each rank's curvature memory is
-# half of one process's, and the bytes per step are the analytic count. Then overlapped DHO2
-# (2 training ranks and a curvature rank): with staleness bound 0 it trains as FOSI too, with a
+# curvature batch (each rank differentiating its half), so train loss, test loss and test
+# accuracy agree up to the rounding of the reductions; each rank's curvature memory is half of
+# one process's, and the bytes per step are the analytic count. Then overlapped DHO2 (2
+# training ranks and a curvature rank): with staleness bound 0 it trains as FOSI too, with a
 # fixed staleness of 2 every estimate is 2 steps late and the bytes are the analytic count; and
 # the flags' errors.
+#
+# What is compared, and when. The two sides sum in different orders (one process sums a batch's
+# 64 rows in one GEMM, two ranks 32 each and then all-reduce), so they agree up to rounding
+# only until training amplifies it: FOSI's Lanczos refreshes turn a last-bit difference into
+# 4e-4 of the loss after 32 steps and 0.5 % after 64 (measured by changing nothing but
+# OpenBLAS's GEMM kernels of a single process: OPENBLAS_CORETYPE=Prescott against SkylakeX,
+# 2026-11-26). Up to 16 steps (two refreshes) every run agreed to all six printed digits, on
+# every kernel tried. So the losses are compared after 16 steps, tightly (1e-5 relative; one
+# test image), and the two-epoch runs check only what is exact: bytes, memory and staleness.
 #
 #   dho2_train_test.sh KAT_TRAIN DATA_DIR MPIEXEC [mpiexec flags...]
 set -euo pipefail
@@ -14,30 +23,34 @@ shift 3
 work=$(mktemp -d /tmp/kat-dho2-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-# compare FILE NAME: every epoch's train loss, test loss and test accuracy (columns 4-6) are
-# FOSI's up to the rounding of the reductions.
+# compare FILE NAME: train loss, test loss (1e-5 relative) and test accuracy (one image of
+# 10,000) after the 16 steps of short.csv are FOSI's: columns 4-6 of fosi-short.csv.
 compare() {
-  paste -d, "$work/fosi.csv" "$1" | awk -F, -v name="$2" -v cols="$(head -n 1 "$work/fosi.csv" |
+  paste -d, "$work/fosi-short.csv" "$1" | awk -F, -v name="$2" -v cols="$(head -n 1 "$work/fosi-short.csv" |
     awk -F, '{ print NF }')" '
     NR == 1 { next }
     { for (c = 4; c <= 6; ++c) {
         a = $c; b = $(c + cols); d = a - b; if (d < 0) d = -d
-        if (d > 1e-3 * (a < 0 ? -a : a) + 1e-6) {
+        if (d > 1e-5 * (a < 0 ? -a : a) + (c == 6 ? 1e-4 : 1e-6)) {
           printf "epoch %d column %d: FOSI %s, %s %s\n", $1, c, a, name, b; bad = 1 } } }
     END { exit bad }' || fail "$2 differs from FOSI on one process"
 }
-args=(--data-dir "$data" --model mlp --train-subset 2048 --batch-size 64 --epochs 2 --seed 3
-      --progress never --optimizer fosi-momentum --lr 0.02 --k 3 --warmup-w 5
-      --num-iters-to-approx-eigs 8 --profile)
+common=(--data-dir "$data" --model mlp --batch-size 64 --seed 3 --progress never
+        --optimizer fosi-momentum --lr 0.02 --k 3 --warmup-w 5 --num-iters-to-approx-eigs 8
+        --profile)
+args=("${common[@]}" --train-subset 2048 --epochs 2)
+short=("${common[@]}" --train-subset 1024 --epochs 1) # 16 steps: refreshes at steps 5 and 13
 
 echo "== FOSI on one process"
+"$train" "${short[@]}" --metrics "$work/fosi-short.csv" > /dev/null
 "$train" "${args[@]}" --metrics "$work/fosi.csv" > "$work/fosi.log"
 echo "== DHO2 on 2 ranks"
+"$mpiexec" -n 2 "$@" "$train" "${short[@]}" --dist-strategy dho2 --metrics "$work/dho2-short.csv" \
+  > /dev/null
+compare "$work/dho2-short.csv" "DHO2 on 2 ranks"
 "$mpiexec" -n 2 "$@" "$train" "${args[@]}" --dist-strategy dho2 --metrics "$work/dho2.csv" \
   > "$work/dho2.log"
 grep -q "DHO2 (2 shards of" "$work/dho2.log" || fail "no DHO2 line: $(cat "$work/dho2.log")"
-# Refreshes at steps 5, 13, ... in both.
-compare "$work/dho2.csv" "DHO2 on 2 ranks"
 [ "$(wc -l < "$work/dho2.csv")" -eq 3 ] || fail "expected 2 epochs: $(cat "$work/dho2.csv")"
 
 # column NAME FILE: the value of NAME in epoch 2.
@@ -60,12 +73,12 @@ per_step=$(column fosi_bytes_per_step "$work/dho2.csv")
 [ "$(column fosi_bytes_per_step "$work/fosi.csv")" = 0.0 ] || fail "FOSI alone communicated"
 
 echo "== DHO2 on 2 training ranks and 1 curvature rank, staleness bound 0"
-"$mpiexec" -n 3 "$@" "$train" "${args[@]}" --dist-strategy dho2 --dho2-curvature-ranks 1 \
+"$mpiexec" -n 3 "$@" "$train" "${short[@]}" --dist-strategy dho2 --dho2-curvature-ranks 1 \
   --dho2-staleness-bound 0 --metrics "$work/overlap0.csv" > "$work/overlap0.log"
 grep -q "1 curvature ranks, staleness <= 0, eager swap" "$work/overlap0.log" ||
   fail "no overlapped DHO2 line: $(cat "$work/overlap0.log")"
-grep -q "DHO2 curvature ranks: 8 estimates of 64 rows each" "$work/overlap0.log" ||
-  fail "the curvature rank did not report 8 estimates: $(cat "$work/overlap0.log")"
+grep -q "DHO2 curvature ranks: 2 estimates of 64 rows each" "$work/overlap0.log" ||
+  fail "the curvature rank did not report 2 estimates: $(cat "$work/overlap0.log")"
 compare "$work/overlap0.csv" "overlapped DHO2 (S = 0)"
 
 echo "== the same with a fixed staleness of 2 steps"

@@ -23,6 +23,15 @@
 
 // OpenBLAS's run-time thread count; null when the BLAS in use is not OpenBLAS.
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+// The OpenMP runtime's thread count for parallel regions the calling thread starts (oneDNN's
+// GEMMs and convolutions in every host build, Kokkos's OpenMP backend). A program compiled
+// without OpenMP may still load the runtime (oneDNN does): then the weak symbol finds it, and
+// is null when nothing loaded it.
+#if defined(_OPENMP)
+#include <omp.h>
+#else
+extern "C" void omp_set_num_threads(int) noexcept __attribute__((weak));
+#endif
 
 namespace kat::distributed {
 
@@ -90,8 +99,8 @@ inline ThreadBudget thread_budget(const Communicator &comm) {
 /// Applies thread_budget() to this process before Kokkos is initialized, unless the user
 /// chose a thread count (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, KOKKOS_NUM_THREADS, or a
 /// --kokkos-threads / --kokkos-num-threads / --threads flag in argv): sets KOKKOS_NUM_THREADS
-/// (read by Kokkos::initialize, 3.x and 4.x) and OpenBLAS's thread count. On one rank it does
-/// nothing. Collective over `comm`.
+/// (read by Kokkos::initialize, 3.x and 4.x), OpenBLAS's thread count and the OpenMP runtime's
+/// (which oneDNN's host kernels use). On one rank it does nothing. Collective over `comm`.
 /// @returns a line that says what was chosen and why (empty on one rank), for logs.
 /// @throws MPIError if the node split fails.
 inline std::string apply_thread_budget(int argc, char **argv, const Communicator &comm) {
@@ -122,6 +131,13 @@ inline std::string apply_thread_budget(int argc, char **argv, const Communicator
   if (openblas_set_num_threads != nullptr) {
     openblas_set_num_threads(b.threads);
   }
+#if defined(_OPENMP)
+  omp_set_num_threads(b.threads);
+#else
+  if (omp_set_num_threads != nullptr) {
+    omp_set_num_threads(b.threads);
+  }
+#endif
   return kat::detail::concat("threads per rank: ", b.threads, " (", b.local_ranks,
                              " ranks on this node, ", b.node_cpus, " CPUs, ", b.affinity_cpus,
                              " usable by this rank; set OMP_NUM_THREADS to choose)");

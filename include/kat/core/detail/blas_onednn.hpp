@@ -53,16 +53,21 @@ template <class View> std::size_t blas_leading_dimension(const View &v) {
   return v.stride(1) >= rows ? static_cast<std::size_t>(v.stride(1)) : 0;
 }
 
-#if defined(KAT_ENABLE_ONEDNN)
 /// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0) through oneDNN's
 /// row-major `dnnl_sgemm`: a column-major matrix is the row-major storage of its transpose, so
 /// the product is computed as the row-major `C^T = op(B)^T op(A)^T`. oneDNN runs it on its
 /// own thread pool (Debian's build: OpenMP, the runtime KAT's OpenMP backend shares).
-/// @returns false, computing nothing, when a view's first dimension is strided.
+/// @returns false, computing nothing, when a view's first dimension is strided or KAT is built
+/// without oneDNN.
 /// @throws Error if oneDNN reports a failure.
 template <class AView, class BView, class CView>
 bool onednn_gemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::size_t k,
                  float alpha, const AView &A, const BView &B, float beta, const CView &C) {
+#if !defined(KAT_ENABLE_ONEDNN)
+  (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A, (void)B;
+  (void)beta, (void)C;
+  return false;
+#else
   const std::size_t lda = blas_leading_dimension(A), ldb = blas_leading_dimension(B),
                     ldc = blas_leading_dimension(C);
   if (lda == 0 || ldb == 0 || ldc == 0) {
@@ -78,7 +83,7 @@ bool onednn_gemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::
                        ") returned oneDNN status ", int(status)));
   }
   return true;
-}
 #endif
+}
 
 } // namespace kat::detail

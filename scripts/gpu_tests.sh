@@ -25,22 +25,26 @@
 #   prebuilt/          with KAT_GPU_PREBUILT only: kat_tests and kat_train built elsewhere, run
 #                      only if the build on the GPU machine fails or overruns
 #
-# Kokkos 3.4.1 is patched in the extracted copy (kokkos_patch below), because:
+# Kokkos 3.4.1 is patched in the extracted copy (kokkos_patch below; docs/backends.md lists
+# each patch and its reason), because:
 #  - it knows no architecture newer than Ampere, and Cuda::initialize aborts when the compute
 #    capability the kernels were compiled for has another major number than the device's
 #    (core/src/Cuda/Kokkos_Cuda_Instance.cpp: `compiled_major != cudaProp.major`). An sm_80
 #    build does not run on compute capability 9.0, also not through the driver's JIT of its
 #    compute_80 PTX (whose __CUDA_ARCH__ stays 800): seen on an H200, 2026-11-26, "running
 #    kernels compiled for compute capability 8.0 on device with compute capability 9.0 is not
-#    supported by CUDA!", with and without CUDA_FORCE_PTX_JIT=1. So Kokkos_ARCH_AMPERE80 is
-#    mapped to sm_90 in cmake/kokkos_arch.cmake, and nvcc_wrapper's default architecture (sm_35,
-#    which CUDA 12 dropped) to sm_90; KAT's objects get -arch=sm_90 through Kokkos::kokkos's
-#    interface compile options (the build stage counts them and lists their machine code);
+#    supported by CUDA!", with and without CUDA_FORCE_PTX_JIT=1. So the copy gains the option
+#    Kokkos 4.0 introduced, Kokkos_ARCH_HOPPER90 (sm_90, KOKKOS_ARCH_HOPPER and
+#    KOKKOS_ARCH_HOPPER90 in KokkosCore_config.h), with which the compiled-major check compares
+#    9 with 9; nvcc_wrapper's default architecture (sm_35, which CUDA 12 dropped; CMake's
+#    compiler checks name none) becomes sm_90. KAT's objects get -arch=sm_90 through
+#    Kokkos::kokkos's interface compile options (the build stage counts them and lists their
+#    machine code);
 #  - nvcc 13 rejects Kokkos_Cuda_Half.hpp's implicit half_t -> __half conversions and its
-#    __half2double; CUDA 13's cudaMemPrefetchAsync takes a cudaMemLocation; cuSPARSE 12 lost
-#    the SpMV algorithm names Kokkos Kernels uses; the occupancy deduction throws on compute
-#    capability 9.0; and the installed KokkosConfig.cmake copies CMake 4's CUDA:: targets
-#    wrongly (see kokkos_patch).
+#    __half2double; CUDA 13's cudaMemPrefetchAsync takes a cudaMemLocation; the occupancy
+#    deduction throws on compute capability 9.0; and the installed KokkosConfig.cmake copies
+#    CMake 4's CUDA:: targets wrongly (see kokkos_patch). Kokkos Kernels is not patched: its
+#    cuSPARSE TPL, which CUDA 12 broke and KAT does not use, is turned off.
 #
 # Through the device tool of this workplace (one call; the machine keeps build/gpu-build only
 # while it stays warm):
@@ -179,10 +183,6 @@ kokkos_patch() {
   # sm_35, which CUDA 12 dropped.
   sed -i 's/^default_arch="sm_35"$/default_arch="sm_90"/' "$k/bin/nvcc_wrapper"
   grep -q '^default_arch="sm_90"$' "$k/bin/nvcc_wrapper"
-  # Ampere80 -> sm_90 (see the header).
-  sed -i 's/^CHECK_CUDA_ARCH(AMPERE80  sm_80)$/CHECK_CUDA_ARCH(AMPERE80  sm_90)/' \
-    "$k/cmake/kokkos_arch.cmake"
-  grep -q '^CHECK_CUDA_ARCH(AMPERE80  sm_90)$' "$k/cmake/kokkos_arch.cmake"
   # nvcc 13 (CUDA 13) and compute capability 9.0; the CUDA 13 changes are guarded so that older
   # toolkits compile what they did:
   python3 - "$k" <<'EOF'
@@ -194,6 +194,25 @@ def patch(path, old, new, count=1):
     if text.count(old) != count:
         sys.exit(f"kokkos_patch: {path}: expected {count} of {old!r}, found {text.count(old)}")
     open(f, "w").write(text.replace(old, new))
+# 0. Kokkos_ARCH_HOPPER90 as Kokkos 4 has it: the option, its sm_90 flag, the general
+#    KOKKOS_ARCH_HOPPER, and both macros in KokkosCore_config.h.
+patch("cmake/kokkos_arch.cmake",
+      """KOKKOS_ARCH_OPTION(AMPERE86        GPU  "NVIDIA Ampere generation CC 8.6")""",
+      """KOKKOS_ARCH_OPTION(AMPERE86        GPU  "NVIDIA Ampere generation CC 8.6")
+KOKKOS_ARCH_OPTION(HOPPER90        GPU  "NVIDIA Hopper generation CC 9.0")""")
+patch("cmake/kokkos_arch.cmake", "CHECK_CUDA_ARCH(AMPERE86  sm_86)",
+      "CHECK_CUDA_ARCH(AMPERE86  sm_86)\nCHECK_CUDA_ARCH(HOPPER90  sm_90)")
+patch("cmake/kokkos_arch.cmake", """  IF (KOKKOS_ARCH_AMPERE80 OR KOKKOS_ARCH_AMPERE86)
+    SET(KOKKOS_ARCH_AMPERE ON)
+  ENDIF()""", """  IF (KOKKOS_ARCH_AMPERE80 OR KOKKOS_ARCH_AMPERE86)
+    SET(KOKKOS_ARCH_AMPERE ON)
+  ENDIF()
+
+  IF (KOKKOS_ARCH_HOPPER90)
+    SET(KOKKOS_ARCH_HOPPER ON)
+  ENDIF()""")
+patch("cmake/KokkosCore_config.h.in", "#cmakedefine KOKKOS_ARCH_AMPERE86",
+      "#cmakedefine KOKKOS_ARCH_AMPERE86\n#cmakedefine KOKKOS_ARCH_HOPPER\n#cmakedefine KOKKOS_ARCH_HOPPER90")
 # 1. cuda_fp16.h: half_t converts to __half only explicitly, and the front end now checks the
 #    non-dependent calls in cast_from_half's templates; __half2double does not exist.
 for fn in ["float", "short_rz", "ushort_rz", "int_rz", "uint_rz", "ll_rz", "ull_rz"]:
@@ -232,22 +251,6 @@ patch("core/src/Cuda/Kokkos_CudaSpace.cpp",
                                         space.cuda_stream()));
 #endif""")
 EOF
-  local kk=$1/packages/kokkos-kernels
-  python3 - "$kk" <<'EOF'
-import sys
-k = sys.argv[1]
-path = f"{k}/src/impl/tpls/KokkosSparse_spmv_tpl_spec_decl.hpp"
-text = open(path).read()
-# 5. cuSPARSE 12 dropped the SpMV algorithm names of CUDA 10 (renamed in CUDA 11.2).
-old = "    cusparseSpMVAlg_t alg = CUSPARSE_MV_ALG_DEFAULT;"
-if text.count(old) != 1:
-    sys.exit(f"kokkos_patch: {path}: expected one {old!r}")
-open(path, "w").write(text.replace(old, """#if CUSPARSE_VERSION >= 12000
-#define CUSPARSE_MV_ALG_DEFAULT CUSPARSE_SPMV_ALG_DEFAULT
-#define CUSPARSE_CSRMV_ALG2 CUSPARSE_SPMV_CSR_ALG2
-#endif
-""" + old))
-EOF
 }
 
 info() {
@@ -283,7 +286,9 @@ build_kokkos() {
     -DCMAKE_CXX_COMPILER="$s/packages/kokkos/bin/nvcc_wrapper"
     -DCMAKE_POLICY_VERSION_MINIMUM=3.5) # CMake 4 (pip's) with older projects; unused otherwise
   cmake -S "$s/packages/kokkos" -B "$work/kokkos" "${common[@]}" -DKokkos_ENABLE_CUDA=ON \
-    -DKokkos_ENABLE_CUDA_LAMBDA=ON -DKokkos_ARCH_AMPERE80=ON
+    -DKokkos_ENABLE_CUDA_LAMBDA=ON -DKokkos_ARCH_HOPPER90=ON
+  grep -q '^#define KOKKOS_ARCH_HOPPER90$' "$work/kokkos/KokkosCore_config.h" ||
+    { echo "Kokkos does not define KOKKOS_ARCH_HOPPER90"; return 1; }
   grep -rq -e '-arch=sm_90' "$work/kokkos" --include=build.ninja --include=flags.make ||
     { echo "Kokkos is not configured for sm_90"; return 1; }
   cmake --build "$work/kokkos" -j "$jobs"
@@ -295,6 +300,7 @@ build_kokkos() {
     -DKokkosKernels_INST_ORDINAL_INT=OFF -DKokkosKernels_INST_OFFSET_SIZE_T=OFF \
     -DKokkosKernels_INST_OFFSET_INT=OFF -DKokkosKernels_INST_LAYOUTLEFT=OFF \
     -DKokkosKernels_ENABLE_TPL_CUBLAS="$cublas" -DCUBLAS_ROOT="$cuda_home" \
+    -DKokkosKernels_ENABLE_TPL_CUSPARSE=OFF \
     -DKokkosKernels_ENABLE_TESTS=OFF -DKokkosKernels_ENABLE_EXAMPLES=OFF
   cmake --build "$work/kk" -j "$jobs"
   cmake --install "$work/kk" >/dev/null

@@ -126,10 +126,20 @@ TEST_CASE("host sync: an SGD step and a K-FAC step synchronize a pinned number o
   CHECK(factors.reductions == 2 + 6);
   CHECK(factors.kat_fences == 1);
   // A decomposition step reads the status once more before decomposing (the decompositions
-  // need the new factors, known to be finite); the host solver's input checks reduce too.
+  // need the new factors, known to be finite); each of the six symmetric_eigen calls reduces
+  // three times (its input, then its eigenvalues and eigenvectors, checked for non-finite
+  // entries): 2 + 6 + 6 x 3 = 26 with LAPACK (host memory). The vendor GPU solvers add a read of
+  // their info (one reduction per call, 26 + 6: measured 32 on an H100, 2026-11-26); the
+  // portable Jacobi solver reduces once per sweep, as many as the factors need (not pinned).
   CHECK(decompose.deep_copies == 2);
   CHECK(decompose.kat_fences == 2);
-  CHECK(decompose.reductions == 26);
+  if constexpr (std::is_same<Mem, Kokkos::HostSpace>::value) {
+    CHECK(decompose.reductions == 26);
+  } else if constexpr (kat::linalg::has_vendor<Mem>) {
+    CHECK(decompose.reductions == 26 + 6);
+  } else {
+    CHECK(decompose.reductions > 26);
+  }
 }
 
 } // namespace test_host_sync

@@ -87,6 +87,8 @@ for m in proc sys dev; do
 done
 mount --bind "$cache/archives" "$target/var/cache/apt/archives"
 mounts+=("$target/var/cache/apt/archives")
+# apt downloads as its own user, as on an installed system (else it warns and downloads as root).
+chroot "$target" chown _apt:root /var/lib/apt/lists/partial /var/cache/apt/archives/partial
 
 # The checkout's tracked files (CI's clean clone: the same thing).
 mkdir -p "$target/root/kat"

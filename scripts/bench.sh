@@ -15,9 +15,9 @@ for backend in ${KAT_BACKENDS:-serial openmp}; do
   env=()
   if [ "$backend" = openmp ]; then
     args+=(-DCMAKE_PREFIX_PATH="$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)")
-    # OpenBLAS's OpenMP variant shares Kokkos's thread pool; see docs/backends.md.
-    env=(LD_LIBRARY_PATH="$("$root/scripts/openmp_blas_dir.sh")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}" OMP_PROC_BIND=false)
+    # The programs link OpenBLAS's OpenMP variant, which shares Kokkos's thread pool
+    # (docs/backends.md).
+    env=(OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}" OMP_PROC_BIND=false)
   fi
   cmake -S "$root" -B "$build" "${args[@]}" >/dev/null
   cmake --build "$build" -j "$(nproc)" >/dev/null

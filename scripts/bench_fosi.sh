@@ -45,8 +45,6 @@ case $backend in
   openmp)
     build=$root/build/bench-fosi-openmp
     config+=(-DCMAKE_PREFIX_PATH="$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)")
-    # OpenBLAS's OpenMP build shares Kokkos's thread pool (docs/backends.md).
-    export LD_LIBRARY_PATH="$("$root/scripts/openmp_blas_dir.sh")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
     ;;
   *)

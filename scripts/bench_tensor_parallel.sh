@@ -22,7 +22,6 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=OFF \
   -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$build" --target kat_train kat_plan -j "$(nproc)" >/dev/null
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_PROC_BIND=false
-export LD_LIBRARY_PATH=$("$root/scripts/openmp_blas_dir.sh")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 epochs=${KAT_TP_EPOCHS:-1}
 common=(--model vit --optimizer adam --lr 1e-3 --epochs "$epochs" --progress never
   --train-subset "${KAT_TP_SUBSET:-0}")

@@ -43,6 +43,7 @@ stamp=$prefix/.kat-complete
 # What the prefix is built from; a cached prefix with another id is rebuilt.
 build_id=$version
 [ "$backend" != hip ] || build_id="$version gfx908+gfx90a"
+[ "$backend" != openmp ] || build_id="$version openmp-openblas"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$build_id" ]; then
   echo "$prefix"
@@ -80,7 +81,13 @@ case $backend in
   openmp)
     common+=(-DCMAKE_CXX_COMPILER=g++ -DBUILD_SHARED_LIBS=ON)
     kokkos=(-DKokkos_ENABLE_OPENMP=ON)
-    kk+=(-DKokkosKernels_ENABLE_TPL_BLAS=ON -DKokkosKernels_ENABLE_TPL_LAPACK=ON)
+    # The BLAS and LAPACK of Debian's OpenMP OpenBLAS (scripts/openmp_blas_dir.sh), which share
+    # the OpenMP runtime with Kokkos, not the default pthread one: the exported targets then
+    # name the same libraries that KAT links for OpenMP builds (cmake/KATKokkos.cmake).
+    blas_dir=$("$root/scripts/openmp_blas_dir.sh")
+    kk+=(-DKokkosKernels_ENABLE_TPL_BLAS=ON -DKokkosKernels_ENABLE_TPL_LAPACK=ON
+      -DBLAS_LIBRARIES=libblas.so.3 -DBLAS_LIBRARY_DIRS="$blas_dir"
+      -DLAPACK_LIBRARIES=liblapack.so.3 -DLAPACK_LIBRARY_DIRS="$blas_dir")
     ;;
   cuda)
     command -v nvcc >/dev/null || { echo "build_kokkos.sh: nvcc not found on PATH" >&2; exit 1; }

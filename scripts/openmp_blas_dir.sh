@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prints the directory of Debian's OpenMP build of OpenBLAS (libblas.so.3 and
-# libopenblas.so.0), for LD_LIBRARY_PATH when running the OpenMP backend.
+# libopenblas.so.0): what scripts/build_kokkos.sh links Kokkos Kernels to for the OpenMP
+# backend, and LD_LIBRARY_PATH for older builds (scripts/bench_compare.sh) that did not link it.
 set -euo pipefail
 dir=/usr/lib/$(gcc -print-multiarch)/openblas-openmp
 if [ ! -f "$dir/libopenblas.so.0" ]; then

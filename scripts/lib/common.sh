@@ -62,13 +62,12 @@ kat_stage_summary() {
 
 # kat_openmp_trainer ROOT BUILD THREADS: builds kat_train (Release, OpenMP Kokkos from
 # scripts/build_kokkos.sh, no tests) in BUILD and sets the array kat_env to the environment
-# that runs it on THREADS threads with the OpenMP OpenBLAS (docs/backends.md).
+# that runs it on THREADS threads (it links the OpenMP OpenBLAS itself; docs/backends.md).
 kat_openmp_trainer() {
   local root=$1 build=$2 threads=$3 prefix
   prefix=$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=OFF \
     -DKAT_ENABLE_EXAMPLES=ON -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
   cmake --build "$build" --target kat_train -j "$(nproc)" >/dev/null
-  kat_env=(LD_LIBRARY_PATH="$("$root/scripts/openmp_blas_dir.sh")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OMP_PROC_BIND=false)
+  kat_env=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OMP_PROC_BIND=false)
 }

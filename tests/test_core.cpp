@@ -93,15 +93,16 @@ TEST_CASE("core: gemm on row ranges and strided views with long inner dimensions
     }
 }
 
-TEST_CASE("core: an OpenMP build's BLAS shares the OpenMP runtime", "[core][blas]") {
-  // A pthread OpenBLAS beside Kokkos's OpenMP threads would start a second pool on the same
-  // cores (cmake/KATKokkos.cmake links the OpenMP one).
-#if defined(KOKKOS_ENABLE_OPENMP)
-  if (openblas_get_parallel != nullptr) {
-    CHECK(openblas_get_parallel() == 2);
-  }
+TEST_CASE("core: the BLAS shares the OpenMP runtime of Kokkos and oneDNN", "[core][blas]") {
+  // A pthread OpenBLAS beside Kokkos's or oneDNN's OpenMP threads would start a second pool on
+  // the same cores; cmake/KATOpenMPBLAS.cmake links the OpenMP one then (KAT_OPENMP_BLAS).
+#if defined(KAT_OPENMP_BLAS)
+  REQUIRE(openblas_get_parallel != nullptr);
+  CHECK(openblas_get_parallel() == 2);
+#elif defined(KOKKOS_ENABLE_OPENMP)
+  FAIL("an OpenMP Kokkos without the OpenMP OpenBLAS (cmake/KATOpenMPBLAS.cmake)");
 #else
-  SUCCEED("not an OpenMP build");
+  SUCCEED("nothing in this build threads with OpenMP");
 #endif
 }
 

@@ -51,9 +51,9 @@ for backend in $backends; do
       # processes of 2 threads each: idle threads that spin (the default wait policy) take the
       # cores from the others, and passive waiting ran the suite in 112 s instead of 387 s on
       # 2 cores. It changes how threads wait, not what they compute.
-      # The OpenMP OpenBLAS comes by the programs' own run path (cmake/KATKokkos.cmake), so no
-      # LD_LIBRARY_PATH: the test "core: an OpenMP build's BLAS shares the OpenMP runtime"
-      # checks what a user's build loads.
+      # The OpenMP OpenBLAS comes by the programs' own run path (cmake/KATOpenMPBLAS.cmake), so
+      # no LD_LIBRARY_PATH: the test "core: the BLAS shares the OpenMP runtime of Kokkos and
+      # oneDNN" checks what a user's build loads.
       env=(OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=passive)
       ;;
     sanitize)

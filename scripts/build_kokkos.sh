@@ -83,7 +83,7 @@ case $backend in
     kokkos=(-DKokkos_ENABLE_OPENMP=ON)
     # The BLAS and LAPACK of Debian's OpenMP OpenBLAS (scripts/openmp_blas_dir.sh), which share
     # the OpenMP runtime with Kokkos, not the default pthread one: the exported targets then
-    # name the same libraries that KAT links for OpenMP builds (cmake/KATKokkos.cmake).
+    # name the same libraries that KAT links for OpenMP builds (cmake/KATOpenMPBLAS.cmake).
     blas_dir=$("$root/scripts/openmp_blas_dir.sh")
     kk+=(-DKokkosKernels_ENABLE_TPL_BLAS=ON -DKokkosKernels_ENABLE_TPL_LAPACK=ON
       -DBLAS_LIBRARIES=libblas.so.3 -DBLAS_LIBRARY_DIRS="$blas_dir"

@@ -54,10 +54,10 @@ TEST_CASE("core: gemm on row ranges and strided views with long inner dimensions
   auto Abig = random_matrix<float>(m + 5, k, 11);
   auto B = random_matrix<float>(n, k, 12);
   auto Cbig = random_matrix<float>(m + 3, n, 13);
-  const auto A = Kokkos::subview(Abig, std::make_pair<std::size_t, std::size_t>(2, 2 + m),
-                                 Kokkos::ALL());
-  const auto C = Kokkos::subview(Cbig, std::make_pair<std::size_t, std::size_t>(1, 1 + m),
-                                 Kokkos::ALL());
+  const auto A =
+      Kokkos::subview(Abig, std::make_pair<std::size_t, std::size_t>(2, 2 + m), Kokkos::ALL());
+  const auto C =
+      Kokkos::subview(Cbig, std::make_pair<std::size_t, std::size_t>(1, 1 + m), Kokkos::ALL());
   const auto C0 = to_host(Cbig);
   gemm(Space(), Trans::N, Trans::T, 1.5f, A, B, -0.5f, C);
   const auto Ah = to_host(Abig), Bh = to_host(B), Ch = to_host(Cbig);

@@ -542,7 +542,7 @@ TEST_CASE("daso overlaps its global sends with the steps under an emulated link"
     distributed::DASOStats stats;
   };
   const auto run = [&](std::int64_t wait) {
-    auto comm = with_nodes_of(1); // every rank a node
+    auto comm = with_nodes_of(1);                                // every rank a node
     comm.set_internode_link({1e-3, 4.0 * double(n + 1) / 5e-3}); // 1 ms + 5 ms per send
     Vector<float, Mem> theta("theta", n), grad("grad", n);
     DASOOptions o;

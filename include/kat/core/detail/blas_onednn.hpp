@@ -32,8 +32,7 @@ constexpr bool onednn_gemm_available() {
          std::is_same<typename CView::non_const_value_type, float>::value &&
          Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                     typename ExecSpace::memory_space>::accessible &&
-         Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                    typename CView::memory_space>::accessible;
+         Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename CView::memory_space>::accessible;
 #else
   return false;
 #endif
@@ -74,9 +73,8 @@ bool onednn_gemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::
     return false;
   }
   using dim = dnnl_dim_t;
-  const dnnl_status_t status =
-      dnnl_sgemm(trans_b, trans_a, dim(n), dim(m), dim(k), alpha, B.data(), dim(ldb), A.data(),
-                 dim(lda), beta, C.data(), dim(ldc));
+  const dnnl_status_t status = dnnl_sgemm(trans_b, trans_a, dim(n), dim(m), dim(k), alpha, B.data(),
+                                          dim(ldb), A.data(), dim(lda), beta, C.data(), dim(ldc));
   if (status != dnnl_success) {
     throw Error(concat("kat::gemm: dnnl_sgemm(", trans_b, ", ", trans_a, ", n = ", n, ", m = ", m,
                        ", k = ", k, ", ldb = ", ldb, ", lda = ", lda, ", ldc = ", ldc,

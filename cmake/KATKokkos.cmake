@@ -47,4 +47,3 @@ endif()
 # LAPACK is called directly for the factorizations Kokkos Kernels 3.4 lacks (K-FAC).
 find_package(LAPACK REQUIRED)
 find_package(ZLIB REQUIRED)
-

@@ -15,6 +15,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 [ $# -ge 1 ] || { echo "usage: scripts/bench_compare.sh BASE [HEAD] [benchmark arguments...]" >&2; exit 2; }
+# shellcheck source=lib/common.sh
+. "$root/scripts/lib/common.sh"
 base=$(git rev-parse --short "$1")
 shift
 head=$(git rev-parse --short HEAD)
@@ -29,16 +31,8 @@ mkdir -p "$out"
 
 # A worktree per commit (reused), its benchmarks built per backend.
 build() { # build COMMIT BACKEND -> prints the build directory
-  local commit=$1 backend=$2 tree=$out/src-$1 dir=$out/$1-$2 args env=()
-  [ -d "$tree" ] || git worktree add -q --detach "$tree" "$commit" >&2
-  args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_TESTS=OFF
-    -DKAT_ENABLE_EXAMPLES=OFF)
-  if [ "$backend" = openmp ]; then
-    args+=(-DCMAKE_PREFIX_PATH="$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)")
-  fi
-  cmake -S "$tree" -B "$dir" "${args[@]}" >/dev/null
-  cmake --build "$dir" -j "$(nproc)" >/dev/null
-  echo "$dir"
+  kat_commit_build "$root" "$out" "$1" "$2" "" -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_TESTS=OFF \
+    -DKAT_ENABLE_EXAMPLES=OFF
 }
 
 for backend in ${KAT_BACKENDS:-serial openmp}; do

@@ -30,18 +30,12 @@ if [[ " $workloads " == *" torch-mlp "* ]] && [ -n "$(kat_missing python3-torch)
 fi
 out=$root/build/host-blas
 mkdir -p "$out"
-prefix=$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)
 data=/usr/share/datasets/fashion-mnist
 
 for commit in "$base" "$head"; do
-  tree=$out/tree-$commit
-  [ -d "$tree" ] || git worktree add -f --detach "$tree" "$commit" >/dev/null
   for backend in serial openmp; do
-    extra=()
-    [ "$backend" = serial ] || extra=(-DCMAKE_PREFIX_PATH="$prefix")
-    cmake -S "$tree" -B "$out/$commit-$backend" -DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=OFF \
-      -DKAT_ENABLE_EXAMPLES=ON "${extra[@]}" >/dev/null
-    cmake --build "$out/$commit-$backend" --target kat_train -j "$(nproc)" >/dev/null
+    kat_commit_build "$root" "$out" "$commit" "$backend" kat_train -DKAT_ENABLE_TESTS=OFF \
+      -DKAT_ENABLE_EXAMPLES=ON >/dev/null
   done
 done
 
@@ -82,6 +76,5 @@ done
 echo "== median epoch-2 seconds"
 awk '{ k = $1 " " $2 " " $3; v[k] = v[k] " " $4 } END { for (k in v) print k, v[k] }' "$results" |
   sort | while read -r w c ct rest; do
-    printf '%-10s %-16s %-9s %s\n' "$w" "$c" "$ct" "$(tr ' ' '\n' <<<"$rest" | sort -n |
-      awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')"
+    printf '%-10s %-16s %-9s %s\n' "$w" "$c" "$ct" "$(tr ' ' '\n' <<<"$rest" | kat_median)"
   done

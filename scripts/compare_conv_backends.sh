@@ -50,8 +50,8 @@ for model in ${KAT_MODELS:-cnn resnet}; do
     acc=$(for f in "${files[@]}"; do awk -F, 'END { print $6 }' "$f"; done |
       awk '{ s += $1; q += $1 * $1; n++ } END { m = s / n; v = n > 1 ? (q - n * m * m) / (n - 1) : 0;
              printf "%.2f%% +- %.2f", 100 * m, 100 * sqrt(v > 0 ? v : 0) }')
-    median=$(for f in "${files[@]}"; do awk -F, 'NR > 2 { print $2 }' "$f"; done | sort -n |
-      awk '{ v[NR] = $1 } END { printf "%.2f", v[int((NR + 1) / 2)] }')
+    median=$(for f in "${files[@]}"; do awk -F, 'NR > 2 { print $2 }' "$f"; done | kat_median)
+    median=$(printf '%.2f' "$median")
     echo "$model $backend: final test accuracy $acc (${#files[@]} seeds), median epoch $median s"
   done
 done

@@ -52,8 +52,7 @@ for model in ${KAT_MODELS:-mlp cnn resnet}; do
     done
   done
   for which in kat torch; do
-    awk -F, '$1 > 1 { print $2 }' "$out/$model-$which"-*.txt | sort -n |
-      awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }' >"$out/$model-$which.median"
+    awk -F, '$1 > 1 { print $2 }' "$out/$model-$which"-*.txt | kat_median >"$out/$model-$which.median"
   done
   awk -v m="$model" -v n="$subset" 'NR == FNR { k = $1; next } { t = $1 }
     END { printf "%s (%s training images): median epoch KAT %.2f s, PyTorch %.2f s, KAT / PyTorch %.2f\n",

@@ -71,3 +71,27 @@ kat_openmp_trainer() {
   cmake --build "$build" --target kat_train -j "$(nproc)" >/dev/null
   kat_env=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OMP_PROC_BIND=false)
 }
+
+# kat_median: the median of the numbers on standard input, one a line (the lower middle one for
+# an even count); prints nothing for no input.
+kat_median() {
+  sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
+}
+
+# kat_commit_build ROOT OUT COMMIT BACKEND TARGET [CMAKE_ARG...]: builds TARGET (all when empty)
+# of COMMIT in a git worktree of ROOT (OUT/src-COMMIT, reused) for BACKEND (serial: Debian's
+# Kokkos; openmp: scripts/build_kokkos.sh openmp's), Release, in OUT/COMMIT-BACKEND, and prints
+# that directory. For same-run comparisons of two commits.
+kat_commit_build() {
+  local root=$1 out=$2 commit=$3 backend=$4 target=$5 tree dir args
+  shift 5
+  tree=$out/src-$commit dir=$out/$commit-$backend
+  [ -d "$tree" ] || git -C "$root" worktree add -q --detach "$tree" "$commit" >&2
+  args=(-DCMAKE_BUILD_TYPE=Release "$@")
+  if [ "$backend" = openmp ]; then
+    args+=(-DCMAKE_PREFIX_PATH="$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)")
+  fi
+  cmake -S "$tree" -B "$dir" "${args[@]}" >/dev/null
+  cmake --build "$dir" ${target:+--target "$target"} -j "$(nproc)" >/dev/null
+  echo "$dir"
+}

@@ -18,6 +18,35 @@
 namespace kat {
 namespace optim {
 
+namespace detail {
+
+/// The fused SGD update of SGD::step, element i. A named functor, not a KOKKOS_LAMBDA: nvcc's
+/// wrapper of an extended lambda in a header is merged across translation units while its
+/// function pointers are not, which crashed SGD::step on the host (docs/backends.md).
+template <class Vector> struct SGDStep {
+  using Scalar = typename Vector::non_const_value_type;
+  Vector p, g, buf;
+  Scalar lr, weight_decay, one_minus_dampening, momentum;
+  bool use_weight_decay, use_momentum, nesterov, first;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    Scalar d = g(i);
+    // PyTorch skips the term when weight_decay == 0, which matters for non-finite p.
+    if (use_weight_decay) {
+      d += weight_decay * p(i);
+    }
+    if (use_momentum) {
+      // PyTorch clones d into the buffer on the first step, with no dampening.
+      const Scalar b = first ? d : momentum * buf(i) + one_minus_dampening * d;
+      buf(i) = b;
+      d = nesterov ? d + momentum * b : b;
+    }
+    p(i) -= lr * d;
+  }
+};
+
+} // namespace detail
+
 /// SGD with optional momentum (Polyak heavy ball in PyTorch's formulation), dampening,
 /// Nesterov momentum (Sutskever et al. 2013, "On the importance of initialization and momentum
 /// in deep learning", Eq. 3-4, in the reformulation used by PyTorch) and L2 weight decay.
@@ -74,37 +103,22 @@ public:
     kat::ScopedRegion region("kat::optim::SGD::step");
     this->begin_step(params, grads);
 
-    // Plain locals: device lambdas must not capture `this`.
-    const Scalar lr = static_cast<Scalar>(this->lr_);
-    const Scalar weight_decay = static_cast<Scalar>(opt_.weight_decay);
-    const bool use_weight_decay = opt_.weight_decay != 0.0;
-    const Scalar momentum = static_cast<Scalar>(opt_.momentum);
-    const Scalar one_minus_dampening = static_cast<Scalar>(1.0 - opt_.dampening);
-    const bool use_momentum = opt_.momentum != 0.0;
-    const bool nesterov = opt_.nesterov;
-    const bool first = this->steps_ == 1;
-    const vector_type p = params;
-    const vector_type g = grads;
-    const vector_type buf = buf_;
-
+    detail::SGDStep<vector_type> kernel;
+    kernel.p = params;
+    kernel.g = grads;
+    kernel.buf = buf_;
+    kernel.lr = static_cast<Scalar>(this->lr_);
+    kernel.weight_decay = static_cast<Scalar>(opt_.weight_decay);
+    kernel.one_minus_dampening = static_cast<Scalar>(1.0 - opt_.dampening);
+    kernel.momentum = static_cast<Scalar>(opt_.momentum);
+    kernel.use_weight_decay = opt_.weight_decay != 0.0;
+    kernel.use_momentum = opt_.momentum != 0.0;
+    kernel.nesterov = opt_.nesterov;
+    kernel.first = this->steps_ == 1;
     using Policy = Kokkos::RangePolicy<execution_space>;
     using Index = typename Policy::member_type;
-    Kokkos::parallel_for(
-        "kat::optim::SGD::step", Policy(space, Index(0), static_cast<Index>(this->size_)),
-        KOKKOS_LAMBDA(const Index i) {
-          Scalar d = g(i);
-          // PyTorch skips the term when weight_decay == 0, which matters for non-finite p.
-          if (use_weight_decay) {
-            d += weight_decay * p(i);
-          }
-          if (use_momentum) {
-            // PyTorch clones d into the buffer on the first step, with no dampening.
-            const Scalar b = first ? d : momentum * buf(i) + one_minus_dampening * d;
-            buf(i) = b;
-            d = nesterov ? d + momentum * b : b;
-          }
-          p(i) -= lr * d;
-        });
+    Kokkos::parallel_for("kat::optim::SGD::step",
+                         Policy(space, Index(0), static_cast<Index>(this->size_)), kernel);
   }
 
   /// The options given at construction (lr there is the initial rate; see lr()).

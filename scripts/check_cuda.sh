@@ -9,12 +9,16 @@
 #   install   scripts/setup.sh, then nvidia-cuda-toolkit and g++-11 (nvcc 11.8 refuses g++ 12)
 #             from the contrib/non-free components of the machine's own Debian sources,
 #             through a private apt configuration (the system's apt setup is not changed)
+#   odr       tests/cuda/extended_lambda_odr/run.sh: nvcc's extended-lambda wrapper crashes or not
+#             by link order, a named functor in both orders (host only, why `lambdas` below holds)
 #   kokkos    scripts/build_kokkos.sh cuda (cached in $KAT_DEPS_DIR, default ~/.cache/kat)
 #   configure KAT in build/check-cuda with that Kokkos's nvcc_wrapper, MPI and cuSOLVER
 #   headers   every public header compiled with nvcc (device code included), 40 to a
 #             translation unit; each header on its own is g++'s check (scripts/test.sh)
 #   build     every test source, example and benchmark, compiled and linked
 #   objects   every object compiled (headers, tests, examples, benchmarks) holds sm_80 PTX
+#   lambdas   no object holds nvcc's wrapper of an extended lambda defined in a header of KAT
+#             or Kokkos (see header_lambdas below)
 #   KAT_JOBS   parallel build jobs (default: nproc)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -83,9 +87,33 @@ code_objects() {
   echo "sm_80 PTX in all $n objects"
 }
 
+# nvcc wraps each extended __host__ __device__ lambda (KOKKOS_LAMBDA) in __nv_hdl_wrapper_t<...,
+# __nv_dl_tag<..., &enclosing_function, N>, ...>, whose members are weak symbols the linker
+# merges across translation units while the function pointers they call are per-unit statics
+# (tests/cuda/extended_lambda_odr/run.sh): a lambda in a header function, instantiated in two
+# units, crashes or not depending on the link order. KAT's headers therefore launch named
+# functors only. A lambda in a test or example file's own function is unique to its unit.
+header_lambdas() {
+  local o found=0 bad
+  for o in $(find "$build/tests" "$build/examples" "$build/bench" -name '*.o' | sort); do
+    # The enclosing function of each wrapped lambda: the pointer after ", &" in its tag.
+    bad=$(nm -C "$o" | grep -oP '__nv_hdl_wrapper_t<.*?__nv_dl_tag<.*?, &\K(kat|Kokkos\w*)::[\w:]+(<[^()]*?>)?(::\w+)?' |
+      sort -u || true)
+    if [ -n "$bad" ]; then
+      echo "error: $o holds extended lambdas (KOKKOS_LAMBDA) of these header functions:" >&2
+      echo "$bad" | sed 's/^/  /' >&2
+      found=1
+    fi
+  done
+  [ "$found" -eq 0 ] || return 1
+  echo "no extended lambda of a KAT or Kokkos header function in any object"
+}
+
 mkdir -p "$build"
 kat_stage install "$logs-install.log" install_cuda
 echo "   nvcc: $(command -v nvcc), $(nvcc --version | tail -n 2 | head -n 1)"
+kat_stage odr "$logs-odr.log" "$root/tests/cuda/extended_lambda_odr/run.sh" nvcc
+tail -n 4 "$logs-odr.log" | sed 's/^/   /'
 kat_stage kokkos "$logs-kokkos.log" "$root/scripts/build_kokkos.sh" cuda
 prefix=$(tail -n 1 "$logs-kokkos.log")
 kat_stage configure "$logs-configure.log" configure
@@ -95,5 +123,7 @@ echo "   $(find "$build/tests/header_check" -name '*.cpp' | wc -l) headers compi
 kat_stage build "$logs-build.log" cmake --build "$build" -j "$KAT_JOBS"
 kat_stage objects "$logs-objects.log" code_objects
 tail -n 1 "$logs-objects.log" | sed 's/^/   /'
+kat_stage lambdas "$logs-lambdas.log" header_lambdas
+tail -n 1 "$logs-lambdas.log" | sed 's/^/   /'
 echo "check_cuda.sh: OK: headers, tests, examples and benchmarks compile and link with nvcc" \
   "$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($(kat_stage_summary))"

@@ -17,6 +17,7 @@
 #include "kat/nn/residual.hpp"
 #include "kat/nn/sequential.hpp"
 #include "kat/nn/transformer.hpp"
+#include "kat/nn/vit_options.hpp"
 
 #include <array>
 #include <functional>
@@ -102,21 +103,6 @@ Sequential<Scalar, MemorySpace> resnet(FeatureShape input, int classes) {
   model.template add<Dense>(64, classes);
   return model;
 }
-
-/// Settings of models::vit.
-struct VitOptions {
-  /// Patch (height, width) in pixels; must divide the image. {7, 7} on 28x28 images gives 16
-  /// tokens of 49 pixels; {1, 28} makes each image row a token (28 tokens).
-  std::array<int, 2> patch{7, 7};
-  /// Token width D.
-  std::size_t width = 64;
-  /// Number of TransformerEncoderBlocks.
-  std::size_t depth = 4;
-  /// Attention heads per block (must divide width).
-  std::size_t heads = 4;
-  /// MLP hidden width (0: 2·width, ViT's 4·width halved for these small images).
-  std::size_t mlp_hidden = 0;
-};
 
 /// A Vision Transformer classifier (Dosovitskiy et al., ICLR 2021, eq. 1-4) for small images:
 /// patch embedding as a Conv2d with kernel = stride = the patch (eq. 1's E, one token per

@@ -1,0 +1,88 @@
+// The model: --model mlp | cnn | resnet | vit (its shape from --vit-*), and the convolution
+// backend (--conv-backend).
+#include "run.hpp"
+
+#include <kat/nn/conv2d.hpp>
+#include <kat/nn/models.hpp>
+
+namespace kat_train {
+namespace {
+
+class ModelChoice : public Component {
+public:
+  void add_flags(Run &r) override {
+    r.app
+        .add_option("--model", r.model_name,
+                    "mlp (784-256-256-10) | cnn (two 5x5 convolutions, dense 3136-256-10) | "
+                    "resnet (ResNet-14 with batch norm) | vit (Vision Transformer: --vit-* below)")
+        ->check(CLI::IsMember({"mlp", "cnn", "resnet", "vit"}))
+        ->capture_default_str();
+    vit_flags_ = {
+        r.app.add_option("--vit-depth", r.vit.depth, "vit: transformer encoder blocks")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str(),
+        r.app.add_option("--vit-width", r.vit.width, "vit: token width D")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str(),
+        r.app
+            .add_option("--vit-heads", r.vit.heads,
+                        "vit: attention heads (must divide --vit-width)")
+            ->check(CLI::PositiveNumber)
+            ->capture_default_str(),
+        r.app.add_option("--vit-mlp", r.vit.mlp_hidden, "vit: MLP hidden width (0: 2 x width)")
+            ->capture_default_str(),
+        r.app
+            .add_option("--vit-patch", r.vit_patch,
+                        "vit: P for P x P patches (must divide 28) | rows (each image row a "
+                        "token)")
+            ->check(CLI::IsMember({"1", "2", "4", "7", "14", "28", "rows"}))
+            ->capture_default_str()};
+    r.app
+        .add_option("--conv-backend", conv_backend_,
+                    "auto (oneDNN on host memory where built with it, else im2col) | im2col "
+                    "(im2col + GEMM everywhere) | dnn (oneDNN; an error where unavailable). "
+                    "K-FAC's recording steps always use im2col")
+        ->check(CLI::IsMember({"auto", "im2col", "dnn"}))
+        ->capture_default_str();
+  }
+
+  void check(Run &r) override {
+    for (const auto *o : vit_flags_) {
+      if (o->count() > 0 && r.model_name != "vit") {
+        throw CLI::ValidationError(o->get_name(),
+                                   "applies to --model vit only, not --model " + r.model_name);
+      }
+    }
+  }
+
+  void prepare(Run &r) override {
+    auto &vit = r.vit;
+    const auto &data = *r.train_set;
+    vit.patch = r.vit_patch == "rows"
+                    ? std::array<int, 2>{1, data.shape.width}
+                    : std::array<int, 2>{std::stoi(r.vit_patch), std::stoi(r.vit_patch)};
+    r.model_id = r.model_name != "vit"
+                     ? r.model_name
+                     : kat::detail::concat("vit(depth ", vit.depth, ", width ", vit.width,
+                                           ", heads ", vit.heads, ", mlp ", vit.mlp_hidden,
+                                           ", patch ", r.vit_patch, ")");
+    r.make_model = [&r] {
+      const auto &d = *r.train_set;
+      return r.model_name == "vit"
+                 ? kat::nn::models::vit<Scalar, Mem>(d.shape, d.classes, r.vit)
+                 : kat::nn::models::by_name<Scalar, Mem>(r.model_name, d.shape, d.classes);
+    };
+    const auto backend = conv_backend_ == "im2col" ? kat::nn::Conv2dBackend::im2col
+                         : conv_backend_ == "dnn"  ? kat::nn::Conv2dBackend::dnn
+                                                   : kat::nn::Conv2dBackend::automatic;
+    r.configure = [backend](Model &m) { kat::nn::set_conv2d_backend(m.layers(), backend); };
+  }
+
+private:
+  std::vector<CLI::Option *> vit_flags_;
+  std::string conv_backend_ = "auto";
+};
+const auto component = register_component<ModelChoice>(10);
+
+} // namespace
+} // namespace kat_train

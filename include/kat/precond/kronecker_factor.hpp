@@ -26,6 +26,64 @@ namespace kat {
 
 namespace detail {
 
+// The kernels of KroneckerFactor are named functors, not extended device lambdas: nvcc's
+// wrapper of an extended lambda in a header is merged across translation units while its
+// function pointers are not (issue 31, docs/backends.md).
+
+/// Entry (i, j), i <= j, of running_average(): the new factor entry v into b(i, j) and b(j, i),
+/// counting it when not finite.
+template <class MatrixView, class Count> struct KroneckerRunningAverage {
+  using Scalar = typename MatrixView::non_const_value_type;
+  MatrixView b;
+  bool first;
+  Scalar a;
+  MatrixView f;
+  Scalar c;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t j,
+                                         Count &count) const {
+    if (i > j) {
+      return;
+    }
+    const Scalar sym = Scalar(0.5) * (b(i, j) + b(j, i));
+    const Scalar v = first ? sym : a * f(i, j) + c * sym;
+    b(i, j) = v;
+    b(j, i) = v;
+    count += kat::math::isfinite(v) ? Count(0) : Count(1);
+  }
+};
+
+/// Entry (i, j) of copy_shifted(): dst(i, j) = f(i, j) + (i == j ? s : 0) in dst's scalar.
+template <class FView, class DstView> struct KroneckerCopyShifted {
+  using value = typename DstView::non_const_value_type;
+  DstView dst;
+  FView f;
+  value s;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t j) const {
+    dst(i, j) = static_cast<value>(f(i, j)) + (i == j ? s : value(0));
+  }
+};
+
+/// Entry i of KroneckerFactor::mean_eigenvalue's trace: t += f(i, i) in double.
+template <class MatrixView> struct KroneckerTrace {
+  MatrixView f;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, double &t) const {
+    t += static_cast<double>(f(i, i));
+  }
+};
+
+/// Entry i of KroneckerFactor::compute_eigen's clamp: d(i) = max(d(i), 0).
+template <class VectorView> struct KroneckerClampEigenvalues {
+  using InverseScalar = typename VectorView::non_const_value_type;
+  VectorView d;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    d(i) = d(i) > InverseScalar(0) ? d(i) : InverseScalar(0);
+  }
+};
+
 /// The running-average pass of KroneckerFactor::update over the d x d batch estimate b and
 /// factor f: for each (i, j) with i <= j, v = sym if `first`, else alpha·f(i, j) + beta·sym,
 /// with sym = (b(i, j) + b(j, i)) / 2 (alpha and beta rounded to b's scalar first), is written
@@ -39,20 +97,9 @@ void running_average(const ExecSpace &space, const MatrixView &f, const MatrixVi
   using Count = typename CountView::non_const_value_type;
   const Scalar a = static_cast<Scalar>(alpha);
   const Scalar c = static_cast<Scalar>(beta);
-  Kokkos::parallel_reduce(
-      "kat::precond::KroneckerFactor::running_average",
-      matrix_policy(space, b.extent(0), b.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j, Count &count) {
-        if (i > j) {
-          return;
-        }
-        const Scalar sym = Scalar(0.5) * (b(i, j) + b(j, i));
-        const Scalar v = first ? sym : a * f(i, j) + c * sym;
-        b(i, j) = v;
-        b(j, i) = v;
-        count += kat::math::isfinite(v) ? Count(0) : Count(1);
-      },
-      bad);
+  Kokkos::parallel_reduce("kat::precond::KroneckerFactor::running_average",
+                          matrix_policy(space, b.extent(0), b.extent(1)),
+                          KroneckerRunningAverage<MatrixView, Count>{b, first, a, f, c}, bad);
 }
 
 /// dst = f + shift·I, converted to dst's scalar type (f and dst: d x d).
@@ -60,11 +107,9 @@ template <class ExecSpace, class FView, class DstView>
 void copy_shifted(const ExecSpace &space, const FView &f, const DstView &dst, double shift) {
   using value = typename DstView::non_const_value_type;
   const value s = static_cast<value>(shift);
-  Kokkos::parallel_for(
-      "kat::precond::KroneckerFactor::copy", matrix_policy(space, dst.extent(0), dst.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-        dst(i, j) = static_cast<value>(f(i, j)) + (i == j ? s : value(0));
-      });
+  Kokkos::parallel_for("kat::precond::KroneckerFactor::copy",
+                       matrix_policy(space, dst.extent(0), dst.extent(1)),
+                       KroneckerCopyShifted<FView, DstView>{dst, f, s});
 }
 
 } // namespace detail
@@ -221,10 +266,9 @@ public:
   template <class ExecSpace> double mean_eigenvalue(const ExecSpace &space) const {
     const matrix_type f = factor_;
     double trace = 0;
-    Kokkos::parallel_reduce(
-        "kat::precond::KroneckerFactor::trace", Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
-        KOKKOS_LAMBDA(const std::size_t i, double &t) { t += static_cast<double>(f(i, i)); },
-        trace);
+    Kokkos::parallel_reduce("kat::precond::KroneckerFactor::trace",
+                            Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
+                            detail::KroneckerTrace<matrix_type>{f}, trace);
     return dim_ == 0 ? 0.0 : trace / static_cast<double>(dim_);
   }
 
@@ -240,11 +284,9 @@ public:
     detail::copy_shifted(space, factor_, next_q_, 0.0);
     symmetric_eigen(space, next_q_, next_d_);
     const inverse_vector_type d = next_d_;
-    Kokkos::parallel_for(
-        "kat::precond::KroneckerFactor::clamp_eigenvalues",
-        Kokkos::RangePolicy<ExecSpace>(space, 0, dim_), KOKKOS_LAMBDA(const std::size_t i) {
-          d(i) = d(i) > InverseScalar(0) ? d(i) : InverseScalar(0);
-        });
+    Kokkos::parallel_for("kat::precond::KroneckerFactor::clamp_eigenvalues",
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, dim_),
+                         detail::KroneckerClampEigenvalues<inverse_vector_type>{d});
     std::swap(q_, next_q_);
     std::swap(d_, next_d_);
     has_eigen_ = true;

@@ -51,15 +51,41 @@ struct AGENTRefresh {
 
 namespace detail {
 
+// The kernels below are named functors, not extended device lambdas: nvcc's wrapper of an
+// extended lambda in a header is merged across translation units while its function pointers
+// are not (issue 31, docs/backends.md).
+
+/// Entry i of agent_accumulate(): acc(i) += weight * g(i) in double.
+template <class Index, class Accumulator, class Gradient> struct AGENTAccumulate {
+  Accumulator acc;
+  double weight;
+  Gradient g;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i) const {
+    acc(i) += weight * static_cast<double>(g(i));
+  }
+};
+
+/// Entry i of agent_correct(): grads(i) += c * (mu(i) - g_snapshot(i)).
+template <class Index, class View, class Scalar> struct AGENTCorrect {
+  View grads;
+  Scalar c;
+  View mu, g_snapshot;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i) const {
+    grads(i) += c * (mu(i) - g_snapshot(i));
+  }
+};
+
 /// acc(i) += weight * g(i) for every i, in double (the refresh's sample-weighted sum).
 template <class ExecutionSpace, class Accumulator, class Gradient>
 void agent_accumulate(const ExecutionSpace &space, const Accumulator &acc, const Gradient &g,
                       double weight) {
   using Policy = Kokkos::RangePolicy<ExecutionSpace>;
   using Index = typename Policy::member_type;
-  Kokkos::parallel_for(
-      "kat::sparse::AGENT::accumulate", Policy(space, Index(0), static_cast<Index>(acc.extent(0))),
-      KOKKOS_LAMBDA(const Index i) { acc(i) += weight * static_cast<double>(g(i)); });
+  Kokkos::parallel_for("kat::sparse::AGENT::accumulate",
+                       Policy(space, Index(0), static_cast<Index>(acc.extent(0))),
+                       AGENTAccumulate<Index, Accumulator, Gradient>{acc, weight, g});
 }
 
 /// grads(i) += c * (mu(i) - g_snapshot(i)) for every i: the corrected gradient with c = γτ.
@@ -68,9 +94,9 @@ void agent_correct(const ExecutionSpace &space, const View &grads, const View &m
                    const View &g_snapshot, Scalar c) {
   using Policy = Kokkos::RangePolicy<ExecutionSpace>;
   using Index = typename Policy::member_type;
-  Kokkos::parallel_for(
-      "kat::sparse::AGENT::correct", Policy(space, Index(0), static_cast<Index>(grads.extent(0))),
-      KOKKOS_LAMBDA(const Index i) { grads(i) += c * (mu(i) - g_snapshot(i)); });
+  Kokkos::parallel_for("kat::sparse::AGENT::correct",
+                       Policy(space, Index(0), static_cast<Index>(grads.extent(0))),
+                       AGENTCorrect<Index, View, Scalar>{grads, c, mu, g_snapshot});
 }
 
 } // namespace detail

@@ -139,6 +139,71 @@ struct SampledGradient {
   }
 };
 
+// The kernels of CsrWeight below are named functors, not extended device lambdas: nvcc's
+// wrapper of an extended lambda in a header is merged across translation units while its
+// function pointers are not (issue 31, docs/backends.md).
+
+/// Entry k of CsrWeight::gather: vals(k) = data[flat(k)].
+template <class ValuesView, class Scalar, class FlatView> struct CsrGather {
+  ValuesView vals;
+  const Scalar *data;
+  FlatView flat;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t k) const { vals(k) = data[flat(k)]; }
+};
+
+/// Row i of CsrWeight::build_structure's count: counts(i) = the active entries of row i of M.
+template <class MaskView, class CountsView> struct CsrRowCounts {
+  int n;
+  MaskView mask;
+  std::size_t si, sj;
+  CountsView counts;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int i) const {
+    int count = 0;
+    for (int j = 0; j < n; ++j) {
+      count += mask(i * si + j * sj) != 0 ? 1 : 0;
+    }
+    counts(i) = count;
+  }
+};
+
+/// Row i of CsrWeight::build_structure's row-pointer scan: row_map(i + 1) = Σ_{k <= i} counts(k).
+template <class CountsView, class RowMapView> struct CsrRowMapScan {
+  CountsView counts;
+  RowMapView row_map;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int i, int &sum, const bool final) const {
+    sum += counts(i);
+    if (final) {
+      row_map(i + 1) = sum;
+    }
+  }
+};
+
+/// Row i of CsrWeight::build_structure's fill: the column indices and flat indices into W of
+/// the active entries of row i of M, from row_map(i) on.
+template <class RowMapView, class MaskView, class EntriesView, class FlatView> struct CsrFillRows {
+  RowMapView row_map;
+  int n;
+  std::size_t si, sj;
+  MaskView mask;
+  EntriesView entries;
+  FlatView flat;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int i) const {
+    int pos = row_map(i);
+    for (int j = 0; j < n; ++j) {
+      const std::size_t at = i * si + j * sj;
+      if (mask(at) != 0) {
+        entries(pos) = j;
+        flat(pos) = int(at);
+        ++pos;
+      }
+    }
+  }
+};
+
 } // namespace detail
 
 /// The active entries of a rows x cols weight matrix W, given by a 0/1 mask, as CSR matrices
@@ -245,10 +310,11 @@ public:
     const auto vals = transposed ? transposed_.values : matrix_.values;
     const auto flat = transposed ? flat_t_ : flat_;
     const Scalar *data = w.data();
-    Kokkos::parallel_for(
-        "kat::sparse::CsrWeight::gather",
-        Kokkos::RangePolicy<execution_space>(space, 0, flat.extent(0)),
-        KOKKOS_LAMBDA(const std::size_t k) { vals(k) = data[flat(k)]; });
+    using gather_kernel =
+        detail::CsrGather<typename crs_matrix_type::values_type, Scalar, index_view>;
+    Kokkos::parallel_for("kat::sparse::CsrWeight::gather",
+                         Kokkos::RangePolicy<execution_space>(space, 0, flat.extent(0)),
+                         gather_kernel{vals, data, flat});
   }
 
   /// y = x Wᵀ + beta y, with W's values gathered from `w` first.
@@ -338,24 +404,13 @@ public:
     using entries_type = typename crs_matrix_type::index_type::non_const_type;
     using values_type = typename crs_matrix_type::values_type::non_const_type;
     index_view counts("kat::sparse::CsrWeight::counts", std::size_t(m));
-    Kokkos::parallel_for(
-        "kat::sparse::CsrWeight::count", Kokkos::RangePolicy<execution_space>(space, 0, m),
-        KOKKOS_LAMBDA(const int i) {
-          int count = 0;
-          for (int j = 0; j < n; ++j) {
-            count += mask(i * si + j * sj) != 0 ? 1 : 0;
-          }
-          counts(i) = count;
-        });
+    Kokkos::parallel_for("kat::sparse::CsrWeight::count",
+                         Kokkos::RangePolicy<execution_space>(space, 0, m),
+                         detail::CsrRowCounts<mask_type, index_view>{n, mask, si, sj, counts});
     row_map_type row_map("kat::sparse::CsrWeight::row_map", std::size_t(m) + 1);
-    Kokkos::parallel_scan(
-        "kat::sparse::CsrWeight::row_map", Kokkos::RangePolicy<execution_space>(space, 0, m),
-        KOKKOS_LAMBDA(const int i, int &sum, const bool final) {
-          sum += counts(i);
-          if (final) {
-            row_map(i + 1) = sum;
-          }
-        });
+    Kokkos::parallel_scan("kat::sparse::CsrWeight::row_map",
+                          Kokkos::RangePolicy<execution_space>(space, 0, m),
+                          detail::CsrRowMapScan<index_view, row_map_type>{counts, row_map});
     int nnz = 0;
     space.fence();
     Kokkos::deep_copy(nnz, Kokkos::subview(row_map, std::size_t(m)));
@@ -365,19 +420,10 @@ public:
     index_view flat(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::sparse::CsrWeight::flat"),
                     std::size_t(nnz));
     values_type values("kat::sparse::CsrWeight::values", std::size_t(nnz));
-    Kokkos::parallel_for(
-        "kat::sparse::CsrWeight::fill", Kokkos::RangePolicy<execution_space>(space, 0, m),
-        KOKKOS_LAMBDA(const int i) {
-          int pos = row_map(i);
-          for (int j = 0; j < n; ++j) {
-            const std::size_t at = i * si + j * sj;
-            if (mask(at) != 0) {
-              entries(pos) = j;
-              flat(pos) = int(at);
-              ++pos;
-            }
-          }
-        });
+    Kokkos::parallel_for("kat::sparse::CsrWeight::fill",
+                         Kokkos::RangePolicy<execution_space>(space, 0, m),
+                         detail::CsrFillRows<row_map_type, mask_type, entries_type, index_view>{
+                             row_map, n, si, sj, mask, entries, flat});
     out = crs_matrix_type("kat::sparse::CsrWeight", m, n, nnz, values, row_map, entries);
     flat_out = flat;
     return std::size_t(nnz);

@@ -40,26 +40,46 @@ inline std::vector<ParameterSpec> default_masked_tensors(const std::vector<Param
 
 namespace detail {
 
+// The kernels below are named functors, not extended device lambdas: nvcc's wrapper of an
+// extended lambda in a header is merged across translation units while its function pointers
+// are not (issue 31, docs/backends.md).
+
+/// Entry i of apply_mask(): v(i) = 0 if active(i) == 0.
+template <class V, class M> struct MaskApply {
+  using value = typename V::non_const_value_type;
+  M active;
+  V v;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    if (active(i) == 0) {
+      v(i) = value(0);
+    }
+  }
+};
+
+/// Entry k of zero_at(): v(index(k)) = 0.
+template <class V, class I> struct MaskZeroAt {
+  using value = typename V::non_const_value_type;
+  V v;
+  I index;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t k) const { v(index(k)) = value(0); }
+};
+
 /// v(i) = 0 wherever active(i) == 0; v and active of the same length.
 template <class ExecSpace, class V, class M>
 void apply_mask(const ExecSpace &space, const V &v, const M &active) {
-  using value = typename V::non_const_value_type;
-  Kokkos::parallel_for(
-      "kat::sparse::Mask::apply", Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        if (active(i) == 0) {
-          v(i) = value(0);
-        }
-      });
+  Kokkos::parallel_for("kat::sparse::Mask::apply",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
+                       MaskApply<V, M>{active, v});
 }
 
 /// v(index(k)) = 0 for every k.
 template <class ExecSpace, class V, class I>
 void zero_at(const ExecSpace &space, const V &v, const I &index) {
-  using value = typename V::non_const_value_type;
-  Kokkos::parallel_for(
-      "kat::sparse::Mask::zero_at", Kokkos::RangePolicy<ExecSpace>(space, 0, index.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t k) { v(index(k)) = value(0); });
+  Kokkos::parallel_for("kat::sparse::Mask::zero_at",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, index.extent(0)),
+                       MaskZeroAt<V, I>{v, index});
 }
 
 } // namespace detail

@@ -4,11 +4,11 @@
 
 #include "kat/core/dnn.hpp"
 #include "kat/core/error.hpp"
-#include "kat/core/math.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/nn/activation.hpp"
+#include "kat/nn/detail/batch_norm_kernels.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -20,65 +20,6 @@
 #include <type_traits>
 
 namespace kat::nn {
-
-namespace detail {
-
-/// Team-wide sum of f(m) for m in [0, count). Each work item adds 8 values held in
-/// independent partial sums, so a CPU core is bound by load throughput rather than by the
-/// latency of one long chain of additions (3x faster on Serial than one term per item). Item
-/// k takes m = k, k + chunks, ..., k + 7·chunks, so consecutive GPU threads read consecutive
-/// addresses, plus one of the count mod 8 leftover terms. The order of additions is fixed
-/// for a given backend and team size (no atomics).
-template <class Accum, class Member, class F>
-KOKKOS_INLINE_FUNCTION Accum batch_norm_team_sum(const Member &team, std::size_t count,
-                                                 const F &f) {
-  const std::size_t chunks = count / 8;
-  const std::size_t tail = count - 8 * chunks;
-  Accum total = 0;
-  Kokkos::parallel_reduce(
-      Kokkos::TeamThreadRange(team, chunks > tail ? chunks : tail),
-      [&](const std::size_t k, Accum &s) {
-        Accum p0 = 0, p1 = 0, p2 = 0, p3 = 0, p4 = 0, p5 = 0, p6 = 0, p7 = 0;
-        if (k < chunks) {
-          p0 = f(k);
-          p1 = f(k + chunks);
-          p2 = f(k + 2 * chunks);
-          p3 = f(k + 3 * chunks);
-          p4 = f(k + 4 * chunks);
-          p5 = f(k + 5 * chunks);
-          p6 = f(k + 6 * chunks);
-          p7 = f(k + 7 * chunks);
-        }
-        if (k < tail) {
-          p0 += f(8 * chunks + k);
-        }
-        s += ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7));
-      },
-      total);
-  return total;
-}
-
-/// Element-wise passes run one team per block of this many values of one channel: enough
-/// teams to fill a GPU even for few channels, and per-channel constants loaded once per team
-/// rather than once per element (an MDRangePolicy over (M, C) was 1.8x slower on Serial,
-/// since the compiler cannot hoist loads that may alias the output).
-constexpr std::size_t batch_norm_block = 4096;
-
-/// The channel and the value range [begin, end) of one of a channel's blocks of
-/// batch_norm_block values, for team `league_rank` of C·blocks_per_channel teams over M values
-/// per channel.
-struct BatchNormBlock {
-  std::size_t channel, begin, end;
-};
-KOKKOS_INLINE_FUNCTION BatchNormBlock batch_norm_block_of(std::size_t league_rank,
-                                                          std::size_t blocks_per_channel,
-                                                          std::size_t M) {
-  const std::size_t begin = (league_rank % blocks_per_channel) * batch_norm_block;
-  return {league_rank / blocks_per_channel, begin,
-          M - begin < batch_norm_block ? M : begin + batch_norm_block};
-}
-
-} // namespace detail
 
 /// Batch normalization (Ioffe & Szegedy, ICML 2015, Algorithm 1) with the semantics of
 /// torch.nn.BatchNorm1d / BatchNorm2d.
@@ -343,20 +284,8 @@ public:
         const accum_type momentum = static_cast<accum_type>(momentum_);
         Kokkos::parallel_for(
             "kat::nn::BatchNorm::dnn_statistics", Kokkos::RangePolicy<execution_space>(space, 0, C),
-            KOKKOS_LAMBDA(const std::size_t c) {
-              const accum_type mu = static_cast<accum_type>(mean[c]);
-              const accum_type var = static_cast<accum_type>(variance[c]);
-              stats(c, 0) = mean[c];
-              stats(c, 1) = static_cast<Scalar>(accum_type(1) / math::sqrt(var + eps));
-              const accum_type unbiased =
-                  var * static_cast<accum_type>(M) / static_cast<accum_type>(M - 1);
-              running_mean(c) = static_cast<Scalar>((accum_type(1) - momentum) *
-                                                        static_cast<accum_type>(running_mean(c)) +
-                                                    momentum * mu);
-              running_var(c) = static_cast<Scalar>((accum_type(1) - momentum) *
-                                                       static_cast<accum_type>(running_var(c)) +
-                                                   momentum * unbiased);
-            });
+            detail::BatchNormDnnStatistics<Scalar, MemorySpace>{
+                mean, variance, stats, eps, M, running_mean, running_var, momentum});
         ++num_batches_tracked_;
         dnn_forwarded_ = true;
         return;
@@ -366,46 +295,16 @@ public:
     if (training) {
       ScopedRegion phase("kat::nn::BatchNorm::forward_statistics");
       const accum_type momentum = static_cast<accum_type>(momentum_);
-      Kokkos::parallel_for(
-          "kat::nn::BatchNorm::forward_statistics", team_policy(space, C, Kokkos::AUTO),
-          KOKKOS_LAMBDA(const member_type &team) {
-            const std::size_t c = static_cast<std::size_t>(team.league_rank());
-            const Scalar *xc = xp + M * c;
-            const accum_type mean =
-                detail::batch_norm_team_sum<accum_type>(
-                    team, M, [&](const std::size_t m) { return static_cast<accum_type>(xc[m]); }) /
-                static_cast<accum_type>(M);
-            // Two-pass variance: sums of squared deviations, no cancellation.
-            const accum_type var =
-                detail::batch_norm_team_sum<accum_type>(team, M,
-                                                        [&](const std::size_t m) {
-                                                          const accum_type d =
-                                                              static_cast<accum_type>(xc[m]) - mean;
-                                                          return d * d;
-                                                        }) /
-                static_cast<accum_type>(M);
-            Kokkos::single(Kokkos::PerTeam(team), [&]() {
-              stats(c, 0) = static_cast<Scalar>(mean);
-              stats(c, 1) = static_cast<Scalar>(accum_type(1) / math::sqrt(var + eps));
-              const accum_type unbiased =
-                  var * static_cast<accum_type>(M) / static_cast<accum_type>(M - 1);
-              running_mean(c) = static_cast<Scalar>((accum_type(1) - momentum) *
-                                                        static_cast<accum_type>(running_mean(c)) +
-                                                    momentum * mean);
-              running_var(c) = static_cast<Scalar>((accum_type(1) - momentum) *
-                                                       static_cast<accum_type>(running_var(c)) +
-                                                   momentum * unbiased);
-            });
-          });
+      Kokkos::parallel_for("kat::nn::BatchNorm::forward_statistics",
+                           team_policy(space, C, Kokkos::AUTO),
+                           detail::BatchNormForwardStatistics<Scalar, MemorySpace>{
+                               xp, M, stats, eps, running_mean, running_var, momentum});
       ++num_batches_tracked_;
     } else {
-      Kokkos::parallel_for(
-          "kat::nn::BatchNorm::forward_running_statistics",
-          Kokkos::RangePolicy<execution_space>(space, 0, C), KOKKOS_LAMBDA(const std::size_t c) {
-            stats(c, 0) = running_mean(c);
-            stats(c, 1) = static_cast<Scalar>(
-                accum_type(1) / math::sqrt(static_cast<accum_type>(running_var(c)) + eps));
-          });
+      Kokkos::parallel_for("kat::nn::BatchNorm::forward_running_statistics",
+                           Kokkos::RangePolicy<execution_space>(space, 0, C),
+                           detail::BatchNormRunningStatistics<Scalar, MemorySpace>{
+                               stats, running_mean, running_var, eps});
     }
 
     if (M == 0) {
@@ -418,30 +317,10 @@ public:
     Scalar *yp = y.data();
     const bool relu = forward_fused_;
     const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
-    Kokkos::parallel_for(
-        "kat::nn::BatchNorm::forward_normalize", team_policy(space, C * blocks, Kokkos::AUTO),
-        KOKKOS_LAMBDA(const member_type &team) {
-          const auto range =
-              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
-          const std::size_t c = range.channel, begin = range.begin, end = range.end;
-          const Scalar mean = stats(c, 0);
-          const Scalar scale = affine ? gamma(c) * stats(c, 1) : stats(c, 1);
-          const Scalar shift = affine ? beta(c) : Scalar(0);
-          const Scalar *xc = xp + M * c;
-          Scalar *yc = yp + M * c;
-          // (x − μ)·(γ·inv_std) + β rather than x·a + b: no cancellation when |μ| ≫ σ.
-          if (relu) { // the fused ReLU (see Layer::can_fuse_relu)
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end),
-                                 [&](const std::size_t m) {
-                                   const Scalar v = (xc[m] - mean) * scale + shift;
-                                   yc[m] = v > Scalar(0) ? v : Scalar(0);
-                                 });
-          } else {
-            Kokkos::parallel_for(
-                Kokkos::TeamThreadRange(team, begin, end),
-                [&](const std::size_t m) { yc[m] = (xc[m] - mean) * scale + shift; });
-          }
-        });
+    Kokkos::parallel_for("kat::nn::BatchNorm::forward_normalize",
+                         team_policy(space, C * blocks, Kokkos::AUTO),
+                         detail::BatchNormForwardNormalize<Scalar, MemorySpace>{
+                             blocks, M, stats, affine, gamma, beta, xp, yp, relu});
   }
 
   /// @throws Error if called before forward().
@@ -485,13 +364,10 @@ public:
           const Scalar *ds = dnn_.diff_scale_shift();
           const auto grad_gamma = grad_gamma_;
           const auto grad_beta = grad_beta_;
-          Kokkos::parallel_for(
-              "kat::nn::BatchNorm::dnn_parameter_gradients",
-              Kokkos::RangePolicy<execution_space>(space, 0, C),
-              KOKKOS_LAMBDA(const std::size_t c) {
-                grad_gamma(c) = accumulate ? grad_gamma(c) + ds[c] : ds[c];
-                grad_beta(c) = accumulate ? grad_beta(c) + ds[C + c] : ds[C + c];
-              });
+          Kokkos::parallel_for("kat::nn::BatchNorm::dnn_parameter_gradients",
+                               Kokkos::RangePolicy<execution_space>(space, 0, C),
+                               detail::BatchNormDnnParameterGradients<Scalar, MemorySpace>{
+                                   grad_gamma, grad_beta, accumulate, ds, C});
         }
         return;
       }
@@ -514,41 +390,10 @@ public:
     }
     {
       ScopedRegion phase("kat::nn::BatchNorm::backward_sums");
-      Kokkos::parallel_for(
-          "kat::nn::BatchNorm::backward_sums", team_policy(space, C, Kokkos::AUTO),
-          KOKKOS_LAMBDA(const member_type &team) {
-            const std::size_t c = static_cast<std::size_t>(team.league_rank());
-            const Scalar *xc = xp + M * c;
-            const Scalar *dyc = dyp + M * c;
-            const Scalar mean = stats(c, 0);
-            const Scalar inv_std = stats(c, 1);
-            accum_type dbeta = 0;
-            accum_type dgamma = 0;
-            if (need_sums) {
-              dbeta = detail::batch_norm_team_sum<accum_type>(
-                  team, M, [&](const std::size_t m) { return static_cast<accum_type>(dyc[m]); });
-              // Σ dy·x̂ = inv_std · Σ dy·(x − μ)
-              dgamma = static_cast<accum_type>(inv_std) *
-                       detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
-                         return static_cast<accum_type>(dyc[m]) *
-                                (static_cast<accum_type>(xc[m]) - static_cast<accum_type>(mean));
-                       });
-            }
-            Kokkos::single(Kokkos::PerTeam(team), [&]() {
-              if (affine) {
-                grad_gamma(c) = static_cast<Scalar>(
-                    accumulate ? static_cast<accum_type>(grad_gamma(c)) + dgamma : dgamma);
-                grad_beta(c) = static_cast<Scalar>(
-                    accumulate ? static_cast<accum_type>(grad_beta(c)) + dbeta : dbeta);
-              }
-              const accum_type inv_m = accum_type(1) / static_cast<accum_type>(M);
-              coef(c, 0) = affine ? gamma(c) * inv_std : inv_std;
-              coef(c, 1) = training ? static_cast<Scalar>(dbeta * inv_m) : Scalar(0);
-              coef(c, 2) =
-                  training ? static_cast<Scalar>(static_cast<accum_type>(inv_std) * dgamma * inv_m)
-                           : Scalar(0);
-            });
-          });
+      Kokkos::parallel_for("kat::nn::BatchNorm::backward_sums", team_policy(space, C, Kokkos::AUTO),
+                           detail::BatchNormBackwardSums<Scalar, MemorySpace>{
+                               xp, dyp, M, stats, need_sums, affine, grad_gamma, grad_beta,
+                               accumulate, coef, gamma, training});
     }
     if (!need_dx || M == 0) {
       return;
@@ -560,21 +405,7 @@ public:
     // evaluation both subtracted terms are 0.
     Kokkos::parallel_for(
         "kat::nn::BatchNorm::backward_dx", team_policy(space, C * blocks, Kokkos::AUTO),
-        KOKKOS_LAMBDA(const member_type &team) {
-          const auto range =
-              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
-          const std::size_t c = range.channel, begin = range.begin, end = range.end;
-          const Scalar mean = stats(c, 0);
-          const Scalar a = coef(c, 0);
-          const Scalar b = coef(c, 1);
-          const Scalar k = coef(c, 2);
-          const Scalar *xc = xp + M * c;
-          const Scalar *dyc = dyp + M * c;
-          Scalar *dxc = dxp + M * c;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end), [&](const std::size_t m) {
-            dxc[m] = a * (dyc[m] - b - (xc[m] - mean) * k);
-          });
-        });
+        detail::BatchNormBackwardInput<Scalar, MemorySpace>{blocks, M, stats, coef, xp, dyp, dxp});
   }
 
   /// @name R-operator (evaluation mode; see the class comment for the formulas)
@@ -629,29 +460,8 @@ public:
     const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
     Kokkos::parallel_for(
         "kat::nn::BatchNorm::forward_r", team_policy(space, C * blocks, Kokkos::AUTO),
-        KOKKOS_LAMBDA(const member_type &team) {
-          const auto range =
-              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
-          const std::size_t c = range.channel, begin = range.begin, end = range.end;
-          const Scalar mean = stats(c, 0);
-          const Scalar inv_std = stats(c, 1);
-          const Scalar scale = affine ? gamma(c) * inv_std : inv_std;
-          const Scalar v_scale = affine ? v_gamma(c) * inv_std : Scalar(0);
-          const Scalar shift = affine ? v_beta(c) : Scalar(0);
-          const Scalar *xc = xp + M * c;
-          Scalar *ryc = ryp + M * c;
-          if (has_rx) {
-            const Scalar *rxc = rxp + M * c;
-            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end),
-                                 [&](const std::size_t m) {
-                                   ryc[m] = rxc[m] * scale + (xc[m] - mean) * v_scale + shift;
-                                 });
-          } else {
-            Kokkos::parallel_for(
-                Kokkos::TeamThreadRange(team, begin, end),
-                [&](const std::size_t m) { ryc[m] = (xc[m] - mean) * v_scale + shift; });
-          }
-        });
+        detail::BatchNormForwardR<Scalar, MemorySpace>{blocks, M, stats, affine, gamma, v_gamma,
+                                                       v_beta, xp, has_rx, rxp, ryp});
   }
 
   /// After forward(), forward_r() and backward(dy, ·) in evaluation mode: adds R{dγ} and R{dβ}
@@ -696,34 +506,10 @@ public:
       ScopedRegion phase("kat::nn::BatchNorm::backward_r_sums");
       const auto hv_gamma = hv_gamma_;
       const auto hv_beta = hv_beta_;
-      Kokkos::parallel_for(
-          "kat::nn::BatchNorm::backward_r_sums", team_policy(space, C, Kokkos::AUTO),
-          KOKKOS_LAMBDA(const member_type &team) {
-            const std::size_t c = static_cast<std::size_t>(team.league_rank());
-            const Scalar *xc = xp + M * c;
-            const Scalar *dyc = dyp + M * c;
-            const Scalar *rdyc = rdyp + M * c;
-            const accum_type mean = static_cast<accum_type>(stats(c, 0));
-            const accum_type inv_std = static_cast<accum_type>(stats(c, 1));
-            const accum_type rdbeta = detail::batch_norm_team_sum<accum_type>(
-                team, M, [&](const std::size_t m) { return static_cast<accum_type>(rdyc[m]); });
-            // R{dγ} = inv_std · Σ (R{dy}·(x − μ) + dy·R{x})
-            accum_type rdgamma =
-                detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
-                  return static_cast<accum_type>(rdyc[m]) * (static_cast<accum_type>(xc[m]) - mean);
-                });
-            if (has_rx) {
-              const Scalar *rxc = rxp + M * c;
-              rdgamma += detail::batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
-                return static_cast<accum_type>(dyc[m]) * static_cast<accum_type>(rxc[m]);
-              });
-            }
-            Kokkos::single(Kokkos::PerTeam(team), [&]() {
-              hv_gamma(c) =
-                  static_cast<Scalar>(static_cast<accum_type>(hv_gamma(c)) + inv_std * rdgamma);
-              hv_beta(c) = static_cast<Scalar>(static_cast<accum_type>(hv_beta(c)) + rdbeta);
-            });
-          });
+      Kokkos::parallel_for("kat::nn::BatchNorm::backward_r_sums",
+                           team_policy(space, C, Kokkos::AUTO),
+                           detail::BatchNormBackwardRSums<Scalar, MemorySpace>{
+                               xp, dyp, rdyp, M, stats, has_rx, rxp, hv_gamma, hv_beta});
     }
     if (!need_rdx || M == 0) {
       return;
@@ -732,27 +518,15 @@ public:
     Scalar *rdxp = rdx.data();
     const std::size_t blocks = (M + detail::batch_norm_block - 1) / detail::batch_norm_block;
     // R{dx} = inv_std·(γ·R{dy} + v_γ·dy)
-    Kokkos::parallel_for(
-        "kat::nn::BatchNorm::backward_r_dx", team_policy(space, C * blocks, Kokkos::AUTO),
-        KOKKOS_LAMBDA(const member_type &team) {
-          const auto range =
-              detail::batch_norm_block_of(static_cast<std::size_t>(team.league_rank()), blocks, M);
-          const std::size_t c = range.channel, begin = range.begin, end = range.end;
-          const Scalar inv_std = stats(c, 1);
-          const Scalar a = affine ? gamma(c) * inv_std : inv_std;
-          const Scalar b = affine ? v_gamma(c) * inv_std : Scalar(0);
-          const Scalar *dyc = dyp + M * c;
-          const Scalar *rdyc = rdyp + M * c;
-          Scalar *rdxc = rdxp + M * c;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, begin, end),
-                               [&](const std::size_t m) { rdxc[m] = a * rdyc[m] + b * dyc[m]; });
-        });
+    Kokkos::parallel_for("kat::nn::BatchNorm::backward_r_dx",
+                         team_policy(space, C * blocks, Kokkos::AUTO),
+                         detail::BatchNormBackwardRInput<Scalar, MemorySpace>{
+                             blocks, M, stats, affine, gamma, v_gamma, dyp, rdyp, rdxp});
   }
   /// @}
 
 private:
   using team_policy = Kokkos::TeamPolicy<execution_space>;
-  using member_type = typename team_policy::member_type;
 
   void require_bound(const char *what) const {
     if (gamma_.extent(0) != channels_) {

@@ -37,7 +37,7 @@ struct Conv2dGeometry {
   std::size_t out_size() const { return static_cast<std::size_t>(out_channels) * positions(); }
 };
 
-// Named functors, not KOKKOS_LAMBDAs: nvcc's wrapper of an extended lambda in a header is merged
+// Named functors, not extended lambdas: nvcc's wrapper of an extended lambda in a header is merged
 // across translation units while its function pointers are not, which crashed kernels on the
 // host (docs/backends.md).
 

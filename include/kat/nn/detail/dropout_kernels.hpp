@@ -13,7 +13,7 @@ namespace kat {
 namespace nn {
 namespace detail {
 
-// Named functors, not KOKKOS_LAMBDAs: nvcc's wrapper of an extended lambda in a header is merged
+// Named functors, not extended lambdas: nvcc's wrapper of an extended lambda in a header is merged
 // across translation units while its function pointers are not, which crashed kernels on the
 // host (docs/backends.md).
 

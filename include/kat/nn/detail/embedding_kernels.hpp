@@ -20,7 +20,7 @@ KOKKOS_INLINE_FUNCTION bool embedding_id_valid(Scalar v, std::size_t count) {
          static_cast<Scalar>(static_cast<std::int64_t>(v)) == v;
 }
 
-// Named functors, not KOKKOS_LAMBDAs: nvcc's wrapper of an extended lambda in a header is merged
+// Named functors, not extended lambdas: nvcc's wrapper of an extended lambda in a header is merged
 // across translation units while its function pointers are not, which crashed kernels on the
 // host (docs/backends.md).
 

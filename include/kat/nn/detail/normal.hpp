@@ -36,7 +36,7 @@ KOKKOS_INLINE_FUNCTION double counter_normal(std::uint64_t seed, std::uint64_t s
 }
 
 /// v(i) = mean + stddev · counter_normal(seed, stream, i), as View's value type (normal_). A named
-/// functor, not a KOKKOS_LAMBDA: nvcc's wrapper of an extended lambda in a header is merged
+/// functor, not an extended lambda: nvcc's wrapper of an extended lambda in a header is merged
 /// across translation units while its function pointers are not (docs/backends.md).
 template <class View> struct NormalFill {
   // Not named value_type, which Kokkos reads as a reduction's.

@@ -60,7 +60,7 @@ KOKKOS_INLINE_FUNCTION void pool_covering_range(int i, int k, int s, int p, int 
   }
 }
 
-// The kernels of MaxPool2d and AvgPool2d as named functors, not KOKKOS_LAMBDAs: nvcc's wrapper
+// The kernels of MaxPool2d and AvgPool2d as named functors, not extended lambdas: nvcc's wrapper
 // of an extended lambda in a header is merged across translation units while its function
 // pointers are not, which crashed MaxPool2d on the host (docs/backends.md).
 

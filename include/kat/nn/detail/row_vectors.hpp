@@ -12,7 +12,7 @@
 
 namespace kat::nn::detail {
 
-// The kernels as named functors, not KOKKOS_LAMBDAs: nvcc's wrapper of an extended lambda in a
+// The kernels as named functors, not extended lambdas: nvcc's wrapper of an extended lambda in a
 // header is merged across translation units while its function pointers are not, which crashed
 // kernels on the host (docs/backends.md).
 

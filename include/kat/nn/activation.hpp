@@ -7,6 +7,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/activation_kernels.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -81,14 +82,8 @@ void relu_mask(const ExecSpace &space, const MatrixView &y, const MatrixView &dy
   const value *yp = y.data();
   const value *dyp = dy.data();
   value *op = out.data();
-  Kokkos::parallel_for(
-      "kat::nn::relu_mask", Kokkos::RangePolicy<ExecSpace>(space, 0, out.span()),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        // Both loaded, then a select: vectorized (a conditional load of dy is a branch that
-        // mispredicts half the time).
-        const value d = dyp[i];
-        op[i] = yp[i] > value(0) ? d : value(0);
-      });
+  Kokkos::parallel_for("kat::nn::relu_mask", Kokkos::RangePolicy<ExecSpace>(space, 0, out.span()),
+                       ReluMask<value>{yp, dyp, op});
 }
 
 /// The backward of a ReLU that a layer applies to its own output (Layer::can_fuse_relu): the
@@ -143,9 +138,9 @@ public:
     const std::size_t count = x.span();
     const Scalar *xp = x.data();
     Scalar *yp = y.data();
-    Kokkos::parallel_for(
-        "kat::nn::Activation::forward", Kokkos::RangePolicy<execution_space>(space, 0, count),
-        KOKKOS_LAMBDA(const std::size_t i) { yp[i] = Op::f(xp[i]); });
+    Kokkos::parallel_for("kat::nn::Activation::forward",
+                         Kokkos::RangePolicy<execution_space>(space, 0, count),
+                         detail::ActivationForward<Op, Scalar>{xp, yp});
   }
 
   void backward(const execution_space &space, const matrix_type &dy,
@@ -160,9 +155,9 @@ public:
     const Scalar *yp = y_.data();
     const Scalar *dyp = dy.data();
     Scalar *dxp = dx.data();
-    Kokkos::parallel_for(
-        "kat::nn::Activation::backward", Kokkos::RangePolicy<execution_space>(space, 0, count),
-        KOKKOS_LAMBDA(const std::size_t i) { dxp[i] = Op::backward(yp[i], dyp[i]); });
+    Kokkos::parallel_for("kat::nn::Activation::backward",
+                         Kokkos::RangePolicy<execution_space>(space, 0, count),
+                         detail::ActivationBackward<Op, Scalar>{yp, dyp, dxp});
   }
 
   /// R-operator (see Layer): R{y} = f'(x) R{x}, R{dx} = f'(x) R{dy} + f''(x) R{x} dy.
@@ -178,9 +173,9 @@ public:
     const Scalar *yp = y_.data();
     const Scalar *rxp = rx.data();
     Scalar *ryp = ry.data();
-    Kokkos::parallel_for(
-        "kat::nn::Activation::forward_r", Kokkos::RangePolicy<execution_space>(space, 0, count),
-        KOKKOS_LAMBDA(const std::size_t i) { ryp[i] = Op::forward_r(yp[i], rxp[i]); });
+    Kokkos::parallel_for("kat::nn::Activation::forward_r",
+                         Kokkos::RangePolicy<execution_space>(space, 0, count),
+                         detail::ActivationForwardR<Op, Scalar>{yp, rxp, ryp});
   }
 
   void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
@@ -199,11 +194,9 @@ public:
     const Scalar *dyp = dy.data();
     const Scalar *rdyp = rdy.data();
     Scalar *rdxp = rdx.data();
-    Kokkos::parallel_for(
-        "kat::nn::Activation::backward_r", Kokkos::RangePolicy<execution_space>(space, 0, count),
-        KOKKOS_LAMBDA(const std::size_t i) {
-          rdxp[i] = Op::backward_r(yp[i], rxp[i], dyp[i], rdyp[i]);
-        });
+    Kokkos::parallel_for("kat::nn::Activation::backward_r",
+                         Kokkos::RangePolicy<execution_space>(space, 0, count),
+                         detail::ActivationBackwardR<Op, Scalar>{yp, rxp, dyp, rdyp, rdxp});
   }
 
 private:

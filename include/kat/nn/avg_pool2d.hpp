@@ -24,46 +24,10 @@ void avg_pool2d_forward(const ExecSpace &space, const Pool2dGeometry &g, const M
   const std::size_t n = x.extent(0);
   const Scalar area = static_cast<Scalar>(g.kernel_h * g.kernel_w);
   using policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename policy::member_type;
-  Kokkos::parallel_for(
-      "kat::nn::AvgPool2d::forward",
-      policy(space, g.channels * g.out_width, Kokkos::AUTO,
-             detail::batch_vector_length<ExecSpace>()),
-      KOKKOS_LAMBDA(const member &team) {
-        const int c = team.league_rank() / g.out_width;
-        const int ow = team.league_rank() % g.out_width;
-        int w_begin, w_end;
-        detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
-          int h_begin, h_end;
-          detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin, h_end);
-          const std::size_t j =
-              static_cast<std::size_t>(oh) +
-              static_cast<std::size_t>(g.out_height) *
-                  (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-          // Every window holds a real input (padding <= kernel / 2), so the first pass
-          // initializes y. Sum in row-major order, then divide, as PyTorch.
-          bool first = true;
-          for (int h = h_begin; h < h_end; ++h) {
-            for (int w = w_begin; w < w_end; ++w) {
-              const std::size_t col =
-                  static_cast<std::size_t>(h) +
-                  static_cast<std::size_t>(g.height) *
-                      (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
-              if (first) {
-                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                     [&](const std::size_t e) { y(e, j) = x(e, col); });
-                first = false;
-                continue;
-              }
-              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                   [&](const std::size_t e) { y(e, j) += x(e, col); });
-            }
-          }
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                               [&](const std::size_t e) { y(e, j) /= area; });
-        });
-      });
+  Kokkos::parallel_for("kat::nn::AvgPool2d::forward",
+                       policy(space, g.channels * g.out_width, Kokkos::AUTO,
+                              detail::batch_vector_length<ExecSpace>()),
+                       AvgPool2dForward<ExecSpace, MatrixView>{g, n, area, x, y});
 }
 
 /// dx = the transpose of avg_pool2d_forward applied to dy (AvgPool2d::backward, also its
@@ -75,48 +39,10 @@ void avg_pool2d_backward(const ExecSpace &space, const Pool2dGeometry &g, const 
   const std::size_t n = dx.extent(0);
   const Scalar area = static_cast<Scalar>(g.kernel_h * g.kernel_w);
   using policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename policy::member_type;
   Kokkos::parallel_for(
       "kat::nn::AvgPool2d::backward",
       policy(space, g.channels * g.width, Kokkos::AUTO, detail::batch_vector_length<ExecSpace>()),
-      KOKKOS_LAMBDA(const member &team) {
-        const int c = team.league_rank() / g.width;
-        const int w = team.league_rank() % g.width;
-        int ow_lo, ow_hi;
-        detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
-          int oh_lo, oh_hi;
-          detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo,
-                                      oh_hi);
-          const std::size_t col =
-              static_cast<std::size_t>(h) +
-              static_cast<std::size_t>(g.height) *
-                  (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
-          // Gather dy / area from the covering windows in a fixed order (PyTorch adds
-          // dy / area per window too); the first one overwrites dx.
-          bool first = true;
-          for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-              const std::size_t o =
-                  static_cast<std::size_t>(oh) +
-                  static_cast<std::size_t>(g.out_height) *
-                      (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-              if (first) {
-                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                     [&](const std::size_t e) { dx(e, col) = dy(e, o) / area; });
-                first = false;
-                continue;
-              }
-              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                   [&](const std::size_t e) { dx(e, col) += dy(e, o) / area; });
-            }
-          }
-          if (first) { // no window covers this element (it lies past the last one)
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                 [&](const std::size_t e) { dx(e, col) = Scalar(0); });
-          }
-        });
-      });
+      AvgPool2dBackward<ExecSpace, MatrixView>{g, n, area, dy, dx});
 }
 
 } // namespace detail

@@ -10,6 +10,7 @@
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/nn/activation.hpp"
+#include "kat/nn/detail/conv2d_kernels.hpp"
 #include "kat/nn/detail/image.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
@@ -31,33 +32,6 @@ namespace kat::nn {
 
 namespace detail {
 
-/// Geometry of one Conv2d applied to one (C, H, W) input, with PyTorch's output-size rule.
-/// Plain ints, so kernels capture it by value.
-struct Conv2dGeometry {
-  int in_channels = 0, out_channels = 0;
-  int kernel_h = 1, kernel_w = 1;
-  int stride_h = 1, stride_w = 1;
-  int pad_h = 0, pad_w = 0;
-  int dilation_h = 1, dilation_w = 1;
-  int height = 0, width = 0; ///< input; 0 until output_shape() has seen a shape
-  int out_height = 0, out_width = 0;
-
-  /// K = C_in * k_h * k_w, the number of patch columns (without the bias column).
-  std::size_t patch_size() const {
-    return static_cast<std::size_t>(in_channels) * static_cast<std::size_t>(kernel_h) *
-           static_cast<std::size_t>(kernel_w);
-  }
-  /// H_out * W_out, the number of output positions per sample.
-  std::size_t positions() const {
-    return static_cast<std::size_t>(out_height) * static_cast<std::size_t>(out_width);
-  }
-  std::size_t in_size() const {
-    return static_cast<std::size_t>(in_channels) * static_cast<std::size_t>(height) *
-           static_cast<std::size_t>(width);
-  }
-  std::size_t out_size() const { return static_cast<std::size_t>(out_channels) * positions(); }
-};
-
 /// im2col (Chellapilla, Puri & Simard 2006) for the output positions p = oh + H_out * ow in
 /// [p0, p1): writes the (n * (p1 - p0)) x cols column-major matrix `patches` whose row
 /// `b + n * (p - p0)` holds sample b's receptive field at position p, column
@@ -71,7 +45,6 @@ template <class ExecSpace, class Scalar>
 void conv2d_im2col(const ExecSpace &space, const Conv2dGeometry &g, std::size_t n, const Scalar *x,
                    std::size_t p0, std::size_t p1, std::size_t cols, Scalar *patches) {
   using policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename policy::member_type;
   const std::size_t ho = static_cast<std::size_t>(g.out_height);
   const std::size_t rows = n * (p1 - p0);
   const std::size_t ow_first = p0 / ho;
@@ -80,62 +53,8 @@ void conv2d_im2col(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
   Kokkos::parallel_for(
       "kat::nn::Conv2d::im2col",
       policy(space, static_cast<int>(cols), Kokkos::AUTO, batch_vector_length<ExecSpace>()),
-      KOKKOS_LAMBDA(const member &team) {
-        const int k = team.league_rank();
-        const int i = k % g.kernel_h;
-        const int j = (k / g.kernel_h) % g.kernel_w;
-        const int c = k / (g.kernel_h * g.kernel_w);
-        const int ih0 = i * g.dilation_h - g.pad_h; // input row of output row 0
-        // Output rows whose input row is inside the image: [oh_valid_lo, oh_valid_hi).
-        const int oh_valid_lo = ih0 >= 0 ? 0 : (-ih0 + g.stride_h - 1) / g.stride_h;
-        const int oh_valid_hi = g.height - 1 - ih0 < 0 ? 0 : (g.height - 1 - ih0) / g.stride_h + 1;
-        Scalar *column = patches + rows * static_cast<std::size_t>(k);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ow_count), [&](const int t) {
-          const std::size_t ow = ow_first + static_cast<std::size_t>(t);
-          const std::size_t q_begin = p0 > ho * ow ? p0 : ho * ow;
-          const std::size_t q_end = p1 < ho * (ow + 1) ? p1 : ho * (ow + 1);
-          const int oh_begin = static_cast<int>(q_begin - ho * ow);
-          const int oh_end = static_cast<int>(q_end - ho * ow);
-          Scalar *dst = column + n * (q_begin - p0); // row of (oh_begin, ow)
-          const int iw = static_cast<int>(ow) * g.stride_w - g.pad_w + j * g.dilation_w;
-          const bool column_inside = k < patch && iw >= 0 && iw < g.width;
-          const int a = column_inside ? (oh_valid_lo > oh_begin ? oh_valid_lo : oh_begin)
-                                      : oh_end; // valid rows [a, b)
-          const int b = column_inside ? (oh_valid_hi < oh_end ? oh_valid_hi : oh_end) : oh_end;
-          const int copy_begin = a < b ? a : oh_end;
-          const int copy_end = a < b ? b : oh_end;
-          const Scalar outside = k < patch ? Scalar(0) : Scalar(1);
-          // Padding (or the bias column's ones) before and after the valid rows.
-          Kokkos::parallel_for(
-              Kokkos::ThreadVectorRange(team, n * static_cast<std::size_t>(copy_begin - oh_begin)),
-              [&](const std::size_t e) { dst[e] = outside; });
-          Kokkos::parallel_for(
-              Kokkos::ThreadVectorRange(team, n * static_cast<std::size_t>(oh_end - copy_end)),
-              [&](const std::size_t e) { dst[n * (copy_end - oh_begin) + e] = outside; });
-          if (copy_begin == copy_end) {
-            return;
-          }
-          const std::size_t plane =
-              static_cast<std::size_t>(g.height) *
-              (static_cast<std::size_t>(iw) + static_cast<std::size_t>(g.width) * c);
-          Scalar *out = dst + n * static_cast<std::size_t>(copy_begin - oh_begin);
-          const Scalar *in =
-              x + n * (plane + static_cast<std::size_t>(copy_begin * g.stride_h + ih0));
-          if (g.stride_h == 1) {
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(
-                                     team, n * static_cast<std::size_t>(copy_end - copy_begin)),
-                                 [&](const std::size_t e) { out[e] = in[e]; });
-          } else {
-            const std::size_t in_step = n * static_cast<std::size_t>(g.stride_h);
-            for (int oh = copy_begin; oh < copy_end; ++oh) {
-              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                   [&](const std::size_t e) { out[e] = in[e]; });
-              out += n;
-              in += in_step;
-            }
-          }
-        });
-      });
+      Conv2dIm2col<ExecSpace, Scalar>{g, n, x, p0, p1, patches, ho, rows, ow_first, ow_count,
+                                      patch});
 }
 
 /// col2im as a gather: every input element (b, c, ih, iw) of the band [ih_lo, ih_hi] x
@@ -152,7 +71,6 @@ void conv2d_col2im(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
                    std::size_t s1, Scalar *dx, int ih_lo, int ih_hi, int iw_lo, int iw_hi,
                    bool overwrite) {
   using policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename policy::member_type;
   const int band_h = ih_hi - ih_lo + 1;
   const int band_w = iw_hi - iw_lo + 1;
   const long long base = static_cast<long long>(pbase);
@@ -164,53 +82,9 @@ void conv2d_col2im(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
   Kokkos::parallel_for(
       "kat::nn::Conv2d::col2im",
       policy(space, g.in_channels * band_w, Kokkos::AUTO, batch_vector_length<ExecSpace>()),
-      KOKKOS_LAMBDA(const member &team) {
-        const int c = team.league_rank() / band_w;
-        const int iw = iw_lo + team.league_rank() % band_w;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, band_h), [&](const int t) {
-          const int ih = ih_lo + t;
-          Scalar *out =
-              dx + n * (static_cast<std::size_t>(ih) +
-                        static_cast<std::size_t>(g.height) *
-                            (static_cast<std::size_t>(iw) + static_cast<std::size_t>(g.width) * c));
-          if (overwrite) {
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                 [&](const std::size_t e) { out[e] = Scalar(0); });
-          }
-          // th = ih + p_h - i d_h = qh s_h + rh and tw = iw + p_w - j d_w = qw s_w + rw with
-          // 0 <= r < s, stepped without divisions: th >= 0 iff qh >= 0, and it is a window
-          // start iff rh == 0, at output row qh.
-          int qh = (ih + g.pad_h) / g.stride_h, rh = (ih + g.pad_h) % g.stride_h;
-          const int qw0 = (iw + g.pad_w) / g.stride_w, rw0 = (iw + g.pad_w) % g.stride_w;
-          for (int i = 0; i < g.kernel_h && qh >= 0; ++i) {
-            if (rh == 0 && qh < g.out_height) {
-              int qw = qw0, rw = rw0;
-              for (int j = 0; j < g.kernel_w && qw >= 0; ++j) {
-                const long long p = qh + static_cast<long long>(g.out_height) * qw;
-                if (rw == 0 && qw < g.out_width && p >= first && p < last) {
-                  const std::size_t k =
-                      static_cast<std::size_t>(i + g.kernel_h * (j + g.kernel_w * c));
-                  const Scalar *src = dpatches + n * static_cast<std::size_t>(p - base) + rows * k;
-                  Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                       [&](const std::size_t e) { out[e] += src[e]; });
-                }
-                qw -= step_qw;
-                rw -= step_rw;
-                if (rw < 0) {
-                  rw += g.stride_w;
-                  --qw;
-                }
-              }
-            }
-            qh -= step_qh;
-            rh -= step_rh;
-            if (rh < 0) {
-              rh += g.stride_h;
-              --qh;
-            }
-          }
-        });
-      });
+      Conv2dCol2im<ExecSpace, Scalar>{g, n, dpatches, rows, dx, ih_lo, iw_lo, overwrite, band_h,
+                                      band_w, base, first, last, step_qh, step_rh, step_qw,
+                                      step_rw});
 }
 
 } // namespace detail

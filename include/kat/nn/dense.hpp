@@ -8,6 +8,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/dense_kernels.hpp"
 #include "kat/nn/detail/row_vectors.hpp"
 #include "kat/nn/detail/sparse_products.hpp"
 #include "kat/nn/init.hpp"
@@ -31,13 +32,9 @@ namespace detail {
 /// a = [x 1] when a has one column more than x. a: rows x (>= x columns), same rows as x.
 template <class ExecSpace, class XView, class AView>
 void copy_with_ones_column(const ExecSpace &space, const XView &x, const AView &a) {
-  using value = typename AView::non_const_value_type;
   const std::size_t in = x.extent(1);
-  Kokkos::parallel_for(
-      "kat::nn::Dense::record_a", matrix_policy(space, a.extent(0), a.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-        a(i, j) = j < in ? x(i, j) : value(1);
-      });
+  Kokkos::parallel_for("kat::nn::Dense::record_a", matrix_policy(space, a.extent(0), a.extent(1)),
+                       CopyWithOnesColumn<XView, AView>{a, in, x});
 }
 
 /// The weight gradient of a masked layer on the dense path: dW = mask ⊙ g (`accumulate` false)
@@ -56,17 +53,11 @@ void apply_weight_mask(const ExecSpace &space, const Mask &mask, const G &g, con
   value *dp = dw.data();
   const Kokkos::RangePolicy<ExecSpace> policy(space, 0, mask.extent(0));
   if (accumulate) {
-    Kokkos::parallel_for(
-        "kat::nn::Dense::mask_weight_gradient", policy, KOKKOS_LAMBDA(const std::size_t k) {
-          const value gk = gp[k];
-          dp[k] += m[k] != 0 ? gk : value(0);
-        });
+    Kokkos::parallel_for("kat::nn::Dense::mask_weight_gradient", policy,
+                         MaskedGradientAdd<value>{gp, dp, m});
   } else {
-    Kokkos::parallel_for(
-        "kat::nn::Dense::mask_weight_gradient", policy, KOKKOS_LAMBDA(const std::size_t k) {
-          const value gk = gp[k];
-          dp[k] = m[k] != 0 ? gk : value(0);
-        });
+    Kokkos::parallel_for("kat::nn::Dense::mask_weight_gradient", policy,
+                         MaskedGradientAssign<value>{gp, dp, m});
   }
 }
 
@@ -74,9 +65,9 @@ void apply_weight_mask(const ExecSpace &space, const Mask &mask, const G &g, con
 template <class ExecSpace, class Mask>
 std::size_t count_active(const ExecSpace &space, const Mask &m) {
   std::size_t count = 0;
-  Kokkos::parallel_reduce(
-      "kat::nn::Dense::count_active", Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t k, std::size_t &sum) { sum += m(k) != 0 ? 1 : 0; }, count);
+  Kokkos::parallel_reduce("kat::nn::Dense::count_active",
+                          Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(0)),
+                          CountActive<Mask>{m}, count);
   return count;
 }
 

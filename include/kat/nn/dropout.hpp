@@ -7,6 +7,7 @@
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/dropout_kernels.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -28,9 +29,8 @@ void dropout_apply_mask(const ExecSpace &space, const char *label, const MatrixV
   const Scalar *sp = s.data();
   const Scalar *inp = in.data();
   Scalar *outp = out.data();
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace>(space, 0, in.span()),
-      KOKKOS_LAMBDA(const std::size_t i) { outp[i] = inp[i] * sp[i]; });
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, in.span()),
+                       DropoutApplyMask<Scalar>{outp, inp, sp});
 }
 
 } // namespace detail
@@ -98,13 +98,9 @@ public:
     const Scalar keep_scale = static_cast<Scalar>(1.0 / (1.0 - p_));
     const std::uint64_t seed = seed_;
     const std::uint64_t call = calls_++;
-    Kokkos::parallel_for(
-        "kat::nn::Dropout::forward", Kokkos::RangePolicy<execution_space>(space, 0, x.span()),
-        KOKKOS_LAMBDA(const std::size_t i) {
-          const Scalar s = counter_uniform(seed, call, i) < p ? Scalar(0) : keep_scale;
-          sp[i] = s;
-          yp[i] = xp[i] * s;
-        });
+    Kokkos::parallel_for("kat::nn::Dropout::forward",
+                         Kokkos::RangePolicy<execution_space>(space, 0, x.span()),
+                         detail::DropoutForward<Scalar>{seed, call, p, keep_scale, sp, yp, xp});
   }
 
   void backward(const execution_space &space, const matrix_type &dy,

@@ -6,6 +6,7 @@
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/detail/embedding_kernels.hpp"
 #include "kat/nn/detail/normal.hpp"
 #include "kat/nn/layer.hpp"
 
@@ -22,27 +23,15 @@ namespace kat::nn {
 
 namespace detail {
 
-/// Whether `v` is a token id of a table of `count` rows: an integer in [0, count). NaN fails
-/// the first comparison; the range is checked before the conversion, which is undefined for
-/// values outside the integer's range.
-template <class Scalar>
-KOKKOS_INLINE_FUNCTION bool embedding_id_valid(Scalar v, std::size_t count) {
-  return v >= Scalar(0) && v < static_cast<Scalar>(count) &&
-         static_cast<Scalar>(static_cast<std::int64_t>(v)) == v;
-}
-
 /// The number of invalid ids among the `tokens` values at `ids` (a reduction over the tokens
 /// only, N·T values, against the N·T·D the gather writes).
 template <class ExecSpace, class Scalar>
 std::size_t embedding_count_invalid(const ExecSpace &space, const Scalar *ids, std::size_t tokens,
                                     std::size_t count) {
   std::size_t bad = 0;
-  Kokkos::parallel_reduce(
-      "kat::nn::Embedding::count_invalid_ids", Kokkos::RangePolicy<ExecSpace>(space, 0, tokens),
-      KOKKOS_LAMBDA(const std::size_t r, std::size_t &sum) {
-        sum += embedding_id_valid(ids[r], count) ? 0 : 1;
-      },
-      bad);
+  Kokkos::parallel_reduce("kat::nn::Embedding::count_invalid_ids",
+                          Kokkos::RangePolicy<ExecSpace>(space, 0, tokens),
+                          EmbeddingCountInvalid<Scalar>{ids, count}, bad);
   return bad;
 }
 
@@ -57,11 +46,8 @@ template <class ExecSpace, class Scalar>
 void embedding_gather(const ExecSpace &space, const char *label, const Scalar *ids,
                       std::size_t tokens, const Scalar *table, std::size_t count, std::size_t dim,
                       Scalar *out) {
-  Kokkos::parallel_for(
-      label, matrix_policy(space, tokens, dim),
-      KOKKOS_LAMBDA(const std::size_t r, const std::size_t d) {
-        out[r + tokens * d] = table[static_cast<std::size_t>(ids[r]) + count * d];
-      });
+  Kokkos::parallel_for(label, matrix_policy(space, tokens, dim),
+                       EmbeddingGather<Scalar>{out, tokens, table, ids, count});
 }
 
 /// The smallest token index r whose id is invalid (`tokens` if none).
@@ -71,12 +57,7 @@ std::size_t embedding_first_invalid(const ExecSpace &space, const Scalar *ids, s
   std::size_t first = tokens;
   Kokkos::parallel_reduce(
       "kat::nn::Embedding::first_invalid_id", Kokkos::RangePolicy<ExecSpace>(space, 0, tokens),
-      KOKKOS_LAMBDA(const std::size_t r, std::size_t &m) {
-        if (!embedding_id_valid(ids[r], count) && r < m) {
-          m = r;
-        }
-      },
-      Kokkos::Min<std::size_t>(first));
+      EmbeddingFirstInvalid<Scalar>{ids, count}, Kokkos::Min<std::size_t>(first));
   return first;
 }
 
@@ -86,12 +67,8 @@ template <class ExecSpace, class Scalar>
 void embedding_scatter_add(const ExecSpace &space, const char *label, const Scalar *ids,
                            std::size_t tokens, const Scalar *in, std::size_t count, std::size_t dim,
                            Scalar *table) {
-  Kokkos::parallel_for(
-      label, matrix_policy(space, tokens, dim),
-      KOKKOS_LAMBDA(const std::size_t r, const std::size_t d) {
-        const std::size_t id = static_cast<std::size_t>(ids[r]);
-        Kokkos::atomic_add(&table[id + count * d], in[r + tokens * d]);
-      });
+  Kokkos::parallel_for(label, matrix_policy(space, tokens, dim),
+                       EmbeddingScatterAdd<Scalar>{ids, table, count, in, tokens});
 }
 
 } // namespace detail

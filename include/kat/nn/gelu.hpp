@@ -6,6 +6,7 @@
 #include "kat/core/math.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/detail/activation_kernels.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -40,30 +41,24 @@ struct GELUOp {
 /// y = GELU(x) over `count` contiguous values.
 template <class ExecSpace, class Scalar>
 void gelu_forward(const ExecSpace &space, std::size_t count, const Scalar *x, Scalar *y) {
-  Kokkos::parallel_for(
-      "kat::nn::GELU::forward", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
-      KOKKOS_LAMBDA(const std::size_t i) { y[i] = GELUOp::f(x[i]); });
+  Kokkos::parallel_for("kat::nn::GELU::forward", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+                       ActivationForward<GELUOp, Scalar>{x, y});
 }
 
 /// out = GELU'(x) ⊙ d: dx from dy in backward, R{y} from R{x} in forward_r.
 template <class ExecSpace, class Scalar>
 void gelu_times_derivative(const ExecSpace &space, const char *label, std::size_t count,
                            const Scalar *x, const Scalar *d, Scalar *out) {
-  Kokkos::parallel_for(
-      label, Kokkos::RangePolicy<ExecSpace>(space, 0, count),
-      KOKKOS_LAMBDA(const std::size_t i) { out[i] = GELUOp::d1(x[i]) * d[i]; });
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+                       TimesDerivative<GELUOp, Scalar>{x, d, out});
 }
 
 /// R{dx} = GELU'(x) R{dy} + GELU''(x) R{x} dy.
 template <class ExecSpace, class Scalar>
 void gelu_backward_r(const ExecSpace &space, std::size_t count, const Scalar *x, const Scalar *rx,
                      const Scalar *dy, const Scalar *rdy, Scalar *rdx) {
-  Kokkos::parallel_for(
-      "kat::nn::GELU::backward_r", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        const Scalar xi = x[i];
-        rdx[i] = GELUOp::d1(xi) * rdy[i] + GELUOp::d2(xi) * rx[i] * dy[i];
-      });
+  Kokkos::parallel_for("kat::nn::GELU::backward_r", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+                       InputActivationBackwardR<GELUOp, Scalar>{x, rx, dy, rdy, rdx});
 }
 
 } // namespace detail

@@ -6,6 +6,7 @@
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/detail/global_avg_pool2d_kernels.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -30,13 +31,7 @@ void global_avg_pool2d_forward(const ExecSpace &space, const MatrixView &x, cons
   const Scalar *xp = x.data();
   Kokkos::parallel_for(
       "kat::nn::GlobalAvgPool2d::forward", matrix_policy(space, n, channels),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t c) {
-        Scalar sum = 0;
-        for (std::size_t k = 0; k < plane; ++k) {
-          sum += xp[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)];
-        }
-        y(i, c) = sum / count;
-      });
+      GlobalAvgPool2dForward<MatrixView>{xp, y, plane, layout, n, channels, count});
 }
 
 /// dx(n, c, h, w) = dy(n, c) / plane, the transpose of global_avg_pool2d_forward, dx in
@@ -51,10 +46,7 @@ void global_avg_pool2d_backward(const ExecSpace &space, const MatrixView &dy, co
   Scalar *dxp = dx.data();
   Kokkos::parallel_for(
       "kat::nn::GlobalAvgPool2d::backward", matrix_policy(space, dx.extent(0), dx.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-        const std::size_t c = j / plane, k = j % plane;
-        dxp[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)] = dy(i, c) / count;
-      });
+      GlobalAvgPool2dBackward<MatrixView>{dxp, dy, plane, layout, n, channels, count});
 }
 
 } // namespace detail

@@ -8,6 +8,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
+#include "kat/nn/detail/hessian_vector_product_kernels.hpp"
 #include "kat/nn/sequential.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -49,10 +50,9 @@ private:
 /// to(i) = from(i) converted, over the common length.
 template <class ExecSpace, class From, class To>
 void convert_vector(const ExecSpace &space, const From &from, const To &to) {
-  using value = typename To::non_const_value_type;
-  Kokkos::parallel_for(
-      "kat::nn::convert_vector", Kokkos::RangePolicy<ExecSpace>(space, 0, to.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) { to(i) = static_cast<value>(from(i)); });
+  Kokkos::parallel_for("kat::nn::convert_vector",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, to.extent(0)),
+                       ConvertVector<From, To>{to, from});
 }
 
 } // namespace detail

@@ -5,6 +5,7 @@
 #include "kat/core/error.hpp"
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/detail/init_kernels.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -25,13 +26,9 @@ void uniform_(const ExecSpace &space, const View &v, double low, double high, st
                             "got low = ",
                             low, ", high = ", high));
   }
-  using value_type = typename View::non_const_value_type;
   const double width = high - low;
-  Kokkos::parallel_for(
-      "kat::nn::uniform_", Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        v(i) = static_cast<value_type>(low + width * counter_uniform(seed, stream, i));
-      });
+  Kokkos::parallel_for("kat::nn::uniform_", Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
+                       detail::UniformFill<View>{v, low, width, seed, stream});
 }
 
 /// Kaiming (He) uniform initialization, He et al., ICCV 2015, eq. (16) with the leaky-ReLU

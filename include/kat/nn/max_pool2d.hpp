@@ -27,55 +27,12 @@ namespace detail {
 template <class ExecSpace, class MatrixView, class IndexView>
 void max_pool2d_backward(const ExecSpace &space, const Pool2dGeometry &g, const IndexView &argmax,
                          const MatrixView &dy, const MatrixView &dx) {
-  using Scalar = typename MatrixView::non_const_value_type;
   const std::size_t n = dx.extent(0);
   using policy = Kokkos::TeamPolicy<ExecSpace>;
-  using member = typename policy::member_type;
   Kokkos::parallel_for(
       "kat::nn::MaxPool2d::backward",
       policy(space, g.channels * g.width, Kokkos::AUTO, detail::batch_vector_length<ExecSpace>()),
-      KOKKOS_LAMBDA(const member &team) {
-        const int c = team.league_rank() / g.width;
-        const int w = team.league_rank() % g.width;
-        int ow_lo, ow_hi;
-        detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
-          int oh_lo, oh_hi;
-          detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo,
-                                      oh_hi);
-          const int self = h + g.height * w;
-          const std::size_t col =
-              static_cast<std::size_t>(self) +
-              static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width) * c;
-          // Gather, in a fixed order, dy of the covering windows that chose this element;
-          // the first one overwrites dx, so no separate zeroing pass.
-          bool first = true;
-          for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-              const std::size_t o =
-                  static_cast<std::size_t>(oh) +
-                  static_cast<std::size_t>(g.out_height) *
-                      (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-              if (first) {
-                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-                  const Scalar d = dy(e, o); // unconditional load: vectorizes
-                  dx(e, col) = argmax(e, o) == self ? d : Scalar(0);
-                });
-                first = false;
-                continue;
-              }
-              Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-                const Scalar d = dy(e, o);
-                dx(e, col) += argmax(e, o) == self ? d : Scalar(0);
-              });
-            }
-          }
-          if (first) { // no window covers this element (it lies past the last one)
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                 [&](const std::size_t e) { dx(e, col) = Scalar(0); });
-          }
-        });
-      });
+      MaxPool2dBackward<ExecSpace, MatrixView, IndexView>{g, n, argmax, dy, dx});
 }
 
 /// ry(n, c, oh, ow) = rx(n, c, h, w) at the recorded argmax (h, w) of each window: max pooling
@@ -87,11 +44,9 @@ void max_pool2d_gather(const ExecSpace &space, const Pool2dGeometry &g, const In
       static_cast<std::size_t>(g.out_height) * static_cast<std::size_t>(g.out_width);
   const std::size_t in_plane =
       static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width);
-  Kokkos::parallel_for(
-      "kat::nn::MaxPool2d::forward_r", matrix_policy(space, ry.extent(0), ry.extent(1)),
-      KOKKOS_LAMBDA(const std::size_t i, const std::size_t j) {
-        ry(i, j) = rx(i, static_cast<std::size_t>(argmax(i, j)) + in_plane * (j / out_plane));
-      });
+  Kokkos::parallel_for("kat::nn::MaxPool2d::forward_r",
+                       matrix_policy(space, ry.extent(0), ry.extent(1)),
+                       MaxPool2dGather<MatrixView, IndexView>{argmax, rx, ry, out_plane, in_plane});
 }
 
 } // namespace detail
@@ -151,56 +106,12 @@ public:
     argmax_view_ = argmax_.matrix(n, g.out_size());
     const auto argmax = argmax_view_;
     using policy = Kokkos::TeamPolicy<execution_space>;
-    using member = typename policy::member_type;
     Kokkos::parallel_for(
         "kat::nn::MaxPool2d::forward",
         policy(space, g.channels * g.out_width, Kokkos::AUTO,
                detail::batch_vector_length<execution_space>()),
-        KOKKOS_LAMBDA(const member &team) {
-          const int c = team.league_rank() / g.out_width;
-          const int ow = team.league_rank() % g.out_width;
-          int w_begin, w_end;
-          detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
-            int h_begin, h_end;
-            detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin,
-                                      h_end);
-            const std::size_t j =
-                static_cast<std::size_t>(oh) +
-                static_cast<std::size_t>(g.out_height) *
-                    (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-            // Row-major scan (h outer) so ties keep PyTorch's first maximum. The running
-            // maximum lives in y and argmax: one pass over the batch per window element.
-            bool first = true;
-            for (int h = h_begin; h < h_end; ++h) {
-              for (int w = w_begin; w < w_end; ++w) {
-                const int index = h + g.height * w;
-                const std::size_t col =
-                    static_cast<std::size_t>(h) +
-                    static_cast<std::size_t>(g.height) *
-                        (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
-                if (first) {
-                  Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                       [&](const std::size_t e) {
-                                         y(e, j) = x(e, col);
-                                         argmax(e, j) = index;
-                                       });
-                  first = false;
-                  continue;
-                }
-                Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-                  // Unconditional loads and selects, so host compilers vectorize.
-                  const Scalar v = x(e, col);
-                  const Scalar best = y(e, j);
-                  const std::int32_t best_index = argmax(e, j);
-                  const bool take = v > best || v != v; // NaN wins and propagates
-                  y(e, j) = take ? v : best;
-                  argmax(e, j) = take ? index : best_index;
-                });
-              }
-            }
-          });
-        });
+        detail::MaxPool2dForward<execution_space, matrix_type, Matrix<std::int32_t, MemorySpace>>{
+            g, n, argmax, x, y});
   }
 
   /// dx(n, c, h, w) = Σ dy(n, c, oh, ow) over the windows whose argmax is (h, w); an empty dx

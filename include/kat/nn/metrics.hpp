@@ -4,6 +4,7 @@
 
 #include "kat/core/error.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/detail/metrics_kernels.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -23,15 +24,8 @@ std::size_t count_correct(const ExecSpace &space, const Matrix<Scalar, MemorySpa
   std::size_t correct = 0;
   Kokkos::parallel_reduce(
       "kat::nn::count_correct", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
-      KOKKOS_LAMBDA(const std::size_t i, std::size_t &sum) {
-        int best = 0;
-        for (int c = 1; c < classes; ++c) {
-          if (logits(i, c) > logits(i, best)) {
-            best = c;
-          }
-        }
-        sum += best == labels(i) ? 1 : 0;
-      },
+      detail::CountCorrect<Matrix<Scalar, MemorySpace>, Vector<const std::int32_t, MemorySpace>>{
+          logits, labels, classes},
       correct);
   return correct;
 }

@@ -5,6 +5,7 @@
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/detail/loss_kernels.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -20,16 +21,8 @@ template <class ExecSpace, class Scalar>
 double squared_error_sum(const ExecSpace &space, const Scalar *y, const Scalar *t, Scalar *grad,
                          std::size_t count, bool with_grad, Scalar scale) {
   double total = 0;
-  Kokkos::parallel_reduce(
-      "kat::nn::MSELoss", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
-      KOKKOS_LAMBDA(const std::size_t i, double &sum) {
-        const Scalar d = y[i] - t[i];
-        sum += static_cast<double>(d) * static_cast<double>(d);
-        if (with_grad) {
-          grad[i] = scale * d;
-        }
-      },
-      total);
+  Kokkos::parallel_reduce("kat::nn::MSELoss", Kokkos::RangePolicy<ExecSpace>(space, 0, count),
+                          SquaredErrorSum<Scalar>{y, t, grad, with_grad, scale}, total);
   return total;
 }
 
@@ -80,9 +73,9 @@ public:
     const Scalar scale = Scalar(2) / static_cast<Scalar>(count);
     const Scalar *r = ry.data();
     Scalar *out = rdy.data();
-    Kokkos::parallel_for(
-        "kat::nn::MSELoss::hessian_product", Kokkos::RangePolicy<execution_space>(space, 0, count),
-        KOKKOS_LAMBDA(const std::size_t i) { out[i] = scale * r[i]; });
+    Kokkos::parallel_for("kat::nn::MSELoss::hessian_product",
+                         Kokkos::RangePolicy<execution_space>(space, 0, count),
+                         detail::MSEHessianProduct<Scalar>{scale, r, out});
   }
 
 private:

@@ -8,6 +8,7 @@
 #include "kat/core/workspace.hpp"
 #include "kat/nn/activation.hpp"
 #include "kat/nn/detail/layer_chain.hpp"
+#include "kat/nn/detail/residual_kernels.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -32,17 +33,13 @@ void elementwise_add(const ExecSpace &space, const MatrixView &a, const MatrixVi
   const value *bp = b.data();
   value *cp = c.data();
   if (relu) {
-    Kokkos::parallel_for(
-        "kat::nn::Residual::add_relu", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
-        KOKKOS_LAMBDA(const std::size_t i) {
-          const value v = ap[i] + bp[i];
-          cp[i] = v > value(0) ? v : value(0);
-        });
+    Kokkos::parallel_for("kat::nn::Residual::add_relu",
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
+                         ResidualAddRelu<value>{ap, bp, cp});
     return;
   }
-  Kokkos::parallel_for(
-      "kat::nn::Residual::add", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
-      KOKKOS_LAMBDA(const std::size_t i) { cp[i] = ap[i] + bp[i]; });
+  Kokkos::parallel_for("kat::nn::Residual::add", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
+                       ResidualAdd<value>{ap, bp, cp});
 }
 
 } // namespace detail

@@ -6,6 +6,7 @@
 #include "kat/core/math.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
+#include "kat/nn/detail/loss_kernels.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -24,7 +25,6 @@ template <class ExecSpace, class ZView, class LabelView>
 double softmax_cross_entropy_sum(const ExecSpace &space, const ZView &z, const LabelView &labels,
                                  const ZView &grad, bool with_grad,
                                  typename ZView::non_const_value_type inv_n) {
-  using Scalar = typename ZView::non_const_value_type;
   const std::size_t n = z.extent(0);
   const int classes = static_cast<int>(z.extent(1));
   // Captured from the host: std::numeric_limits is not callable in every device compiler.
@@ -32,30 +32,7 @@ double softmax_cross_entropy_sum(const ExecSpace &space, const ZView &z, const L
   double total = 0;
   Kokkos::parallel_reduce(
       "kat::nn::SoftmaxCrossEntropy", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
-      KOKKOS_LAMBDA(const std::size_t i, double &sum) {
-        const int label = labels(i);
-        Scalar zmax = z(i, 0);
-        for (int c = 1; c < classes; ++c) {
-          zmax = z(i, c) > zmax ? z(i, c) : zmax;
-        }
-        Scalar denom = 0;
-        for (int c = 0; c < classes; ++c) {
-          denom += math::exp(z(i, c) - zmax);
-        }
-        if (label < 0 || label >= classes) {
-          sum += invalid; // reported precisely by the caller
-          return;
-        }
-        // (zmax - z_y) first: adding log(denom) to a large zmax would round it away.
-        sum += static_cast<double>((zmax - z(i, label)) + math::log(denom));
-        if (with_grad) {
-          const Scalar inv_denom = Scalar(1) / denom;
-          for (int c = 0; c < classes; ++c) {
-            const Scalar p = math::exp(z(i, c) - zmax) * inv_denom;
-            grad(i, c) = (p - (c == label ? Scalar(1) : Scalar(0))) * inv_n;
-          }
-        }
-      },
+      SoftmaxCrossEntropySum<ZView, LabelView>{z, labels, grad, classes, invalid, with_grad, inv_n},
       total);
   return total;
 }
@@ -66,29 +43,10 @@ template <class ExecSpace, class ZView>
 void softmax_cross_entropy_hessian_product(const ExecSpace &space, const ZView &z, const ZView &rz,
                                            const ZView &rdz,
                                            typename ZView::non_const_value_type inv_n) {
-  using Scalar = typename ZView::non_const_value_type;
   const int classes = static_cast<int>(z.extent(1));
-  Kokkos::parallel_for(
-      "kat::nn::SoftmaxCrossEntropy::hessian_product",
-      Kokkos::RangePolicy<ExecSpace>(space, 0, z.extent(0)), KOKKOS_LAMBDA(const std::size_t i) {
-        Scalar zmax = z(i, 0);
-        for (int c = 1; c < classes; ++c) {
-          zmax = z(i, c) > zmax ? z(i, c) : zmax;
-        }
-        Scalar denom = 0;
-        Scalar dot = 0;
-        for (int c = 0; c < classes; ++c) {
-          const Scalar e = math::exp(z(i, c) - zmax);
-          denom += e;
-          dot += e * rz(i, c);
-        }
-        const Scalar inv_denom = Scalar(1) / denom;
-        const Scalar mean = dot * inv_denom; // ⟨p_i, rz_i⟩
-        for (int c = 0; c < classes; ++c) {
-          const Scalar p = math::exp(z(i, c) - zmax) * inv_denom;
-          rdz(i, c) = p * (rz(i, c) - mean) * inv_n;
-        }
-      });
+  Kokkos::parallel_for("kat::nn::SoftmaxCrossEntropy::hessian_product",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, z.extent(0)),
+                       SoftmaxCrossEntropyHessianProduct<ZView>{z, rz, rdz, classes, inv_n});
 }
 
 /// The smallest i with labels(i) outside [0, classes), or labels.extent(0) if there is none.
@@ -98,12 +56,7 @@ std::int64_t first_invalid_label(const ExecSpace &space, const LabelView &labels
   std::int64_t first_bad = static_cast<std::int64_t>(n);
   Kokkos::parallel_reduce(
       "kat::nn::SoftmaxCrossEntropy::check_labels", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
-      KOKKOS_LAMBDA(const std::size_t i, std::int64_t &m) {
-        if ((labels(i) < 0 || labels(i) >= classes) && static_cast<std::int64_t>(i) < m) {
-          m = static_cast<std::int64_t>(i);
-        }
-      },
-      Kokkos::Min<std::int64_t>(first_bad));
+      FirstInvalidLabel<LabelView>{labels, classes}, Kokkos::Min<std::int64_t>(first_bad));
   return first_bad;
 }
 

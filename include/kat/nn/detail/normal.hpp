@@ -35,6 +35,23 @@ KOKKOS_INLINE_FUNCTION double counter_normal(std::uint64_t seed, std::uint64_t s
   return 0.0;
 }
 
+/// v(i) = mean + stddev · counter_normal(seed, stream, i), as View's value type (normal_). A named
+/// functor, not an extended lambda: nvcc's wrapper of an extended lambda in a header is merged
+/// across translation units while its function pointers are not (docs/backends.md).
+template <class View> struct NormalFill {
+  // Not named value_type, which Kokkos reads as a reduction's.
+  using Value = typename View::non_const_value_type;
+  View v;
+  double mean;
+  double stddev;
+  std::uint64_t seed;
+  std::uint64_t stream;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    v(i) = static_cast<Value>(mean + stddev * counter_normal(seed, stream, i));
+  }
+};
+
 /// Fills `v` with N(mean, stddev²) draws, element i from counter_normal(seed, stream, i)
 /// (the embeddings' initialization: torch.nn.Embedding's N(0, 1), ViT's N(0, 0.02²)).
 /// @throws ValueError if mean or stddev is not finite or stddev < 0.
@@ -47,12 +64,8 @@ void normal_(const ExecSpace &space, const View &v, double mean, double stddev, 
                                          "stddev >= 0, got mean = ",
                                          mean, ", stddev = ", stddev));
   }
-  using value_type = typename View::non_const_value_type;
-  Kokkos::parallel_for(
-      "kat::nn::normal_", Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        v(i) = static_cast<value_type>(mean + stddev * counter_normal(seed, stream, i));
-      });
+  Kokkos::parallel_for("kat::nn::normal_", Kokkos::RangePolicy<ExecSpace>(space, 0, v.extent(0)),
+                       NormalFill<View>{v, mean, stddev, seed, stream});
 }
 
 } // namespace kat::nn::detail

@@ -60,6 +60,230 @@ KOKKOS_INLINE_FUNCTION void pool_covering_range(int i, int k, int s, int p, int 
   }
 }
 
+// The kernels of MaxPool2d and AvgPool2d as named functors, not extended lambdas: nvcc's wrapper
+// of an extended lambda in a header is merged across translation units while its function
+// pointers are not, which crashed MaxPool2d on the host (docs/backends.md).
+
+/// dx(n, c, h, w) = Σ dy(n, c, oh, ow) over the windows whose argmax is (h, w), for a team
+/// per (c, w) (max_pool2d_backward).
+template <class ExecSpace, class MatrixView, class IndexView> struct MaxPool2dBackward {
+  using Scalar = typename MatrixView::non_const_value_type;
+  Pool2dGeometry g;
+  std::size_t n;
+  IndexView argmax;
+  MatrixView dy;
+  MatrixView dx;
+
+  KOKKOS_INLINE_FUNCTION void
+  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
+    const int c = team.league_rank() / g.width;
+    const int w = team.league_rank() % g.width;
+    int ow_lo, ow_hi;
+    detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
+      int oh_lo, oh_hi;
+      detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo, oh_hi);
+      const int self = h + g.height * w;
+      const std::size_t col =
+          static_cast<std::size_t>(self) +
+          static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width) * c;
+      // Gather, in a fixed order, dy of the covering windows that chose this element;
+      // the first one overwrites dx, so no separate zeroing pass.
+      bool first = true;
+      for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+        for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+          const std::size_t o =
+              static_cast<std::size_t>(oh) +
+              static_cast<std::size_t>(g.out_height) *
+                  (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+          if (first) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+              const Scalar d = dy(e, o); // unconditional load: vectorizes
+              dx(e, col) = argmax(e, o) == self ? d : Scalar(0);
+            });
+            first = false;
+            continue;
+          }
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+            const Scalar d = dy(e, o);
+            dx(e, col) += argmax(e, o) == self ? d : Scalar(0);
+          });
+        }
+      }
+      if (first) { // no window covers this element (it lies past the last one)
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                             [&](const std::size_t e) { dx(e, col) = Scalar(0); });
+      }
+    });
+  }
+};
+
+/// ry(i, j) = rx(i, argmax(i, j) in the same channel) (max_pool2d_gather).
+template <class MatrixView, class IndexView> struct MaxPool2dGather {
+  IndexView argmax;
+  MatrixView rx;
+  MatrixView ry;
+  std::size_t out_plane;
+  std::size_t in_plane;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t j) const {
+    ry(i, j) = rx(i, static_cast<std::size_t>(argmax(i, j)) + in_plane * (j / out_plane));
+  }
+};
+
+/// y = the maximum over each window and argmax its first position, for a team per (c, ow)
+/// (MaxPool2d::forward).
+template <class ExecSpace, class MatrixView, class IndexView> struct MaxPool2dForward {
+  using Scalar = typename MatrixView::non_const_value_type;
+  Pool2dGeometry g;
+  std::size_t n;
+  IndexView argmax;
+  MatrixView x;
+  MatrixView y;
+
+  KOKKOS_INLINE_FUNCTION void
+  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
+    const int c = team.league_rank() / g.out_width;
+    const int ow = team.league_rank() % g.out_width;
+    int w_begin, w_end;
+    detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
+      int h_begin, h_end;
+      detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin, h_end);
+      const std::size_t j =
+          static_cast<std::size_t>(oh) +
+          static_cast<std::size_t>(g.out_height) *
+              (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+      // Row-major scan (h outer) so ties keep PyTorch's first maximum. The running
+      // maximum lives in y and argmax: one pass over the batch per window element.
+      bool first = true;
+      for (int h = h_begin; h < h_end; ++h) {
+        for (int w = w_begin; w < w_end; ++w) {
+          const int index = h + g.height * w;
+          const std::size_t col =
+              static_cast<std::size_t>(h) +
+              static_cast<std::size_t>(g.height) *
+                  (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
+          if (first) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+              y(e, j) = x(e, col);
+              argmax(e, j) = index;
+            });
+            first = false;
+            continue;
+          }
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+            // Unconditional loads and selects, so host compilers vectorize.
+            const Scalar v = x(e, col);
+            const Scalar best = y(e, j);
+            const std::int32_t best_index = argmax(e, j);
+            const bool take = v > best || v != v; // NaN wins and propagates
+            y(e, j) = take ? v : best;
+            argmax(e, j) = take ? index : best_index;
+          });
+        }
+      }
+    });
+  }
+};
+
+/// y = window sums / (k_h · k_w), for a team per (c, ow) (avg_pool2d_forward).
+template <class ExecSpace, class MatrixView> struct AvgPool2dForward {
+  using Scalar = typename MatrixView::non_const_value_type;
+  Pool2dGeometry g;
+  std::size_t n;
+  Scalar area;
+  MatrixView x;
+  MatrixView y;
+
+  KOKKOS_INLINE_FUNCTION void
+  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
+    const int c = team.league_rank() / g.out_width;
+    const int ow = team.league_rank() % g.out_width;
+    int w_begin, w_end;
+    detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
+      int h_begin, h_end;
+      detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin, h_end);
+      const std::size_t j =
+          static_cast<std::size_t>(oh) +
+          static_cast<std::size_t>(g.out_height) *
+              (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+      // Every window holds a real input (padding <= kernel / 2), so the first pass
+      // initializes y. Sum in row-major order, then divide, as PyTorch.
+      bool first = true;
+      for (int h = h_begin; h < h_end; ++h) {
+        for (int w = w_begin; w < w_end; ++w) {
+          const std::size_t col =
+              static_cast<std::size_t>(h) +
+              static_cast<std::size_t>(g.height) *
+                  (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
+          if (first) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                 [&](const std::size_t e) { y(e, j) = x(e, col); });
+            first = false;
+            continue;
+          }
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                               [&](const std::size_t e) { y(e, j) += x(e, col); });
+        }
+      }
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                           [&](const std::size_t e) { y(e, j) /= area; });
+    });
+  }
+};
+
+/// dx = the transpose of AvgPool2dForward applied to dy, for a team per (c, w)
+/// (avg_pool2d_backward).
+template <class ExecSpace, class MatrixView> struct AvgPool2dBackward {
+  using Scalar = typename MatrixView::non_const_value_type;
+  Pool2dGeometry g;
+  std::size_t n;
+  Scalar area;
+  MatrixView dy;
+  MatrixView dx;
+
+  KOKKOS_INLINE_FUNCTION void
+  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
+    const int c = team.league_rank() / g.width;
+    const int w = team.league_rank() % g.width;
+    int ow_lo, ow_hi;
+    detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
+      int oh_lo, oh_hi;
+      detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo, oh_hi);
+      const std::size_t col =
+          static_cast<std::size_t>(h) +
+          static_cast<std::size_t>(g.height) *
+              (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
+      // Gather dy / area from the covering windows in a fixed order (PyTorch adds
+      // dy / area per window too); the first one overwrites dx.
+      bool first = true;
+      for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+        for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+          const std::size_t o =
+              static_cast<std::size_t>(oh) +
+              static_cast<std::size_t>(g.out_height) *
+                  (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+          if (first) {
+            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                                 [&](const std::size_t e) { dx(e, col) = dy(e, o) / area; });
+            first = false;
+            continue;
+          }
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                               [&](const std::size_t e) { dx(e, col) += dy(e, o) / area; });
+        }
+      }
+      if (first) { // no window covers this element (it lies past the last one)
+        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                             [&](const std::size_t e) { dx(e, col) = Scalar(0); });
+      }
+    });
+  }
+};
+
 /// Common part of MaxPool2d and AvgPool2d: hyperparameter validation, output_shape() (which
 /// also fixes the input (C, H, W) that forward() expects: a batch matrix does not carry it)
 /// and the extent checks of forward() and backward().

@@ -83,6 +83,45 @@ namespace detail {
 /// Stream of kat::counter_uniform used for Lanczos start vectors ("Lanczos" in ASCII).
 inline constexpr std::uint64_t lanczos_stream = 0x4c616e637a6f73ull;
 
+// The kernels below are named functors rather than extended device lambdas: nvcc's wrapper of
+// an extended lambda in a header is merged across translation units while its function
+// pointers are not (docs/backends.md).
+
+/// The terms x(i) * y(i) of lanczos_dot, summed in double.
+template <class XView, class YView> struct LanczosDot {
+  XView x;
+  YView y;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i, double &s) const {
+    s += x(i) * y(i);
+  }
+};
+
+/// y(i) = s * x(i) (lanczos_scale).
+template <class XView, class YView> struct LanczosScale {
+  XView x;
+  double s;
+  YView y;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const { y(i) = s * x(i); }
+};
+
+/// v(i) = U(-1, 1) from kat::counter_uniform(seed, lanczos_stream, first + i) for i < count,
+/// 0 beyond (lanczos_start_vector).
+template <class VView> struct LanczosStartVector {
+  VView v;
+  std::uint64_t seed;
+  std::uint64_t first;
+  std::int64_t count;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
+    v(i) = i < count ? 2.0 * kat::counter_uniform(seed, lanczos_stream,
+                                                  first + static_cast<std::uint64_t>(i)) -
+                           1.0
+                     : 0.0;
+  }
+};
+
 /// A range policy over [0, n) with 64-bit indices.
 template <class ExecSpace>
 Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>
@@ -95,18 +134,16 @@ lanczos_policy(const ExecSpace &space, std::size_t n) {
 template <class ExecSpace, class XView, class YView>
 double lanczos_dot(const ExecSpace &space, const XView &x, const YView &y) {
   double sum = 0;
-  Kokkos::parallel_reduce(
-      "kat::lanczos::dot", lanczos_policy(space, x.extent(0)),
-      KOKKOS_LAMBDA(const std::int64_t i, double &s) { s += x(i) * y(i); }, sum);
+  Kokkos::parallel_reduce("kat::lanczos::dot", lanczos_policy(space, x.extent(0)),
+                          LanczosDot<XView, YView>{x, y}, sum);
   return sum;
 }
 
 /// y = s * x.
 template <class ExecSpace, class XView, class YView>
 void lanczos_scale(const ExecSpace &space, const XView &x, double s, const YView &y) {
-  Kokkos::parallel_for(
-      "kat::lanczos::scale", lanczos_policy(space, x.extent(0)),
-      KOKKOS_LAMBDA(const std::int64_t i) { y(i) = s * x(i); });
+  Kokkos::parallel_for("kat::lanczos::scale", lanczos_policy(space, x.extent(0)),
+                       LanczosScale<XView, YView>{x, s, y});
 }
 
 /// v(i) = U(-1, 1) from kat::counter_uniform(seed, lanczos_stream, offset + i) for i < valid,
@@ -117,14 +154,12 @@ void lanczos_start_vector(const ExecSpace &space, const VView &v, std::uint64_t 
                           std::size_t offset = 0, std::size_t valid = ~std::size_t(0)) {
   const auto first = static_cast<std::uint64_t>(offset);
   const auto count = static_cast<std::int64_t>(std::min(valid, v.extent(0)));
-  Kokkos::parallel_for(
-      "kat::lanczos::start_vector", lanczos_policy(space, v.extent(0)),
-      KOKKOS_LAMBDA(const std::int64_t i) {
-        v(i) = i < count ? 2.0 * kat::counter_uniform(seed, lanczos_stream,
-                                                      first + static_cast<std::uint64_t>(i)) -
-                               1.0
-                         : 0.0;
-      });
+  LanczosStartVector<VView> kernel;
+  kernel.v = v;
+  kernel.seed = seed;
+  kernel.first = first;
+  kernel.count = count;
+  Kokkos::parallel_for("kat::lanczos::start_vector", lanczos_policy(space, v.extent(0)), kernel);
 }
 
 /// The reductions of a Lanczos run on one process: the vectors are whole, so the local sums

@@ -22,6 +22,38 @@
 
 namespace kat::data {
 
+namespace detail {
+
+// DataLoader::next's kernels, as named functors rather than extended device lambdas: nvcc's
+// wrapper of an extended lambda in a header is merged across translation units while its
+// function pointers are not (docs/backends.md).
+
+/// xb(i, f) = pixel f of sample order(first + i), scaled from bytes to [0, 1].
+template <class Matrix, class ImageView, class IndexView> struct DataLoaderGather {
+  using Scalar = typename Matrix::non_const_value_type;
+  Matrix xb;
+  ImageView images;
+  IndexView order;
+  std::size_t first;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t f) const {
+    xb(i, f) = static_cast<Scalar>(images(f, order(first + i))) / static_cast<Scalar>(255);
+  }
+};
+
+/// yb(i) = the label of sample order(first + i).
+template <class LabelVector, class IndexView> struct DataLoaderGatherLabels {
+  LabelVector yb, labels;
+  IndexView order;
+  std::size_t first;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    yb(i) = labels(order(first + i));
+  }
+};
+
+} // namespace detail
+
 /// Serves mini-batches of a Dataset as `batch x features` matrices scaled to [0, 1].
 ///
 /// All pixels are copied to `MemorySpace` once, at construction, as bytes (a quarter of the
@@ -240,12 +272,10 @@ public:
     // division per pixel, unlike a flattened 1-D range.
     Kokkos::parallel_for(
         "kat::data::DataLoader::gather", kat::matrix_policy(space, b, features),
-        KOKKOS_LAMBDA(const std::size_t i, const std::size_t f) {
-          xb(i, f) = static_cast<Scalar>(images(f, order(first + i))) / static_cast<Scalar>(255);
-        });
+        detail::DataLoaderGather<matrix_type, ImageView, IndexView>{xb, images, order, first});
     Kokkos::parallel_for(
         "kat::data::DataLoader::gather_labels", Kokkos::RangePolicy<execution_space>(space, 0, b),
-        KOKKOS_LAMBDA(const std::size_t i) { yb(i) = labels(order(first + i)); });
+        detail::DataLoaderGatherLabels<label_vector, IndexView>{yb, labels, order, first});
     cursor_ += b;
     return true;
   }

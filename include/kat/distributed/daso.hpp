@@ -101,6 +101,53 @@ template <> struct DASOWire<kat::bfloat16> {
   KOKKOS_INLINE_FUNCTION static double to(kat::bfloat16 x) { return x.to_float(); }
 };
 
+// The kernels of daso_pack, daso_merge and daso_mean, as named functors rather than extended
+// device lambdas: nvcc's wrapper of an extended lambda in a header is merged across
+// translation units while its function pointers are not (docs/backends.md).
+
+/// wire(i) = params(i) in the wire type, counting the non-finite parameters.
+template <class Params, class WireView> struct DASOPack {
+  using Wire = typename WireView::non_const_value_type;
+  Params params;
+  WireView wire;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, std::int64_t &count) const {
+    const auto x = params(i);
+    wire(i) = DASOWire<Wire>::from(x);
+    if (!(x - x == 0)) { // inf - inf and NaN - NaN are NaN
+      ++count;
+    }
+  }
+};
+
+/// The stale merge of element i: params(i) = (numer params(i) + sum(i)) / denom.
+template <class Params, class WireView> struct DASOMerge {
+  using Wire = typename WireView::non_const_value_type;
+  using Scalar = typename Params::non_const_value_type;
+  Params params;
+  WireView sum;
+  double numer, denom;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    params(i) =
+        static_cast<Scalar>((numer * double(params(i)) + DASOWire<Wire>::to(sum(i))) / denom);
+  }
+};
+
+/// The blocking average of element i: params(i) = sum(i) / nodes, divided in the wire type.
+template <class Params, class WireView> struct DASOMean {
+  using Wire = typename WireView::non_const_value_type;
+  using Scalar = typename Params::non_const_value_type;
+  Params params;
+  WireView sum;
+  double nodes;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    const Wire mean = DASOWire<Wire>::from(DASOWire<Wire>::to(sum(i)) / nodes);
+    params(i) = static_cast<Scalar>(DASOWire<Wire>::to(mean));
+  }
+};
+
 /// wire[i] = params[i] in the wire type for i < n, wire[n] = the number of non-finite
 /// parameters (sent along, so every rank that receives the sum learns of one); returns that
 /// number. Fences `space`.
@@ -109,16 +156,9 @@ std::int64_t daso_pack(const ExecSpace &space, const Params &params, const WireV
   using Wire = typename WireView::non_const_value_type;
   const std::size_t n = params.extent(0);
   std::int64_t bad = 0;
-  Kokkos::parallel_reduce(
-      "kat::distributed::DASO::pack", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
-      KOKKOS_LAMBDA(const std::size_t i, std::int64_t &count) {
-        const auto x = params(i);
-        wire(i) = DASOWire<Wire>::from(x);
-        if (!(x - x == 0)) { // inf - inf and NaN - NaN are NaN
-          ++count;
-        }
-      },
-      bad);
+  Kokkos::parallel_reduce("kat::distributed::DASO::pack",
+                          Kokkos::RangePolicy<ExecSpace>(space, 0, n),
+                          DASOPack<Params, WireView>{params, wire}, bad);
   Kokkos::deep_copy(space, Kokkos::subview(wire, n), DASOWire<Wire>::from(double(bad)));
   space.fence();
   return bad;
@@ -139,28 +179,18 @@ double daso_status(const ExecSpace &space, const WireView &wire) {
 template <class ExecSpace, class Params, class WireView>
 void daso_merge(const ExecSpace &space, const Params &params, const WireView &sum, double numer,
                 double denom) {
-  using Wire = typename WireView::non_const_value_type;
-  using Scalar = typename Params::non_const_value_type;
-  Kokkos::parallel_for(
-      "kat::distributed::DASO::merge", Kokkos::RangePolicy<ExecSpace>(space, 0, params.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        params(i) =
-            static_cast<Scalar>((numer * double(params(i)) + DASOWire<Wire>::to(sum(i))) / denom);
-      });
+  Kokkos::parallel_for("kat::distributed::DASO::merge",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, params.extent(0)),
+                       DASOMerge<Params, WireView>{params, sum, numer, denom});
 }
 
 /// The blocking average: params = sum / nodes, the division done in the wire type (as the
 /// reference divides its bfloat16 buffer) and converted back.
 template <class ExecSpace, class Params, class WireView>
 void daso_mean(const ExecSpace &space, const Params &params, const WireView &sum, double nodes) {
-  using Wire = typename WireView::non_const_value_type;
-  using Scalar = typename Params::non_const_value_type;
-  Kokkos::parallel_for(
-      "kat::distributed::DASO::mean", Kokkos::RangePolicy<ExecSpace>(space, 0, params.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) {
-        const Wire mean = DASOWire<Wire>::from(DASOWire<Wire>::to(sum(i)) / nodes);
-        params(i) = static_cast<Scalar>(DASOWire<Wire>::to(mean));
-      });
+  Kokkos::parallel_for("kat::distributed::DASO::mean",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, params.extent(0)),
+                       DASOMean<Params, WireView>{params, sum, nodes});
 }
 
 } // namespace detail

@@ -29,13 +29,25 @@
 namespace kat::distributed {
 namespace detail {
 
+/// to(i) = scale * from(i) in double (scale_to_double). A named functor rather than an
+/// extended device lambda: nvcc's wrapper of an extended lambda in a header is merged across
+/// translation units while its function pointers are not (docs/backends.md).
+template <class From, class To> struct ScaleToDouble {
+  From from;
+  double scale;
+  To to;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    to(i) = scale * static_cast<double>(from(i));
+  }
+};
+
 /// to(i) = scale * from(i) in double.
 template <class ExecSpace, class From, class To>
 void scale_to_double(const ExecSpace &space, const From &from, double scale, const To &to) {
-  Kokkos::parallel_for(
-      "kat::distributed::sharded_operator::scale",
-      Kokkos::RangePolicy<ExecSpace>(space, 0, to.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) { to(i) = scale * static_cast<double>(from(i)); });
+  Kokkos::parallel_for("kat::distributed::sharded_operator::scale",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, to.extent(0)),
+                       ScaleToDouble<From, To>{from, scale, to});
 }
 
 } // namespace detail

@@ -19,6 +19,44 @@
 
 namespace kat {
 namespace optim {
+
+namespace detail {
+
+/// The fused Adam update of Adam::step, element i. A named functor rather than an extended
+/// device lambda: nvcc's wrapper of an extended lambda in a header is merged across
+/// translation units while its function pointers are not (docs/backends.md).
+template <class Vector, class Index> struct AdamStep {
+  using Scalar = typename Vector::non_const_value_type;
+  Vector p, g, m, v;
+  Scalar step_size, inv_sqrt_bc2, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, min_normal;
+  bool decoupled, use_weight_decay;
+  Scalar weight_decay, decay_factor;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i) const {
+    Scalar pi = p(i);
+    Scalar gi = g(i);
+    // PyTorch skips both forms when weight_decay == 0, which matters for non-finite p.
+    if (use_weight_decay) {
+      if (decoupled) {
+        pi *= decay_factor;
+      } else {
+        gi += weight_decay * pi;
+      }
+    }
+    Scalar mi = beta1 * m(i) + one_minus_beta1 * gi;
+    Scalar vi = beta2 * v(i) + one_minus_beta2 * gi * gi;
+    // Subnormal moments are stored as 0 (see the class comment). One test on |m|: a
+    // test on the sign first would be a branch mispredicted half the time.
+    mi = math::fabs(mi) < min_normal ? Scalar(0) : mi;
+    vi = vi < min_normal ? Scalar(0) : vi;
+    m(i) = mi;
+    v(i) = vi;
+    p(i) = pi - step_size * mi / (math::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+};
+
+} // namespace detail
+
 /// Adam (Kingma & Ba 2015, "Adam: A Method for Stochastic Optimization", Algorithm 1), with
 /// the bias corrections folded into the step size and the denominator as PyTorch does, and
 /// either L2 weight decay (added to the gradient) or decoupled weight decay (Loshchilov &
@@ -86,49 +124,27 @@ public:
     const double bias_correction1 = 1.0 - std::pow(opt_.beta1, t);
     const double bias_correction2 = 1.0 - std::pow(opt_.beta2, t);
 
-    // Plain locals: device lambdas must not capture `this`.
-    const Scalar step_size = static_cast<Scalar>(this->lr_ / bias_correction1);
-    const Scalar inv_sqrt_bc2 = static_cast<Scalar>(1.0 / std::sqrt(bias_correction2));
-    const Scalar beta1 = static_cast<Scalar>(opt_.beta1);
-    const Scalar one_minus_beta1 = static_cast<Scalar>(1.0 - opt_.beta1);
-    const Scalar beta2 = static_cast<Scalar>(opt_.beta2);
-    const Scalar one_minus_beta2 = static_cast<Scalar>(1.0 - opt_.beta2);
-    const Scalar eps = static_cast<Scalar>(opt_.eps);
-    const Scalar min_normal = std::numeric_limits<Scalar>::min();
-    const bool decoupled = opt_.decoupled_weight_decay;
-    const bool use_weight_decay = opt_.weight_decay != 0.0;
-    const Scalar weight_decay = static_cast<Scalar>(opt_.weight_decay);
-    const Scalar decay_factor = static_cast<Scalar>(1.0 - this->lr_ * opt_.weight_decay);
-    const vector_type p = params;
-    const vector_type g = grads;
-    const vector_type m = m_;
-    const vector_type v = v_;
-
     using Policy = Kokkos::RangePolicy<execution_space>;
     using Index = typename Policy::member_type;
-    Kokkos::parallel_for(
-        "kat::optim::Adam::step", Policy(space, Index(0), static_cast<Index>(this->size_)),
-        KOKKOS_LAMBDA(const Index i) {
-          Scalar pi = p(i);
-          Scalar gi = g(i);
-          // PyTorch skips both forms when weight_decay == 0, which matters for non-finite p.
-          if (use_weight_decay) {
-            if (decoupled) {
-              pi *= decay_factor;
-            } else {
-              gi += weight_decay * pi;
-            }
-          }
-          Scalar mi = beta1 * m(i) + one_minus_beta1 * gi;
-          Scalar vi = beta2 * v(i) + one_minus_beta2 * gi * gi;
-          // Subnormal moments are stored as 0 (see the class comment). One test on |m|: a
-          // test on the sign first would be a branch mispredicted half the time.
-          mi = math::fabs(mi) < min_normal ? Scalar(0) : mi;
-          vi = vi < min_normal ? Scalar(0) : vi;
-          m(i) = mi;
-          v(i) = vi;
-          p(i) = pi - step_size * mi / (math::sqrt(vi) * inv_sqrt_bc2 + eps);
-        });
+    detail::AdamStep<vector_type, Index> kernel;
+    kernel.p = params;
+    kernel.g = grads;
+    kernel.m = m_;
+    kernel.v = v_;
+    kernel.step_size = static_cast<Scalar>(this->lr_ / bias_correction1);
+    kernel.inv_sqrt_bc2 = static_cast<Scalar>(1.0 / std::sqrt(bias_correction2));
+    kernel.beta1 = static_cast<Scalar>(opt_.beta1);
+    kernel.one_minus_beta1 = static_cast<Scalar>(1.0 - opt_.beta1);
+    kernel.beta2 = static_cast<Scalar>(opt_.beta2);
+    kernel.one_minus_beta2 = static_cast<Scalar>(1.0 - opt_.beta2);
+    kernel.eps = static_cast<Scalar>(opt_.eps);
+    kernel.min_normal = std::numeric_limits<Scalar>::min();
+    kernel.decoupled = opt_.decoupled_weight_decay;
+    kernel.use_weight_decay = opt_.weight_decay != 0.0;
+    kernel.weight_decay = static_cast<Scalar>(opt_.weight_decay);
+    kernel.decay_factor = static_cast<Scalar>(1.0 - this->lr_ * opt_.weight_decay);
+    Kokkos::parallel_for("kat::optim::Adam::step",
+                         Policy(space, Index(0), static_cast<Index>(this->size_)), kernel);
   }
 
   /// The options given at construction (lr there is the initial rate; see lr()).

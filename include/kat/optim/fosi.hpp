@@ -32,6 +32,80 @@
 namespace kat {
 namespace optim {
 
+namespace detail {
+
+// The kernels of FOSI::step, as named functors rather than extended device lambdas: nvcc's
+// wrapper of an extended lambda in a header is merged across translation units while its
+// function pointers are not (docs/backends.md). DoubleVector holds double, Vector Scalar.
+
+/// w(i) = g(i) in double.
+template <class DoubleVector, class Vector> struct FOSIGradientToDouble {
+  DoubleVector w;
+  Vector g;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
+    w(i) = static_cast<double>(g(i));
+  }
+};
+
+/// g2(i) = w(i) - g1(i) rounded to Scalar and mom(i) <- a_g1 g1(i) + b_m mom(i), g1 = w2.
+template <class DoubleVector, class Vector> struct FOSISplitGradient {
+  using Scalar = typename Vector::non_const_value_type;
+  DoubleVector w, w2, mom;
+  Vector g2;
+  double a_g1, b_m;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
+    const double g1 = w2(i);
+    g2(i) = static_cast<Scalar>(w(i) - g1);
+    mom(i) = a_g1 * g1 + b_m * mom(i);
+  }
+};
+
+/// mk(j) <- a_g1 coef(j) + b_m mk(j): the momentum's subspace coefficients.
+template <class DoubleVector> struct FOSISubspaceMomentum {
+  DoubleVector coef, mk;
+  double a_g1, b_m;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t j) const {
+    mk(j) = a_g1 * coef(j) + b_m * mk(j);
+  }
+};
+
+/// w(i) = scratch(i) - p(i) in double: the base optimizer's step u.
+template <class DoubleVector, class Vector> struct FOSIBaseUpdate {
+  DoubleVector w;
+  Vector scratch, p;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
+    w(i) = static_cast<double>(scratch(i)) - static_cast<double>(p(i));
+  }
+};
+
+/// coef(j) <- c coef(j) + alpha inv_abs(j) mk(j).
+template <class DoubleVector> struct FOSISubspaceCoefficients {
+  DoubleVector coef, inv_abs, mk;
+  double c, alpha;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t j) const {
+    coef(j) = c * coef(j) + alpha * inv_abs(j) * mk(j);
+  }
+};
+
+/// p(i) = p(i) + c w(i) - w2(i), in double and rounded once to Scalar.
+template <class DoubleVector, class Vector> struct FOSIApply {
+  using Scalar = typename Vector::non_const_value_type;
+  Vector p;
+  DoubleVector w, w2;
+  double c;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i) const {
+    p(i) = static_cast<Scalar>(static_cast<double>(p(i)) + c * w(i) - w2(i));
+  }
+};
+
+} // namespace detail
+
 /// How FOSI accumulates the subspace part g1 of the gradient into its momentum m (the
 /// reference code's `momentum_func`, chosen to match the base optimizer).
 enum class FOSIMomentum {
@@ -232,7 +306,7 @@ public:
       return;
     }
 
-    // Plain locals: device lambdas must not capture `this`.
+    // Plain locals, copied into the kernels' functors.
     const basis_type V = V_;
     const double_vector w = work_;
     const double_vector w2 = work2_;
@@ -269,21 +343,16 @@ public:
 
     // g1 = Vᵀ(V g) into w2, g2 = g - g1 (rounded to Scalar for the base optimizer),
     // m <- a g1 + b m, and V m <- a V g + b V m (V Vᵀ = I, so V g1 = V g: no pass over V).
-    Kokkos::parallel_for(
-        "kat::optim::FOSI::gradient_to_double", all,
-        KOKKOS_LAMBDA(const std::int64_t i) { w(i) = static_cast<double>(g(i)); });
+    Kokkos::parallel_for("kat::optim::FOSI::gradient_to_double", all,
+                         detail::FOSIGradientToDouble<double_vector, vector_type>{w, g});
     kat::gemv(space, Trans::T, 1.0, V, w, 0.0, coef);
     sum_over_partition(space, coef);
     kat::gemv(space, Trans::N, 1.0, V, coef, 0.0, w2);
     Kokkos::parallel_for(
-        "kat::optim::FOSI::split_gradient", all, KOKKOS_LAMBDA(const std::int64_t i) {
-          const double g1 = w2(i);
-          g2(i) = static_cast<Scalar>(w(i) - g1);
-          mom(i) = a_g1 * g1 + b_m * mom(i);
-        });
-    Kokkos::parallel_for(
-        "kat::optim::FOSI::subspace_momentum", subspace,
-        KOKKOS_LAMBDA(const std::int64_t j) { mk(j) = a_g1 * coef(j) + b_m * mk(j); });
+        "kat::optim::FOSI::split_gradient", all,
+        detail::FOSISplitGradient<double_vector, vector_type>{w, w2, mom, g2, a_g1, b_m});
+    Kokkos::parallel_for("kat::optim::FOSI::subspace_momentum", subspace,
+                         detail::FOSISubspaceMomentum<double_vector>{coef, mk, a_g1, b_m});
 
     // u = the base optimizer's step from g2, taken on a copy of the parameters.
     Kokkos::deep_copy(space, scratch, p);
@@ -297,23 +366,18 @@ public:
       space.fence();
       t2 = clock::now();
     }
-    Kokkos::parallel_for(
-        "kat::optim::FOSI::base_update", all, KOKKOS_LAMBDA(const std::int64_t i) {
-          w(i) = static_cast<double>(scratch(i)) - static_cast<double>(p(i));
-        });
+    Kokkos::parallel_for("kat::optim::FOSI::base_update", all,
+                         detail::FOSIBaseUpdate<double_vector, vector_type>{w, scratch, p});
 
     // Δθ = c u⊥ - α d = c u - V (c V u + α diag(1/|λ|) V m).
     kat::gemv(space, Trans::T, 1.0, V, w, 0.0, coef);
     sum_over_partition(space, coef);
     Kokkos::parallel_for(
-        "kat::optim::FOSI::subspace_coefficients", subspace, KOKKOS_LAMBDA(const std::int64_t j) {
-          coef(j) = c * coef(j) + alpha * inv_abs(j) * mk(j);
-        });
+        "kat::optim::FOSI::subspace_coefficients", subspace,
+        detail::FOSISubspaceCoefficients<double_vector>{coef, inv_abs, mk, c, alpha});
     kat::gemv(space, Trans::N, 1.0, V, coef, 0.0, w2);
-    Kokkos::parallel_for(
-        "kat::optim::FOSI::apply", all, KOKKOS_LAMBDA(const std::int64_t i) {
-          p(i) = static_cast<Scalar>(static_cast<double>(p(i)) + c * w(i) - w2(i));
-        });
+    Kokkos::parallel_for("kat::optim::FOSI::apply", all,
+                         detail::FOSIApply<double_vector, vector_type>{p, w, w2, c});
     gather(space, params);
     if (timed) {
       space.fence();

@@ -23,6 +23,46 @@ template <class Scalar> constexpr const char *blas_prefix() {
   return std::is_same<Scalar, float>::value ? "s" : "d";
 }
 
+// The kernels below are named functors rather than extended device lambdas: nvcc's wrapper of
+// an extended lambda in a header is merged across translation units while its function
+// pointers are not (docs/backends.md).
+
+/// The smallest flat index k whose entry is not finite (only lower-triangle entries of the
+/// column-major rows x ... matrix when lower_only), as a Kokkos::Min reduction.
+template <class FlatView> struct FirstNonfinite {
+  FlatView flat;
+  std::int64_t rows;
+  bool lower_only;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k, std::int64_t &m) const {
+    if (lower_only && k % rows < k / rows) {
+      return;
+    }
+    if (!kat::math::isfinite(flat(k)) && k < m) {
+      m = k;
+    }
+  }
+};
+
+/// a(j, i) = a(i, j) for i > j.
+template <class AView> struct SymmetrizeLower {
+  AView a;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i, const std::int64_t j) const {
+    if (i > j) {
+      a(j, i) = a(i, j);
+    }
+  }
+};
+
+/// The value of the rank-0 view v, as a one-element reduction.
+template <class View> struct ReadScalar {
+  using Value = typename View::non_const_value_type;
+  View v;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int, Value &r) const { r = v(); }
+};
+
 /// Linear column-major index of the first non-finite entry of `view` (rank 1 or 2), looking
 /// only at the lower triangle (i >= j) of a rank-2 view when `lower_only`; -1 if all are
 /// finite. Runs as one reduction on `space`; only the index comes back to the host.
@@ -35,23 +75,15 @@ std::int64_t first_nonfinite(const ExecSpace &space, const View &view, bool lowe
     return -1;
   }
   // A contiguous view seen as a flat vector, so rank 1 and rank 2 share one kernel.
-  const Kokkos::View<const value_type *, Kokkos::LayoutLeft, typename View::memory_space,
-                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>
-      flat(view.data(), static_cast<std::size_t>(total));
+  using FlatView = Kokkos::View<const value_type *, Kokkos::LayoutLeft, typename View::memory_space,
+                                Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const FlatView flat(view.data(), static_cast<std::size_t>(total));
   constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
   std::int64_t first = none;
   Kokkos::parallel_reduce(
       "kat::linalg::first_nonfinite",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, total),
-      KOKKOS_LAMBDA(const std::int64_t k, std::int64_t &m) {
-        if (lower_only && k % rows < k / rows) {
-          return;
-        }
-        if (!kat::math::isfinite(flat(k)) && k < m) {
-          m = k;
-        }
-      },
-      Kokkos::Min<std::int64_t>(first));
+      FirstNonfinite<FlatView>{flat, rows, lower_only}, Kokkos::Min<std::int64_t>(first));
   return first == none ? -1 : first;
 }
 
@@ -59,13 +91,9 @@ std::int64_t first_nonfinite(const ExecSpace &space, const View &view, bool lowe
 template <class ExecSpace, class AView>
 void symmetrize_lower(const ExecSpace &space, const AView &A) {
   const AView a = A;
-  Kokkos::parallel_for(
-      "kat::linalg::symmetrize_lower", kat::matrix_policy(space, A.extent(0), A.extent(1)),
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
-        if (i > j) {
-          a(j, i) = a(i, j);
-        }
-      });
+  Kokkos::parallel_for("kat::linalg::symmetrize_lower",
+                       kat::matrix_policy(space, A.extent(0), A.extent(1)),
+                       SymmetrizeLower<AView>{a});
 }
 
 /// The value of a rank-0 view on the host, through a one-element reduction on `space` (never
@@ -74,9 +102,8 @@ template <class ExecSpace, class View>
 typename View::non_const_value_type read_scalar(const ExecSpace &space, const View &v) {
   using value_type = typename View::non_const_value_type;
   value_type result{};
-  Kokkos::parallel_reduce(
-      "kat::linalg::read_scalar", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
-      KOKKOS_LAMBDA(const int, value_type &r) { r = v(); }, Kokkos::Max<value_type>(result));
+  Kokkos::parallel_reduce("kat::linalg::read_scalar", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
+                          ReadScalar<View>{v}, Kokkos::Max<value_type>(result));
   return result;
 }
 

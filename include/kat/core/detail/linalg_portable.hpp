@@ -70,6 +70,277 @@ KOKKOS_INLINE_FUNCTION void jacobi_rotate(Scalar &x, Scalar &y, Scalar s, Scalar
   y = y + s * (x0 - tau * y);
 }
 
+// ---------------------------------------------------------------------------------------
+// The kernels below, as named functors rather than extended device lambdas: nvcc's wrapper
+// of an extended lambda in a header is merged across translation units while its function pointers
+// are not (docs/backends.md).
+
+/// Sum of squares, in double, of the strictly-lower entries of the m x m matrix M, entry k
+/// of the column-major flattening (jacobi_lower_off_squares).
+template <class MView> struct JacobiLowerOffSquares {
+  MView M;
+  std::int64_t m;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t k, double &s) const {
+    const std::int64_t i = k % m, j = k / m;
+    if (i > j) {
+      const double v = static_cast<double>(M(i, j));
+      s += v * v;
+    }
+  }
+};
+
+/// M = A from its lower triangle, zero-padded from n x n to M's extents.
+template <class Work, class AView> struct JacobiInitM {
+  using Scalar = typename AView::non_const_value_type;
+  Work M;
+  AView a;
+  int n;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i, const std::int64_t j) const {
+    M(i, j) = (i < n && j < n) ? (i >= j ? a(i, j) : a(j, i)) : Scalar(0);
+  }
+};
+
+/// V = [I 0].
+template <class Work> struct JacobiInitV {
+  using Scalar = typename Work::non_const_value_type;
+  Work V;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i, const std::int64_t j) const {
+    V(i, j) = i == j ? Scalar(1) : Scalar(0);
+  }
+};
+
+/// Sum of squares, in double, of the diagonal of M.
+template <class Work> struct JacobiDiagSquares {
+  Work M;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int i, double &sum) const {
+    const double v = static_cast<double>(M(i, i));
+    sum += v * v;
+  }
+};
+
+/// The rotation J(p, q, θ) zeroing M(p, q) for pair k of round r: its (p, q) into `pair`
+/// and t = tan θ, s = sin θ, τ = s / (1 + cos θ).
+template <class Work, class Vec, class PairView> struct JacobiRotations {
+  using Scalar = typename Work::non_const_value_type;
+  Work M;
+  Vec t, s, tau;
+  PairView pair;
+  int m, r;
+  Scalar drop, eps;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int k) const {
+    int p, q;
+    round_robin_pair(m, r, k, p, q);
+    pair(k, 0) = p;
+    pair(k, 1) = q;
+    const Scalar app = M(p, p), aqq = M(q, q), apq = M(p, q);
+    const Scalar mag = kat::math::fabs(apq);
+    Scalar tn = 0, cs = 1, sn = 0; // identity: the diagonal-block update zeroes a_pq
+    if (mag > drop &&
+        mag > eps * kat::math::sqrt(kat::math::fabs(app)) * kat::math::sqrt(kat::math::fabs(aqq))) {
+      const Scalar cot2 = (aqq - app) / (2 * apq);
+      const Scalar at = kat::math::fabs(cot2);
+      const Scalar root = at > Scalar(1) ? at * kat::math::sqrt(Scalar(1) + (1 / at) * (1 / at))
+                                         : kat::math::sqrt(Scalar(1) + cot2 * cot2);
+      tn = (cot2 < Scalar(0) ? Scalar(-1) : Scalar(1)) / (at + root);
+      cs = 1 / kat::math::sqrt(1 + tn * tn);
+      sn = tn * cs;
+    }
+    t(k) = tn;
+    s(k) = sn;
+    tau(k) = sn / (1 + cs);
+  }
+};
+
+/// M <- Jᵀ M J on the 2x2 block of rows of pair k and columns of pair l.
+template <class Work, class Vec, class PairView, class Index> struct JacobiRotateM {
+  using Scalar = typename Work::non_const_value_type;
+  Work M;
+  Vec t, s, tau;
+  PairView pair;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Index k, const Index l) const {
+    const int p = pair(k, 0), q = pair(k, 1);
+    if (k == l) {
+      // Diagonal block: the rotation diagonalizes it; a_pq = 0 exactly.
+      const Scalar tk = t(k), apq = M(p, q);
+      M(p, p) -= tk * apq;
+      M(q, q) += tk * apq;
+      M(p, q) = 0;
+      M(q, p) = 0;
+      return;
+    }
+    if (s(k) == Scalar(0) && s(l) == Scalar(0)) {
+      return;
+    }
+    const int u = pair(l, 0), v = pair(l, 1);
+    Scalar xpu = M(p, u), xpv = M(p, v), xqu = M(q, u), xqv = M(q, v);
+    if (k > l) {
+      jacobi_rotate(xpu, xpv, s(l), tau(l)); // columns: M J_l ...
+      jacobi_rotate(xqu, xqv, s(l), tau(l));
+      jacobi_rotate(xpu, xqu, s(k), tau(k)); // ... then rows: J_kᵀ M J_l
+      jacobi_rotate(xpv, xqv, s(k), tau(k));
+    } else {
+      jacobi_rotate(xpu, xqu, s(k), tau(k)); // rows first
+      jacobi_rotate(xpv, xqv, s(k), tau(k));
+      jacobi_rotate(xpu, xpv, s(l), tau(l));
+      jacobi_rotate(xqu, xqv, s(l), tau(l));
+    }
+    M(p, u) = xpu;
+    M(p, v) = xpv;
+    M(q, u) = xqu;
+    M(q, v) = xqv;
+  }
+};
+
+/// V <- V J: row i of V rotated in the columns of pair k.
+template <class Work, class Vec, class PairView, class Index> struct JacobiRotateV {
+  using Scalar = typename Work::non_const_value_type;
+  Work V;
+  Vec s, tau;
+  PairView pair;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i, const Index k) const {
+    if (s(k) == Scalar(0)) {
+      return;
+    }
+    const int p = pair(k, 0), q = pair(k, 1);
+    Scalar vp = V(i, p), vq = V(i, q);
+    jacobi_rotate(vp, vq, s(k), tau(k));
+    V(i, p) = vp;
+    V(i, q) = vq;
+  }
+};
+
+/// rank(i) = the ascending position of the diagonal entry M(i, i) (ties broken by index).
+template <class Work, class RankView> struct JacobiEigenRank {
+  using Scalar = typename Work::non_const_value_type;
+  Work M;
+  RankView rank;
+  int n;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int i) const {
+    const Scalar di = M(i, i);
+    int pos = 0;
+    for (int j = 0; j < n; ++j) {
+      const Scalar dj = M(j, j);
+      pos += (dj < di || (dj == di && j < i)) ? 1 : 0;
+    }
+    rank(i) = pos;
+  }
+};
+
+/// Eigenvector i (column i of V) into column rank(i) of a, eigenvalue M(i, i) into ev(rank(i)).
+template <class AView, class WView, class Work, class RankView> struct JacobiScatter {
+  AView a;
+  WView ev;
+  Work M, V;
+  RankView rank;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t row, const std::int64_t i) const {
+    const int to = rank(i);
+    a(row, to) = V(row, i);
+    if (row == 0) {
+      ev(to) = M(i, i);
+    }
+  }
+};
+
+/// L = the lower triangle of A, X = 0.
+template <class Work, class AView> struct CholeskyInit {
+  using Scalar = typename AView::non_const_value_type;
+  Work L, X;
+  AView a;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i, const std::int64_t j) const {
+    L(i, j) = i >= j ? a(i, j) : Scalar(0);
+    X(i, j) = Scalar(0);
+  }
+};
+
+/// Column j of L below the diagonal divided by sqrt(L(j, j)); a bad pivot recorded in `failed`.
+template <class Work, class FlagView> struct CholeskyScaleColumn {
+  using Scalar = typename Work::non_const_value_type;
+  Work L;
+  FlagView failed;
+  int j;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int i) const {
+    // Only work item j touches the flag here (the others would race with its write);
+    // after a failure the scaling runs on stale values, harmlessly, since A is rejected.
+    const Scalar d = L(j, j);
+    if (!(d > Scalar(0)) || !kat::math::isfinite(d)) {
+      if (i == j && failed() == 0) {
+        failed() = j + 1;
+      }
+      return;
+    }
+    if (i > j) {
+      L(i, j) /= kat::math::sqrt(d);
+    }
+  }
+};
+
+/// Trailing update L(i, k) -= L(i, j) L(k, j) for j < k <= i, and L(j, j) = sqrt(L(j, j)).
+template <class Work, class FlagView, class Index> struct CholeskyUpdate {
+  Work L;
+  FlagView failed;
+  Index first;
+  int j;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const Index i, const Index k) const {
+    if (failed() != 0 || k > i) {
+      return;
+    }
+    if (k == first) {
+      if (i == first) {
+        L(j, j) = kat::math::sqrt(L(j, j));
+      }
+      return;
+    }
+    L(i, k) -= L(i, j) * L(k, j);
+  }
+};
+
+/// Row k of X = L⁻¹: X(k, col) = (δ_k,col - Σ_{col<=p<k} L(k, p) X(p, col)) / L(k, k).
+template <class Work> struct CholeskyInvertRow {
+  using Scalar = typename Work::non_const_value_type;
+  Work L, X;
+  int k;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const int col) const {
+    Scalar sum = col == k ? Scalar(1) : Scalar(0);
+    for (int p = col; p < k; ++p) {
+      sum -= L(k, p) * X(p, col);
+    }
+    X(k, col) = sum / L(k, k);
+  }
+};
+
+/// Entry (i, j), i >= j, of A⁻¹ = Xᵀ X, written to both triangles of a.
+template <class Work, class AView> struct CholeskyProduct {
+  using Scalar = typename Work::non_const_value_type;
+  Work X;
+  AView a;
+  int n;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::int64_t i, const std::int64_t j) const {
+    if (i < j) {
+      return;
+    }
+    Scalar sum = 0;
+    for (std::int64_t p = i; p < n; ++p) {
+      sum += X(p, i) * X(p, j);
+    }
+    a(i, j) = sum;
+    a(j, i) = sum;
+  }
+};
+
 /// Sum of squares of the strictly-lower entries of M (half of off(M)²), in double so float
 /// matrices with entries near 1e19 do not overflow.
 template <class ExecSpace, class MView>
@@ -79,14 +350,7 @@ double jacobi_lower_off_squares(const ExecSpace &space, const MView &M) {
   Kokkos::parallel_reduce(
       "kat::symmetric_eigen::portable::off_norm",
       Kokkos::RangePolicy<ExecSpace, Kokkos::IndexType<std::int64_t>>(space, 0, m * m),
-      KOKKOS_LAMBDA(const std::int64_t k, double &s) {
-        const std::int64_t i = k % m, j = k / m;
-        if (i > j) {
-          const double v = static_cast<double>(M(i, j));
-          s += v * v;
-        }
-      },
-      sum);
+      JacobiLowerOffSquares<MView>{M, m}, sum);
   return sum;
 }
 
@@ -126,31 +390,22 @@ void portable_symmetric_eigen(const ExecSpace &space, const AView &A, const WVie
   const Vec s(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::symmetric_eigen::s"), half);
   const Vec tau(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::symmetric_eigen::tau"), half);
   // The pairs (p, q) = (pair(k, 0), pair(k, 1)) of the current round, computed once per round.
-  const Kokkos::View<int *[2], Kokkos::LayoutLeft, Mem> pair(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::symmetric_eigen::pair"), half);
+  using PairView = Kokkos::View<int *[2], Kokkos::LayoutLeft, Mem>;
+  const PairView pair(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::symmetric_eigen::pair"),
+                      half);
   const AView a = A;
   const WView ev = w;
 
   // M = A from its lower triangle, zero-padded to m x m; V = [I 0].
-  Kokkos::parallel_for(
-      "kat::symmetric_eigen::portable::init_M", kat::matrix_policy(space, m, m),
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
-        M(i, j) = (i < n && j < n) ? (i >= j ? a(i, j) : a(j, i)) : Scalar(0);
-      });
-  Kokkos::parallel_for(
-      "kat::symmetric_eigen::portable::init_V", kat::matrix_policy(space, n, m),
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
-        V(i, j) = i == j ? Scalar(1) : Scalar(0);
-      });
+  Kokkos::parallel_for("kat::symmetric_eigen::portable::init_M", kat::matrix_policy(space, m, m),
+                       JacobiInitM<Work, AView>{M, a, n});
+  Kokkos::parallel_for("kat::symmetric_eigen::portable::init_V", kat::matrix_policy(space, n, m),
+                       JacobiInitV<Work>{V});
 
   double diag2 = 0;
-  Kokkos::parallel_reduce(
-      "kat::symmetric_eigen::portable::diag_norm", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
-      KOKKOS_LAMBDA(const int i, double &sum) {
-        const double v = static_cast<double>(M(i, i));
-        sum += v * v;
-      },
-      diag2);
+  Kokkos::parallel_reduce("kat::symmetric_eigen::portable::diag_norm",
+                          Kokkos::RangePolicy<ExecSpace>(space, 0, n), JacobiDiagSquares<Work>{M},
+                          diag2);
   double off2 = 2 * jacobi_lower_off_squares(space, M);
   const double fro2 = diag2 + off2; // invariant under the orthogonal rotations
   const double tol = jacobi_tolerance<Scalar>(n);
@@ -167,6 +422,16 @@ void portable_symmetric_eigen(const ExecSpace &space, const AView &A, const WVie
       Kokkos::MDRangePolicy<ExecSpace,
                             Kokkos::Rank<2, Kokkos::Iterate::Left, Kokkos::Iterate::Left>>;
   using index = typename PairPolicy::index_type;
+  JacobiRotations<Work, Vec, PairView> rotations;
+  rotations.M = M;
+  rotations.t = t;
+  rotations.s = s;
+  rotations.tau = tau;
+  rotations.pair = pair;
+  rotations.m = m;
+  rotations.r = 0; // set per round
+  rotations.drop = drop;
+  rotations.eps = eps;
   int sweep = 0;
   while (!(off2 <= tol * tol * fro2)) {
     if (!std::isfinite(off2)) {
@@ -184,113 +449,35 @@ void portable_symmetric_eigen(const ExecSpace &space, const AView &A, const WVie
       // The rotation J(p, q, θ) of each pair, zeroing M(p, q) (GVL Algorithm 8.5.1, whose
       // τ = cot 2θ is `cot2` here; its square is never formed when it is large, so it cannot
       // overflow).
-      Kokkos::parallel_for(
-          "kat::symmetric_eigen::portable::rotations",
-          Kokkos::RangePolicy<ExecSpace>(space, 0, half), KOKKOS_LAMBDA(const int k) {
-            int p, q;
-            round_robin_pair(m, r, k, p, q);
-            pair(k, 0) = p;
-            pair(k, 1) = q;
-            const Scalar app = M(p, p), aqq = M(q, q), apq = M(p, q);
-            const Scalar mag = kat::math::fabs(apq);
-            Scalar tn = 0, cs = 1, sn = 0; // identity: the diagonal-block update zeroes a_pq
-            if (mag > drop && mag > eps * kat::math::sqrt(kat::math::fabs(app)) *
-                                        kat::math::sqrt(kat::math::fabs(aqq))) {
-              const Scalar cot2 = (aqq - app) / (2 * apq);
-              const Scalar at = kat::math::fabs(cot2);
-              const Scalar root = at > Scalar(1)
-                                      ? at * kat::math::sqrt(Scalar(1) + (1 / at) * (1 / at))
-                                      : kat::math::sqrt(Scalar(1) + cot2 * cot2);
-              tn = (cot2 < Scalar(0) ? Scalar(-1) : Scalar(1)) / (at + root);
-              cs = 1 / kat::math::sqrt(1 + tn * tn);
-              sn = tn * cs;
-            }
-            t(k) = tn;
-            s(k) = sn;
-            tau(k) = sn / (1 + cs);
-          });
+      rotations.r = r;
+      Kokkos::parallel_for("kat::symmetric_eigen::portable::rotations",
+                           Kokkos::RangePolicy<ExecSpace>(space, 0, half), rotations);
       // M <- Jᵀ M J, one work item per 2x2 block: rows of pair k, columns of pair l. Block
       // (l, k) is the transpose of block (k, l); computing it with the two rotations in the
       // mirrored order (rows first instead of columns first) performs the same floating-point
       // operations on the same values, so the two stay transposes of each other (M stays
       // symmetric) although each work item writes only its own block.
-      Kokkos::parallel_for(
-          "kat::symmetric_eigen::portable::rotate_M",
-          PairPolicy(space, {index(0), index(0)}, {index(half), index(half)}),
-          KOKKOS_LAMBDA(const index k, const index l) {
-            const int p = pair(k, 0), q = pair(k, 1);
-            if (k == l) {
-              // Diagonal block: the rotation diagonalizes it; a_pq = 0 exactly.
-              const Scalar tk = t(k), apq = M(p, q);
-              M(p, p) -= tk * apq;
-              M(q, q) += tk * apq;
-              M(p, q) = 0;
-              M(q, p) = 0;
-              return;
-            }
-            if (s(k) == Scalar(0) && s(l) == Scalar(0)) {
-              return;
-            }
-            const int u = pair(l, 0), v = pair(l, 1);
-            Scalar xpu = M(p, u), xpv = M(p, v), xqu = M(q, u), xqv = M(q, v);
-            if (k > l) {
-              jacobi_rotate(xpu, xpv, s(l), tau(l)); // columns: M J_l ...
-              jacobi_rotate(xqu, xqv, s(l), tau(l));
-              jacobi_rotate(xpu, xqu, s(k), tau(k)); // ... then rows: J_kᵀ M J_l
-              jacobi_rotate(xpv, xqv, s(k), tau(k));
-            } else {
-              jacobi_rotate(xpu, xqu, s(k), tau(k)); // rows first
-              jacobi_rotate(xpv, xqv, s(k), tau(k));
-              jacobi_rotate(xpu, xpv, s(l), tau(l));
-              jacobi_rotate(xqu, xqv, s(l), tau(l));
-            }
-            M(p, u) = xpu;
-            M(p, v) = xpv;
-            M(q, u) = xqu;
-            M(q, v) = xqv;
-          });
+      Kokkos::parallel_for("kat::symmetric_eigen::portable::rotate_M",
+                           PairPolicy(space, {index(0), index(0)}, {index(half), index(half)}),
+                           JacobiRotateM<Work, Vec, PairView, index>{M, t, s, tau, pair});
       // V <- V J
-      Kokkos::parallel_for(
-          "kat::symmetric_eigen::portable::rotate_V",
-          PairPolicy(space, {index(0), index(0)}, {index(n), index(half)}),
-          KOKKOS_LAMBDA(const index i, const index k) {
-            if (s(k) == Scalar(0)) {
-              return;
-            }
-            const int p = pair(k, 0), q = pair(k, 1);
-            Scalar vp = V(i, p), vq = V(i, q);
-            jacobi_rotate(vp, vq, s(k), tau(k));
-            V(i, p) = vp;
-            V(i, q) = vq;
-          });
+      Kokkos::parallel_for("kat::symmetric_eigen::portable::rotate_V",
+                           PairPolicy(space, {index(0), index(0)}, {index(n), index(half)}),
+                           JacobiRotateV<Work, Vec, PairView, index>{V, s, tau, pair});
     }
     ++sweep;
     off2 = 2 * jacobi_lower_off_squares(space, M);
   }
 
   // Sort ascending: the rank of eigenvalue i (ties broken by index) is its output position.
-  const Kokkos::View<int *, Mem> rank(
-      Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::symmetric_eigen::rank"), n);
-  Kokkos::parallel_for(
-      "kat::symmetric_eigen::portable::rank", Kokkos::RangePolicy<ExecSpace>(space, 0, n),
-      KOKKOS_LAMBDA(const int i) {
-        const Scalar di = M(i, i);
-        int pos = 0;
-        for (int j = 0; j < n; ++j) {
-          const Scalar dj = M(j, j);
-          pos += (dj < di || (dj == di && j < i)) ? 1 : 0;
-        }
-        rank(i) = pos;
-      });
-  Kokkos::parallel_for(
-      "kat::symmetric_eigen::portable::scatter", kat::matrix_policy(space, n, n),
-      KOKKOS_LAMBDA(const std::int64_t row, const std::int64_t i) {
-        const int to = rank(i);
-        a(row, to) = V(row, i);
-        if (row == 0) {
-          ev(to) = M(i, i);
-        }
-      });
+  using RankView = Kokkos::View<int *, Mem>;
+  const RankView rank(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::symmetric_eigen::rank"),
+                      n);
+  Kokkos::parallel_for("kat::symmetric_eigen::portable::rank",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, n),
+                       JacobiEigenRank<Work, RankView>{M, rank, n});
+  Kokkos::parallel_for("kat::symmetric_eigen::portable::scatter", kat::matrix_policy(space, n, n),
+                       JacobiScatter<AView, WView, Work, RankView>{a, ev, M, V, rank});
 }
 
 // ---------------------------------------------------------------------------------------
@@ -312,15 +499,12 @@ void portable_cholesky_inverse(const ExecSpace &space, const AView &A) {
   const int n = static_cast<int>(A.extent(0));
   const Work L(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::cholesky_inverse::L"), n, n);
   const Work X(Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::cholesky_inverse::X"), n, n);
-  const Kokkos::View<int, Mem> failed("kat::cholesky_inverse::failed"); // 0 or pivot order
+  using FlagView = Kokkos::View<int, Mem>;
+  const FlagView failed("kat::cholesky_inverse::failed"); // 0 or pivot order
   const AView a = A;
 
-  Kokkos::parallel_for(
-      "kat::cholesky_inverse::portable::init", kat::matrix_policy(space, n, n),
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
-        L(i, j) = i >= j ? a(i, j) : Scalar(0);
-        X(i, j) = Scalar(0);
-      });
+  Kokkos::parallel_for("kat::cholesky_inverse::portable::init", kat::matrix_policy(space, n, n),
+                       CholeskyInit<Work, AView>{L, X, a});
 
   using Policy2 =
       Kokkos::MDRangePolicy<ExecSpace,
@@ -329,39 +513,14 @@ void portable_cholesky_inverse(const ExecSpace &space, const AView &A) {
   for (int j = 0; j < n; ++j) {
     // Column j below the diagonal: L(i, j) /= sqrt(L(j, j)). L(j, j) itself is replaced in
     // the next kernel, which does not read it, so no work item reads what another writes.
-    Kokkos::parallel_for(
-        "kat::cholesky_inverse::portable::scale_column",
-        Kokkos::RangePolicy<ExecSpace>(space, j, n), KOKKOS_LAMBDA(const int i) {
-          // Only work item j touches the flag here (the others would race with its write);
-          // after a failure the scaling runs on stale values, harmlessly, since A is rejected.
-          const Scalar d = L(j, j);
-          if (!(d > Scalar(0)) || !kat::math::isfinite(d)) {
-            if (i == j && failed() == 0) {
-              failed() = j + 1;
-            }
-            return;
-          }
-          if (i > j) {
-            L(i, j) /= kat::math::sqrt(d);
-          }
-        });
+    Kokkos::parallel_for("kat::cholesky_inverse::portable::scale_column",
+                         Kokkos::RangePolicy<ExecSpace>(space, j, n),
+                         CholeskyScaleColumn<Work, FlagView>{L, failed, j});
     // Trailing update L(i, k) -= L(i, j) L(k, j) for j < k <= i, and L(j, j) = sqrt(L(j, j)).
     const index first = static_cast<index>(j);
-    Kokkos::parallel_for(
-        "kat::cholesky_inverse::portable::update",
-        Policy2(space, {index(j), index(j)}, {index(n), index(n)}),
-        KOKKOS_LAMBDA(const index i, const index k) {
-          if (failed() != 0 || k > i) {
-            return;
-          }
-          if (k == first) {
-            if (i == first) {
-              L(j, j) = kat::math::sqrt(L(j, j));
-            }
-            return;
-          }
-          L(i, k) -= L(i, j) * L(k, j);
-        });
+    Kokkos::parallel_for("kat::cholesky_inverse::portable::update",
+                         Policy2(space, {index(j), index(j)}, {index(n), index(n)}),
+                         CholeskyUpdate<Work, FlagView, index>{L, failed, first, j});
   }
   const int pivot = read_scalar(space, failed);
   if (pivot != 0) {
@@ -373,31 +532,14 @@ void portable_cholesky_inverse(const ExecSpace &space, const AView &A) {
 
   // X = L⁻¹ row by row: X(k, c) = (δ_kc - Σ_{c<=p<k} L(k, p) X(p, c)) / L(k, k).
   for (int k = 0; k < n; ++k) {
-    Kokkos::parallel_for(
-        "kat::cholesky_inverse::portable::invert_row",
-        Kokkos::RangePolicy<ExecSpace>(space, 0, k + 1), KOKKOS_LAMBDA(const int col) {
-          Scalar sum = col == k ? Scalar(1) : Scalar(0);
-          for (int p = col; p < k; ++p) {
-            sum -= L(k, p) * X(p, col);
-          }
-          X(k, col) = sum / L(k, k);
-        });
+    Kokkos::parallel_for("kat::cholesky_inverse::portable::invert_row",
+                         Kokkos::RangePolicy<ExecSpace>(space, 0, k + 1),
+                         CholeskyInvertRow<Work>{L, X, k});
   }
 
   // A⁻¹ = Xᵀ X: entry (i, j), i >= j, is Σ_{p>=i} X(p, i) X(p, j); written to both triangles.
-  Kokkos::parallel_for(
-      "kat::cholesky_inverse::portable::product", kat::matrix_policy(space, n, n),
-      KOKKOS_LAMBDA(const std::int64_t i, const std::int64_t j) {
-        if (i < j) {
-          return;
-        }
-        Scalar sum = 0;
-        for (std::int64_t p = i; p < n; ++p) {
-          sum += X(p, i) * X(p, j);
-        }
-        a(i, j) = sum;
-        a(j, i) = sum;
-      });
+  Kokkos::parallel_for("kat::cholesky_inverse::portable::product", kat::matrix_policy(space, n, n),
+                       CholeskyProduct<Work, AView>{X, a, n});
 }
 
 // ---------------------------------------------------------------------------------------

@@ -122,13 +122,23 @@ template <class View> auto flat(const View &v) {
                       Kokkos::MemoryTraits<Kokkos::Unmanaged>>(v.data(), v.size());
 }
 
+/// y(i) *= factor (scale). A named functor rather than an extended device lambda: nvcc's
+/// wrapper of an extended lambda in a header is merged across translation units while its
+/// function pointers are not (docs/backends.md).
+template <class FlatView> struct ScaleInPlace {
+  FlatView y;
+  typename FlatView::value_type factor;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const { y(i) *= factor; }
+};
+
 /// y *= factor on `space`. A free function: CUDA's extended lambdas may not live in a private
 /// member function.
 template <class ExecSpace, class FlatView>
 void scale(const ExecSpace &space, const FlatView &y, typename FlatView::value_type factor) {
-  Kokkos::parallel_for(
-      "kat::distributed::average::scale", Kokkos::RangePolicy<ExecSpace>(space, 0, y.extent(0)),
-      KOKKOS_LAMBDA(const std::size_t i) { y(i) *= factor; });
+  Kokkos::parallel_for("kat::distributed::average::scale",
+                       Kokkos::RangePolicy<ExecSpace>(space, 0, y.extent(0)),
+                       ScaleInPlace<FlatView>{y, factor});
 }
 
 } // namespace kat::distributed::detail

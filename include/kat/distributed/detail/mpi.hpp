@@ -132,8 +132,7 @@ template <class FlatView> struct ScaleInPlace {
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const { y(i) *= factor; }
 };
 
-/// y *= factor on `space`. A free function: CUDA's extended lambdas may not live in a private
-/// member function.
+/// y *= factor on `space`.
 template <class ExecSpace, class FlatView>
 void scale(const ExecSpace &space, const FlatView &y, typename FlatView::value_type factor) {
   Kokkos::parallel_for("kat::distributed::average::scale",

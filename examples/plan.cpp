@@ -74,82 +74,84 @@ void print_row(const char *label, double a, const std::optional<double> &b, cons
   std::printf("\n");
 }
 
-} // namespace
-
-int main(int argc, char **argv) {
+// The command line, and the steps main() takes with it.
+struct Command {
   CLI::App app{"Search a tensor-parallel plan for a GPT-style model (kat::plan, TAP) and compare "
                "it with Megatron-LM's under the same alpha-beta cost model."};
   std::string gpt, preset, cluster_name = "gpu-cluster", optimizer = "adam", method = "folded";
-  std::string out, megatron_out;
+  std::string out, megatron_out, vit;
   std::int64_t heads = 0, seq = 0, vocab = 0, ffn = 0, batch = 0, dtype_bytes = 0;
-  int tp = 1, dp = 1, fold_depth = 0;
+  int tp = 1, dp = 1, fold_depth = 0, patch = 7;
   double memory_gib = -1;
-  auto *gpt_opt = app.add_option("--gpt", gpt, "Blocks x hidden size, e.g. 24x1024");
-  std::string vit;
-  int patch = 7;
-  app.add_option("--vit", vit,
-                 "Instead of a GPT: kat_train's ViT on 28x28 images (kat::nn::models::vit, "
-                 "described by Sequential::describe), blocks x width, e.g. 4x64; --heads "
-                 "(default 4), --ffn (default 2 x width), --patch, --batch (default 128); its plan "
-                 "is what kat_train --tensor-parallel --plan reads")
-      ->excludes(gpt_opt);
-  app.add_option("--patch", patch, "--vit: P x P patches (must divide 28)")
-      ->check(CLI::IsMember({1, 2, 4, 7, 14, 28}))
-      ->capture_default_str();
-  std::string presets;
-  for (const auto &n : gpt_preset_names()) {
-    presets += (presets.empty() ? "" : " | ") + n;
-  }
-  auto *preset_opt = app.add_option("--preset", preset, "A named model: " + presets)
-                         ->check(CLI::IsMember(gpt_preset_names()));
-  gpt_opt->excludes(preset_opt);
-  app.add_option("--heads", heads, "Attention heads (default: hidden / 64, or the preset's)")
-      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
-  app.add_option("--seq", seq, "Positions per sample (default 1024, or the preset's)")
-      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
-  app.add_option("--vocab", vocab, "Vocabulary (default 50304)")
-      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
-  app.add_option("--ffn", ffn, "MLP width (default 4 x hidden)")
-      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
-  app.add_option("--batch", batch, "Global batch in samples (default 8)")
-      ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
-  app.add_option("--tp", tp, "Tensor-parallel ranks T")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
-  app.add_option("--dp", dp, "Data-parallel replicas D")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  app.add_option("--cluster", cluster_name, "Cost-model preset: mpi-local | gpu-cluster")
-      ->check(CLI::IsMember(cluster_preset_names()))
-      ->capture_default_str();
-  app.add_option("--memory-gib", memory_gib,
-                 "Memory budget per device in GiB (default: the cluster's; 0: unlimited)")
-      ->check(CLI::Range(0.0, 1e9));
-  app.add_option("--optimizer", optimizer,
-                 "Optimizer state: adam (2 moments) | adam-mixed (float master + 2 float "
-                 "moments) | momentum | sgd")
-      ->check(CLI::IsMember({"adam", "adam-mixed", "momentum", "sgd"}))
-      ->capture_default_str();
-  app.add_option("--dtype-bytes", dtype_bytes,
-                 "Bytes per element (default 2 on gpu-cluster, 4 on mpi-local)")
-      ->check(CLI::IsMember({1, 2, 4, 8}));
-  app.add_option("--search", method, "folded | unfolded | flat (for timing; same plan)")
-      ->check(CLI::IsMember({"folded", "unfolded", "flat"}))
-      ->capture_default_str();
-  app.add_option("--fold-depth", fold_depth, "Scope depth of the blocks (0: chosen)")
-      ->check(CLI::Range(0, 64))
-      ->capture_default_str();
   std::vector<std::string> disabled;
-  app.add_option("--disable", disabled,
-                 "Strategies the search must not use, comma-separated: a name for every type "
-                 "(batch) or Type:name (SoftmaxCrossEntropy:vocab), e.g. for an executor "
-                 "without them")
-      ->delimiter(',');
-  app.add_option("--out", out, "Write the searched plan as JSON to FILE");
-  app.add_option("--megatron-out", megatron_out, "Write Megatron-LM's plan as JSON to FILE");
-  GptConfig config;
-  try {
-    app.parse(argc, argv);
+  GptConfig config; // the model, once check() has read the flags
+
+  void add_flags() {
+    auto *gpt_opt = app.add_option("--gpt", gpt, "Blocks x hidden size, e.g. 24x1024");
+    app.add_option(
+           "--vit", vit,
+           "Instead of a GPT: kat_train's ViT on 28x28 images (kat::nn::models::vit, "
+           "described by Sequential::describe), blocks x width, e.g. 4x64; --heads "
+           "(default 4), --ffn (default 2 x width), --patch, --batch (default 128); its plan "
+           "is what kat_train --tensor-parallel --plan reads")
+        ->excludes(gpt_opt);
+    app.add_option("--patch", patch, "--vit: P x P patches (must divide 28)")
+        ->check(CLI::IsMember({1, 2, 4, 7, 14, 28}))
+        ->capture_default_str();
+    std::string presets;
+    for (const auto &n : gpt_preset_names()) {
+      presets += (presets.empty() ? "" : " | ") + n;
+    }
+    auto *preset_opt = app.add_option("--preset", preset, "A named model: " + presets)
+                           ->check(CLI::IsMember(gpt_preset_names()));
+    gpt_opt->excludes(preset_opt);
+    app.add_option("--heads", heads, "Attention heads (default: hidden / 64, or the preset's)")
+        ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
+    app.add_option("--seq", seq, "Positions per sample (default 1024, or the preset's)")
+        ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
+    app.add_option("--vocab", vocab, "Vocabulary (default 50304)")
+        ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
+    app.add_option("--ffn", ffn, "MLP width (default 4 x hidden)")
+        ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
+    app.add_option("--batch", batch, "Global batch in samples (default 8)")
+        ->check(CLI::Range(std::int64_t(1), std::int64_t(1) << 40));
+    app.add_option("--tp", tp, "Tensor-parallel ranks T")
+        ->check(CLI::Range(1, 1 << 16))
+        ->capture_default_str();
+    app.add_option("--dp", dp, "Data-parallel replicas D")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    app.add_option("--cluster", cluster_name, "Cost-model preset: mpi-local | gpu-cluster")
+        ->check(CLI::IsMember(cluster_preset_names()))
+        ->capture_default_str();
+    app.add_option("--memory-gib", memory_gib,
+                   "Memory budget per device in GiB (default: the cluster's; 0: unlimited)")
+        ->check(CLI::Range(0.0, 1e9));
+    app.add_option("--optimizer", optimizer,
+                   "Optimizer state: adam (2 moments) | adam-mixed (float master + 2 float "
+                   "moments) | momentum | sgd")
+        ->check(CLI::IsMember({"adam", "adam-mixed", "momentum", "sgd"}))
+        ->capture_default_str();
+    app.add_option("--dtype-bytes", dtype_bytes,
+                   "Bytes per element (default 2 on gpu-cluster, 4 on mpi-local)")
+        ->check(CLI::IsMember({1, 2, 4, 8}));
+    app.add_option("--search", method, "folded | unfolded | flat (for timing; same plan)")
+        ->check(CLI::IsMember({"folded", "unfolded", "flat"}))
+        ->capture_default_str();
+    app.add_option("--fold-depth", fold_depth, "Scope depth of the blocks (0: chosen)")
+        ->check(CLI::Range(0, 64))
+        ->capture_default_str();
+    app.add_option("--disable", disabled,
+                   "Strategies the search must not use, comma-separated: a name for every type "
+                   "(batch) or Type:name (SoftmaxCrossEntropy:vocab), e.g. for an executor "
+                   "without them")
+        ->delimiter(',');
+    app.add_option("--out", out, "Write the searched plan as JSON to FILE");
+    app.add_option("--megatron-out", megatron_out, "Write Megatron-LM's plan as JSON to FILE");
+  }
+
+  // Reads the model from the flags into config. @throws CLI::ParseError subclasses.
+  void check() {
     if (gpt.empty() && preset.empty() && vit.empty()) {
       throw CLI::RequiredError("--gpt, --preset or --vit");
     }
@@ -204,28 +206,25 @@ int main(int argc, char **argv) {
                                                 ") must be divisible by --dp " +
                                                 std::to_string(dp));
     }
-  } catch (const CLI::ParseError &e) {
-    return app.exit(e);
   }
-  try {
-    // The ViT is kat::nn's own model, described layer by layer (its layers need Kokkos).
-    std::optional<Kokkos::ScopeGuard> kokkos;
-    if (!vit.empty()) {
-      kokkos.emplace(argc, argv);
+
+  // The model's operator graph: a GPT, or kat_train's ViT described by kat::nn (needs Kokkos).
+  Graph graph() const {
+
+    if (vit.empty()) {
+      return gpt_graph(config);
     }
-    const Graph g = [&] {
-      if (vit.empty()) {
-        return gpt_graph(config);
-      }
-      kat::nn::models::VitOptions o;
-      o.patch = {patch, patch};
-      o.depth = static_cast<std::size_t>(config.layers);
-      o.width = static_cast<std::size_t>(config.hidden);
-      o.heads = static_cast<std::size_t>(config.heads);
-      o.mlp_hidden = static_cast<std::size_t>(config.ffn());
-      return kat::nn::models::vit<float, Kokkos::HostSpace>(kat::FeatureShape{1, 28, 28}, 10, o)
-          .describe(config.batch);
-    }();
+    kat::nn::models::VitOptions o;
+    o.patch = {patch, patch};
+    o.depth = static_cast<std::size_t>(config.layers);
+    o.width = static_cast<std::size_t>(config.hidden);
+    o.heads = static_cast<std::size_t>(config.heads);
+    o.mlp_hidden = static_cast<std::size_t>(config.ffn());
+    return kat::nn::models::vit<float, Kokkos::HostSpace>(kat::FeatureShape{1, 28, 28}, 10, o)
+        .describe(config.batch);
+  }
+
+  CostModel cost_model() const {
     CostModel cm;
     cm.cluster = cluster_preset(cluster_name);
     cm.mesh = {dp, tp};
@@ -233,6 +232,10 @@ int main(int argc, char **argv) {
                    : optimizer == "adam-mixed" ? OptimizerMemory::adam_mixed()
                    : optimizer == "momentum"   ? OptimizerMemory::momentum()
                                                : OptimizerMemory::sgd();
+    return cm;
+  }
+
+  SearchOptions search_options(const CostModel &cm) const {
     SearchOptions options;
     options.method = search_method_from_string(method);
     options.fold_depth = fold_depth;
@@ -241,16 +244,13 @@ int main(int argc, char **argv) {
     if (!vit.empty()) {
       options.allowed = megatron_executor_allows; // plans kat_train --tensor-parallel runs
     }
-    const Plan plan = search(g, cm, options);
-    std::optional<Plan> megatron;
-    std::string megatron_error;
-    try {
-      megatron = megatron_plan(g, cm, options.memory_budget);
-    } catch (const kat::ValueError &e) {
-      megatron_error = e.what();
-    }
-    const Folding f = fold(g, fold_depth);
+    return options;
+  }
 
+  // The comparison of the two plans and the searched plan's strategies per block.
+  void report(const Graph &g, const CostModel &cm, const SearchOptions &options, const Plan &plan,
+              const std::optional<Plan> &megatron, const std::string &megatron_error,
+              const Folding &f) const {
     std::printf("kat_plan: %s (%lld heads, %lld positions, vocabulary %lld, MLP %lld), global "
                 "batch %lld, %lld-byte elements, %.3f B parameters\n",
                 g.name().c_str(), static_cast<long long>(config.heads),
@@ -328,6 +328,10 @@ int main(int argc, char **argv) {
       }
     }
     std::printf("\n");
+  }
+
+  // --out and --megatron-out; the exit code.
+  int write(const Plan &plan, const std::optional<Plan> &megatron) const {
     if (!out.empty()) {
       write_plan(plan, out);
       std::printf("wrote %s\n", out.c_str());
@@ -340,9 +344,43 @@ int main(int argc, char **argv) {
       write_plan(*megatron, megatron_out);
       std::printf("wrote %s\n", megatron_out.c_str());
     }
+    return 0;
+  }
+};
+
+} // namespace
+
+int main(int argc, char **argv) {
+  Command c;
+  c.add_flags();
+  try {
+    c.app.parse(argc, argv);
+    c.check();
+  } catch (const CLI::ParseError &e) {
+    return c.app.exit(e);
+  }
+  try {
+    // The ViT is kat::nn's own model, described layer by layer (its layers need Kokkos).
+    std::optional<Kokkos::ScopeGuard> kokkos;
+    if (!c.vit.empty()) {
+      kokkos.emplace(argc, argv);
+    }
+    const Graph g = c.graph();
+    const CostModel cm = c.cost_model();
+    const SearchOptions options = c.search_options(cm);
+    const Plan plan = search(g, cm, options);
+    std::optional<Plan> megatron;
+    std::string megatron_error;
+    try {
+      megatron = megatron_plan(g, cm, options.memory_budget);
+    } catch (const kat::ValueError &e) {
+      megatron_error = e.what();
+    }
+    const Folding f = fold(g, c.fold_depth);
+    c.report(g, cm, options, plan, megatron, megatron_error, f);
+    return c.write(plan, megatron);
   } catch (const std::exception &e) {
     std::fprintf(stderr, "kat_plan: %s\n", e.what());
     return 1;
   }
-  return 0;
 }

@@ -22,12 +22,9 @@ namespace kat::nn {
 /// How ScaledDotProductAttention computes its passes; both give the same results up to
 /// rounding and keep A in the same layout.
 ///
-/// Measured (BM_AttentionForwardBackward and a GPU timing of the same passes: forward +
-/// backward, float, N = 128, heads 4, dh 16, P = 16 and 28, causal or not):
-///  - host (AMD EPYC, 1 OpenMP thread, SSE2 code as KAT builds by default, 2026-11-26):
-///    batch_lanes 13-25 GFLOP/s, batched_gemm 2.5-2.8 GFLOP/s (4.7-9.2x the time);
-///  - H100 (nvcc 13.0): batched_gemm 0.12-0.27 ms (210-290 GFLOP/s), batch_lanes 1.7-9.1 ms
-///    (8-16 GFLOP/s): it launches only heads·N/32 teams.
+/// batch_lanes is 4.7 to 9.2 times faster on a host, batched_gemm an order of magnitude faster on
+/// an H100, where batch_lanes launches only heads·N/32 teams (docs/benchmarks.md, "Kernel design
+/// choices, measured").
 enum class AttentionKernel {
   /// batch_lanes on host backends, batched_gemm on GPUs.
   automatic,

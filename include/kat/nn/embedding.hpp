@@ -38,10 +38,10 @@ std::size_t embedding_count_invalid(const ExecSpace &space, const Scalar *ids, s
 /// out(r, d) = table(id_r, d) for the R = `tokens` ids and the D columns of the V x D
 /// column-major `table` (out: R x D, column-major, contiguous), ids already validated. The
 /// token index runs fastest, so writes are contiguous (coalesced on a GPU) and only the reads
-/// of the table jump. One thread per token looping over d wrote with a stride of 4·R bytes:
-/// for N·T = 2048 tokens, D = 768, V = 1000 (float, Serial, 2026-11-26) it took 9.2 ms, 100
-/// times a copy of y, against 0.75 ms (8 times) here; with V = 50257 both take about 9 ms,
-/// bound by the reads of E(id, d), V·4 bytes apart for one id.
+/// of the table jump. One thread per token looping over d wrote with a stride of 4·R bytes,
+/// twelve times slower for 2048 tokens of width 768; with a large vocabulary both orders are bound
+/// by the reads of E(id, d), V·4 bytes apart for one id (docs/benchmarks.md, "Kernel design
+/// choices, measured").
 template <class ExecSpace, class Scalar>
 void embedding_gather(const ExecSpace &space, const char *label, const Scalar *ids,
                       std::size_t tokens, const Scalar *table, std::size_t count, std::size_t dim,

@@ -74,10 +74,9 @@ attention_square_block(Scalar *base, const AttentionGeometry &g, std::size_t n, 
 
 using AttentionNoTrans = KokkosBatched::Trans::NoTranspose;
 using AttentionTrans = KokkosBatched::Trans::Transpose;
-/// Blocked (register tiles of 2 x 2 on GPUs, 4 x 4 on hosts) rather than Unblocked: on an
-/// H100 (forward + backward, float, N = 128, heads 4, dh 16) 0.119 against 0.150 ms at P = 16,
-/// 0.269 against 0.383 ms at P = 28, and 56.5 against 72.0 ms at N = 32, heads 8, dh 64,
-/// P = 256 causal (nvcc 13.0, Kokkos 3.4.1, 2026-11-26); on the host about the same.
+/// Blocked (register tiles of 2 x 2 on GPUs, 4 x 4 on hosts) rather than Unblocked: faster at
+/// every measured size on an H100, about the same on a host (docs/benchmarks.md, "Kernel design
+/// choices, measured").
 using AttentionGemmAlgo = KokkosBatched::Algo::Gemm::Blocked;
 
 /// C = alpha op(A) op(B) + beta C for one team (KokkosBatched::TeamGemm), then a team barrier

@@ -56,9 +56,8 @@ template <class Scalar> struct LayerNormDirection {
 /// GPU, which runs these kernels for the R-operator only (a thread per row, consecutive threads
 /// reading consecutive addresses; forward and dx run a team per row there). One row per item on a
 /// host reads each feature 4·N·P bytes after the previous one (8 KB for N·P = 2048), a cache
-/// and TLB miss each time: float, N·P = 2048 rows of C = 768, Serial (2026-11-26), forward
-/// 21.5 ms and backward 41.6 ms one row at a time, 2.0 and 4.8 ms in blocks of 32 (blocks of
-/// 16 to 128 rows were within the noise of each other).
+/// and TLB miss each time: blocks of 32 were about ten times faster (docs/benchmarks.md,
+/// "Kernel design choices, measured").
 template <class ExecSpace> constexpr std::size_t layer_norm_block() {
   return Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible ? 32 : 1;
 }
@@ -237,9 +236,8 @@ template <class Accum, class ExecSpace, class Scalar> struct LayerNormForwardTea
 /// The forward of layer_norm_forward_blocks with a team per row, for GPUs: one thread per row
 /// leaves a GPU nearly idle at transformer sizes (N·P = 2048 rows are 2048 threads), while a
 /// team spreads a row's C features over its threads, and the 32-byte sectors of x serve the
-/// teams of 8 neighbouring rows through the cache. H100, float, N·P = 2048 (2026-11-26): C = 768
-/// forward 0.39 ms one thread per row, 0.078 ms a team per row (backward 0.41 and 0.12 ms);
-/// C = 64, 0.040 and 0.018 ms (backward 0.050 and 0.035 ms).
+/// teams of 8 neighbouring rows through the cache: 1.4 to 5 times faster on an H100
+/// (docs/benchmarks.md, "Kernel design choices, measured").
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_forward_teams(const ExecSpace &space, const LayerNormRows<Scalar> &d, double eps,
                               Scalar *y) {

@@ -90,9 +90,9 @@ void fill_rows(const ExecSpace &space, const char *label, const V &e, const M &y
 /// of additions for a given backend. A thread per column (adding its rows in order) on a host,
 /// and on a GPU for up to 32 rows; a team per column on a GPU beyond, with as many threads as
 /// rows rounded up to 64, at most 256. The batch is often small (N = 8 rows of 196608 columns
-/// for a GPT-sized E_pos), where teams of Kokkos::AUTO's size left most threads idle: H100,
-/// float, 8 x 196608 (2026-11-26), 0.19 ms (15 times a copy of the matrix) with those teams,
-/// 0.14 ms with teams of 32 threads, 0.017 ms with a thread per column.
+/// for a GPT-sized E_pos), where teams of Kokkos::AUTO's size left most threads idle and a
+/// thread per column was ten times faster on an H100 (docs/benchmarks.md, "Kernel design
+/// choices, measured").
 template <class ExecSpace, class M, class V>
 void column_sums(const ExecSpace &space, const char *label, const M &m, const V &v,
                  bool accumulate) {

@@ -6,7 +6,7 @@
 // the machines are shared and noisy.
 #include "common.hpp"
 
-#include <kat/sparse/csr_weight.hpp>
+#include <kat/core/csr_weight.hpp>
 
 #include <benchmark/benchmark.h>
 

@@ -3,9 +3,9 @@
 #include "layer_check.hpp"
 #include "test_helpers.hpp"
 
+#include <kat/core/csr_weight.hpp>
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/nn/dense.hpp>
-#include <kat/sparse/csr_weight.hpp>
 
 #include <catch2/catch.hpp>
 

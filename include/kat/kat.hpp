@@ -55,7 +55,7 @@
 #include "kat/precond/kfac.hpp"
 #include "kat/precond/kronecker_factor.hpp"
 
-#include "kat/sparse/csr_weight.hpp"
+#include "kat/core/csr_weight.hpp"
 
 #include "kat/data/data_loader.hpp"
 #include "kat/data/dataset.hpp"

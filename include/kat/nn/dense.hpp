@@ -13,7 +13,7 @@
 #include "kat/nn/detail/sparse_products.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
-#include "kat/sparse/csr_weight.hpp"
+#include "kat/core/csr_weight.hpp"
 
 #include <Kokkos_Core.hpp>
 

@@ -4,7 +4,7 @@
 /// translation units that set a weight mask compile them.
 
 #include "kat/core/views.hpp"
-#include "kat/sparse/csr_weight.hpp"
+#include "kat/core/csr_weight.hpp"
 
 #include <Kokkos_Core.hpp>
 

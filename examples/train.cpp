@@ -174,15 +174,11 @@ int main(int argc, char **argv) {
   Run run(argc, argv);
   run.world = run.group = &world;
   run.root = world.rank() == 0; // only rank 0 prints and writes --metrics
-  for (auto &c : run.parts) {
-    c->add_flags(run);
-  }
   try {
+    for (auto &c : run.parts) {
+      c->add_flags(run);
+    }
     parse(run);
-  } catch (const CLI::ParseError &e) {
-    return run.root ? run.app.exit(e) : e.get_exit_code(); // every rank reaches it
-  }
-  try {
 #ifdef KAT_ENABLE_MPI
     run.comm = run.train_comm = &comm;
     run.threads = kat::distributed::apply_thread_budget(argc, argv, comm);
@@ -203,6 +199,10 @@ int main(int argc, char **argv) {
       ~Release() { run.release(); }
     } release{run};
     return train(run, Space());
+  } catch (const CLI::ParseError &e) { // thrown by parse() on every rank alike
+    // --help and the like exit 0; a usage error exits 2 (CLI11's own codes are 101 to 127).
+    const int code = run.root ? run.app.exit(e) : e.get_exit_code();
+    return code == 0 ? 0 : 2;
   } catch (const std::exception &e) {
     std::fprintf(stderr, "kat_train: error: %s\n", e.what());
   } catch (...) {

@@ -6,14 +6,15 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/data_parallel.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error                                                                                             \
+    "kat/distributed/data_parallel/data_parallel.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
-#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/comm/communicator.hpp"
 #include "kat/train/gradient_sync.hpp"
 
 #include <Kokkos_Core.hpp>

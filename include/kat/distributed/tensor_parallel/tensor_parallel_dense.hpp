@@ -4,13 +4,14 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/tensor_parallel_dense.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error                                                                                             \
+    "kat/distributed/tensor_parallel/tensor_parallel_dense.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #endif
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
-#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/comm/communicator.hpp"
 #include "kat/nn/dense.hpp"
 #include "kat/nn/layer.hpp"
 

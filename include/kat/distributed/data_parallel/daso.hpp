@@ -7,16 +7,16 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/daso.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/data_parallel/daso.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/bfloat16.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
-#include "kat/distributed/communicator.hpp"
-#include "kat/distributed/daso_schedule.hpp"
-#include "kat/distributed/data_parallel.hpp"
+#include "kat/distributed/comm/communicator.hpp"
+#include "kat/distributed/data_parallel/daso_schedule.hpp"
+#include "kat/distributed/data_parallel/data_parallel.hpp"
 #include "kat/train/gradient_sync.hpp"
 #include "kat/train/registry.hpp"
 

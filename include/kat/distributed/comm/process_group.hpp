@@ -6,10 +6,10 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/process_group.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/comm/process_group.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
-#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/comm/communicator.hpp"
 #include "kat/train/process_group.hpp"
 
 #include <Kokkos_Core.hpp>

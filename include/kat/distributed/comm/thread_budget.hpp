@@ -6,11 +6,11 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/thread_budget.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/comm/thread_budget.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
-#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/comm/communicator.hpp"
 
 #include <algorithm>
 #include <cstdlib>

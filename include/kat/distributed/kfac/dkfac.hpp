@@ -7,14 +7,14 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/dkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/kfac/dkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
-#include "kat/distributed/communicator.hpp"
-#include "kat/distributed/detail/factored_guard.hpp"
+#include "kat/distributed/comm/communicator.hpp"
+#include "kat/distributed/kfac/detail/factored_guard.hpp"
 #include "kat/precond/kfac_strategy.hpp"
 
 #include <Kokkos_Core.hpp>

@@ -7,15 +7,15 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/dpkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/kfac/dpkfac.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
-#include "kat/distributed/communicator.hpp"
-#include "kat/distributed/detail/decomposition_agreement.hpp"
-#include "kat/distributed/detail/factored_guard.hpp"
-#include "kat/distributed/detail/gradient_broadcast.hpp"
+#include "kat/distributed/comm/communicator.hpp"
+#include "kat/distributed/kfac/detail/decomposition_agreement.hpp"
+#include "kat/distributed/kfac/detail/factored_guard.hpp"
+#include "kat/distributed/kfac/detail/gradient_broadcast.hpp"
 #include "kat/precond/kfac_strategy.hpp"
 
 #include <algorithm>

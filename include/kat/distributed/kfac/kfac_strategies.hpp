@@ -5,13 +5,13 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/kfac_strategies.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/kfac/kfac_strategies.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
-#include "kat/distributed/communicator.hpp"
-#include "kat/distributed/dkfac.hpp"
-#include "kat/distributed/dpkfac.hpp"
-#include "kat/distributed/kaisa.hpp"
+#include "kat/distributed/comm/communicator.hpp"
+#include "kat/distributed/kfac/dkfac.hpp"
+#include "kat/distributed/kfac/dpkfac.hpp"
+#include "kat/distributed/kfac/kaisa.hpp"
 #include "kat/precond/kfac_strategy.hpp"
 #include "kat/train/registry.hpp"
 

@@ -7,13 +7,13 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/communicator.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/comm/communicator.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
-#include "kat/distributed/detail/mpi.hpp"
-#include "kat/distributed/emulated_link.hpp"
+#include "kat/distributed/comm/detail/mpi.hpp"
+#include "kat/distributed/comm/emulated_link.hpp"
 
 #include <Kokkos_Core.hpp>
 #include <mpi.h>

@@ -3,19 +3,19 @@
 /// @brief DHO2's overlapped curvature estimation: the split of the ranks into training and
 /// curvature ranks (dho2_roles), the options that bound the staleness (DHO2Overlap), and the
 /// curvature ranks' side (DHO2Estimator). The training ranks' side is
-/// kat::distributed::DHO2's overlapped constructor (kat/distributed/dho2.hpp). Gu et al.,
+/// kat::distributed::DHO2's overlapped constructor (kat/distributed/fosi/dho2.hpp). Gu et al.,
 /// "DHO2", arXiv 2505.00982. Needs KAT built with `-DKAT_ENABLE_MPI=ON`.
 
 #ifndef KAT_ENABLE_MPI
-#error "kat/distributed/dho2_overlap.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/fosi/dho2_overlap.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/lanczos.hpp"
 #include "kat/core/views.hpp"
-#include "kat/distributed/communicator.hpp"
-#include "kat/distributed/parameter_shard.hpp"
-#include "kat/distributed/sharded_lanczos.hpp"
+#include "kat/distributed/comm/communicator.hpp"
+#include "kat/distributed/fosi/parameter_shard.hpp"
+#include "kat/distributed/fosi/sharded_lanczos.hpp"
 
 #include <Kokkos_Core.hpp>
 

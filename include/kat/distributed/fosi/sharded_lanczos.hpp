@@ -6,13 +6,13 @@
 
 #ifndef KAT_ENABLE_MPI
 // KAT::kat defines KAT_ENABLE_MPI and links MPI::MPI_CXX when configured with MPI.
-#error "kat/distributed/sharded_lanczos.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+#error "kat/distributed/fosi/sharded_lanczos.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/error.hpp"
 #include "kat/core/lanczos.hpp"
-#include "kat/distributed/communicator.hpp"
-#include "kat/distributed/parameter_shard.hpp"
+#include "kat/distributed/comm/communicator.hpp"
+#include "kat/distributed/fosi/parameter_shard.hpp"
 
 #include <Kokkos_Core.hpp>
 

@@ -21,6 +21,7 @@
 #include "kat/distributed/kfac/detail/decomposition_agreement.hpp"
 #include "kat/distributed/kfac/detail/gradient_broadcast.hpp"
 #include "kat/distributed/kfac/dkfac.hpp"
+#include "kat/distributed/kfac/packed_symmetric.hpp"
 #include "kat/precond/kfac.hpp"
 #include "kat/precond/kfac_strategy.hpp"
 

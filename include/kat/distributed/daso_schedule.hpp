@@ -1,0 +1,6 @@
+#pragma once
+/// @file
+/// @brief Deprecated include path, kept for one release: use
+/// kat/distributed/data_parallel/daso_schedule.hpp.
+
+#include "kat/distributed/data_parallel/daso_schedule.hpp"

@@ -1,0 +1,5 @@
+#pragma once
+/// @file
+/// @brief Deprecated include path, kept for one release: use kat/distributed/fosi/dho2_overlap.hpp.
+
+#include "kat/distributed/fosi/dho2_overlap.hpp"

@@ -15,9 +15,9 @@
 
 #include <kat/data/dataset.hpp>
 #ifdef KAT_ENABLE_MPI
-#include <kat/distributed/mpi_environment.hpp>
-#include <kat/distributed/process_group.hpp>
-#include <kat/distributed/thread_budget.hpp>
+#include <kat/distributed/comm/mpi_environment.hpp>
+#include <kat/distributed/comm/process_group.hpp>
+#include <kat/distributed/comm/thread_budget.hpp>
 #include <mpi.h>
 #endif
 

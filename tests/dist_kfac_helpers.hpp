@@ -4,8 +4,8 @@
 // generates alike, and one data-parallel K-FAC + SGD replica to train with.
 #include "mpi_test_helpers.hpp"
 
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/comm/communicator.hpp>
+#include <kat/distributed/data_parallel/data_parallel.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>

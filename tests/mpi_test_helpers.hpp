@@ -3,7 +3,7 @@
 // MLP the data-parallel and distributed K-FAC tests train.
 #include "test_helpers.hpp"
 
-#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/comm/communicator.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>

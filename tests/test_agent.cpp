@@ -28,7 +28,7 @@
 #ifdef KAT_ENABLE_MPI
 #include "mpi_test_helpers.hpp"
 
-#include <kat/distributed/process_group.hpp>
+#include <kat/distributed/comm/process_group.hpp>
 #endif
 
 namespace test_agent {

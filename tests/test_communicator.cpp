@@ -6,7 +6,7 @@
 
 #include "mpi_test_helpers.hpp"
 
-#include <kat/distributed/communicator.hpp>
+#include <kat/distributed/comm/communicator.hpp>
 
 #include <catch2/catch.hpp>
 #include <mpi.h>

@@ -1,12 +1,12 @@
-// DASO (kat/distributed/daso.hpp) and what it is built from: its schedule and plateau detector
-// (daso_schedule.hpp, no MPI), kat::bfloat16, and the Communicator's emulated inter-node link.
-// The "[mpi]" cases run at 1, 2 and 4 ranks (ctest mpi_ranks_*); each rank takes the same path
-// through the collectives (CHECK, not REQUIRE, where ranks could differ).
+// DASO (kat/distributed/data_parallel/daso.hpp) and what it is built from: its schedule and plateau
+// detector (daso_schedule.hpp, no MPI), kat::bfloat16, and the Communicator's emulated inter-node
+// link. The "[mpi]" cases run at 1, 2 and 4 ranks (ctest mpi_ranks_*); each rank takes the same
+// path through the collectives (CHECK, not REQUIRE, where ranks could differ).
 #include "test_helpers.hpp"
 
 #include <kat/core/bfloat16.hpp>
-#include <kat/distributed/daso_schedule.hpp>
-#include <kat/distributed/emulated_link.hpp>
+#include <kat/distributed/comm/emulated_link.hpp>
+#include <kat/distributed/data_parallel/daso_schedule.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -18,9 +18,9 @@
 #ifdef KAT_ENABLE_MPI
 #include "mpi_test_helpers.hpp"
 
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/daso.hpp>
-#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/comm/communicator.hpp>
+#include <kat/distributed/data_parallel/daso.hpp>
+#include <kat/distributed/data_parallel/data_parallel.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
 #include <kat/optim/sgd.hpp>
 

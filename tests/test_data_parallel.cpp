@@ -6,7 +6,7 @@
 #include "test_helpers.hpp"
 
 #include <kat/data/data_loader.hpp>
-#include <kat/distributed/distributed_sampler.hpp>
+#include <kat/distributed/data_parallel/distributed_sampler.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -20,8 +20,8 @@
 #ifdef KAT_ENABLE_MPI
 #include "mpi_test_helpers.hpp"
 
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/comm/communicator.hpp>
+#include <kat/distributed/data_parallel/data_parallel.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>

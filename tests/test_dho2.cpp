@@ -9,7 +9,7 @@
 #include "test_helpers.hpp"
 
 #include <kat/core/error.hpp>
-#include <kat/distributed/parameter_shard.hpp>
+#include <kat/distributed/fosi/parameter_shard.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -57,11 +57,11 @@ TEST_CASE("parameter_shard: contiguous padded slices that cover the vector", "[d
 
 #include <kat/core/blas.hpp>
 #include <kat/core/lanczos.hpp>
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/dho2.hpp>
-#include <kat/distributed/dho2_overlap.hpp>
-#include <kat/distributed/sharded_lanczos.hpp>
-#include <kat/distributed/sharded_operator.hpp>
+#include <kat/distributed/comm/communicator.hpp>
+#include <kat/distributed/fosi/dho2.hpp>
+#include <kat/distributed/fosi/dho2_overlap.hpp>
+#include <kat/distributed/fosi/sharded_lanczos.hpp>
+#include <kat/distributed/fosi/sharded_operator.hpp>
 #include <kat/nn/hessian_vector_product.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
 #include <kat/optim/adam.hpp>

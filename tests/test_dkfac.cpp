@@ -7,11 +7,11 @@
 
 #include "dist_kfac_helpers.hpp"
 
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/data_parallel.hpp>
-#include <kat/distributed/dkfac.hpp>
-#include <kat/distributed/dpkfac.hpp>
-#include <kat/distributed/kaisa.hpp>
+#include <kat/distributed/comm/communicator.hpp>
+#include <kat/distributed/data_parallel/data_parallel.hpp>
+#include <kat/distributed/kfac/dkfac.hpp>
+#include <kat/distributed/kfac/dpkfac.hpp>
+#include <kat/distributed/kfac/kaisa.hpp>
 #include <kat/nn/activation.hpp>
 #include <kat/nn/dense.hpp>
 #include <kat/nn/flatten.hpp>

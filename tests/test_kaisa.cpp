@@ -9,10 +9,10 @@
 
 #include "dist_kfac_helpers.hpp"
 
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/data_parallel.hpp>
-#include <kat/distributed/dkfac.hpp>
-#include <kat/distributed/kaisa.hpp>
+#include <kat/distributed/comm/communicator.hpp>
+#include <kat/distributed/data_parallel/data_parallel.hpp>
+#include <kat/distributed/kfac/dkfac.hpp>
+#include <kat/distributed/kfac/kaisa.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
 #include <kat/optim/sgd.hpp>
 #include <kat/precond/kfac.hpp>

@@ -8,7 +8,7 @@
 #ifdef KAT_ENABLE_MPI
 #include "mpi_test_helpers.hpp"
 
-#include <kat/distributed/tensor_parallel_model.hpp>
+#include <kat/distributed/tensor_parallel/tensor_parallel_model.hpp>
 #include <kat/nn/gelu.hpp>
 #include <kat/nn/layer_norm.hpp>
 #include <kat/nn/models.hpp>

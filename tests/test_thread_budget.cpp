@@ -2,7 +2,7 @@
 // starts (all on one node). Compiles to nothing without KAT_ENABLE_MPI.
 #ifdef KAT_ENABLE_MPI
 
-#include <kat/distributed/thread_budget.hpp>
+#include <kat/distributed/comm/thread_budget.hpp>
 
 #include <catch2/catch.hpp>
 #include <mpi.h>

@@ -33,9 +33,9 @@
 #ifdef KAT_ENABLE_MPI
 #include "mpi_test_helpers.hpp"
 
-#include <kat/distributed/data_parallel.hpp>
-#include <kat/distributed/distributed_sampler.hpp>
-#include <kat/distributed/process_group.hpp>
+#include <kat/distributed/comm/process_group.hpp>
+#include <kat/distributed/data_parallel/data_parallel.hpp>
+#include <kat/distributed/data_parallel/distributed_sampler.hpp>
 #endif
 
 namespace test_trainer {

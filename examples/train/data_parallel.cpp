@@ -3,8 +3,8 @@
 // docs/distributed.md), as the trainer's gradient sync, with a distributed sampler.
 #include "run.hpp"
 
-#include <kat/distributed/daso.hpp>
-#include <kat/distributed/data_parallel.hpp>
+#include <kat/distributed/data_parallel/daso.hpp>
+#include <kat/distributed/data_parallel/data_parallel.hpp>
 
 #include <cstdio>
 

@@ -8,9 +8,9 @@
 #include <kat/optim/fosi.hpp>
 #include <kat/train/fosi_report.hpp>
 #ifdef KAT_ENABLE_MPI
-#include <kat/distributed/dho2.hpp>
-#include <kat/distributed/parameter_shard.hpp>
-#include <kat/distributed/sharded_operator.hpp>
+#include <kat/distributed/fosi/dho2.hpp>
+#include <kat/distributed/fosi/parameter_shard.hpp>
+#include <kat/distributed/fosi/sharded_operator.hpp>
 #endif
 
 #include <algorithm>

@@ -5,8 +5,8 @@
 #include <kat/precond/kfac.hpp>
 #include <kat/train/kfac_transform.hpp>
 #ifdef KAT_ENABLE_MPI
-#include <kat/distributed/dkfac.hpp>
-#include <kat/distributed/kfac_strategies.hpp>
+#include <kat/distributed/kfac/dkfac.hpp>
+#include <kat/distributed/kfac/kfac_strategies.hpp>
 #endif
 
 #include <memory>

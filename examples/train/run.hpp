@@ -20,7 +20,7 @@
 #include <kat/core/hyperparameter.hpp>
 #include <kat/data/data_loader.hpp>
 #include <kat/data/dataset.hpp>
-#include <kat/distributed/distributed_sampler.hpp>
+#include <kat/distributed/data_parallel/distributed_sampler.hpp>
 #include <kat/nn/sequential.hpp>
 #include <kat/nn/vit_options.hpp>
 #include <kat/optim/optimizer.hpp>
@@ -32,8 +32,8 @@
 
 #include <CLI/CLI.hpp>
 #ifdef KAT_ENABLE_MPI
-#include <kat/distributed/communicator.hpp>
-#include <kat/distributed/dho2_overlap.hpp>
+#include <kat/distributed/comm/communicator.hpp>
+#include <kat/distributed/fosi/dho2_overlap.hpp>
 #endif
 
 #include <algorithm>

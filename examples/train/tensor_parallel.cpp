@@ -3,7 +3,7 @@
 // (ranks / T) data-parallel replicas (docs/tensor_parallel.md).
 #include "run.hpp"
 
-#include <kat/distributed/tensor_parallel_model.hpp>
+#include <kat/distributed/tensor_parallel/tensor_parallel_model.hpp>
 #include <kat/nn/models.hpp>
 #include <kat/plan/plan_io.hpp>
 

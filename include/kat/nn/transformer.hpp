@@ -69,7 +69,7 @@ public:
 
   /// A block of two given residuals: `attention` (x + Attn(LN(x))) and `mlp` (h + MLP(LN(h))),
   /// both taking and giving `input`. The tensor-parallel executor builds them with column- and
-  /// row-parallel layers (kat/distributed/tensor_parallel_model.hpp).
+  /// row-parallel layers (kat/distributed/tensor_parallel/tensor_parallel_model.hpp).
   /// @throws ValueError for a null residual or bad options; ShapeError if a residual does not
   ///   map `input` to itself.
   TransformerEncoderBlock(FeatureShape input, TransformerBlockOptions options,

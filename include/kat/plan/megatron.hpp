@@ -64,9 +64,10 @@ inline Plan megatron_plan(const Graph &g, const CostModel &cm, double memory_bud
   return p;
 }
 
-/// Whether KAT's Megatron-style executor (kat/distributed/tensor_parallel_model.hpp, for
-/// models described by kat::nn::Sequential::describe) can run operator `op` with `strategy`:
-/// inside the attention and MLP bodies of a TransformerEncoderBlock (scopes ending in
+/// Whether KAT's Megatron-style executor
+/// (kat/distributed/tensor_parallel/tensor_parallel_model.hpp, for models described by
+/// kat::nn::Sequential::describe) can run operator `op` with `strategy`: inside the attention and
+/// MLP bodies of a TransformerEncoderBlock (scopes ending in
 /// ".attention.body" and ".mlp.body") a Dense "replicated", "column" or "row", the attention
 /// "replicated" or "heads", GELU and ReLU "replicated" or "sharded"; every other operator
 /// "replicated" (no batch split inside the tensor-parallel group: that is the mesh's data

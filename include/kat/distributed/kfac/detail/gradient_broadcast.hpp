@@ -5,13 +5,13 @@
 
 #ifndef KAT_ENABLE_MPI
 #error                                                                                             \
-    "kat/distributed/detail/gradient_broadcast.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+    "kat/distributed/kfac/detail/gradient_broadcast.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/detail/convert.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
-#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/comm/communicator.hpp"
 
 #include <cstddef>
 #include <string>

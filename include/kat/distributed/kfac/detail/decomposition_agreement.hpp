@@ -5,11 +5,11 @@
 
 #ifndef KAT_ENABLE_MPI
 #error                                                                                             \
-    "kat/distributed/detail/decomposition_agreement.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
+    "kat/distributed/kfac/detail/decomposition_agreement.hpp needs MPI: configure KAT with -DKAT_ENABLE_MPI=ON"
 #else
 
 #include "kat/core/profiling.hpp"
-#include "kat/distributed/communicator.hpp"
+#include "kat/distributed/comm/communicator.hpp"
 
 #include <Kokkos_Core.hpp>
 

@@ -138,6 +138,7 @@ public:
                                               grad.extent(0), grad.extent(1)));
     Entry &l = *layers_.back();
     l.owned = strategy().builds_factors(layers_.size() - 1);
+    l.layer.locate(grad_buffer_, grad); // its place for step(space, grads)
     tell_record(l, needs_curvature());
     return true;
   }
@@ -145,8 +146,13 @@ public:
   /// Registers every layer of a kat::nn model (Sequential) that supports curvature, walking
   /// into containers (Residual). Names are the index path in the model ("0", "3.1"), types
   /// the layer's name() ("Dense", "Conv2d"). Turns on the layers' recording as needed.
+  /// The first call records the model's gradients() as the gradient buffer: step(space, grads)
+  /// finds each layer's weight gradient in a vector laid out like it.
   /// @return the number of layers registered.
   template <class Model> std::size_t register_model(Model &model) {
+    if (grad_buffer_.data() == nullptr) {
+      grad_buffer_ = model.gradients();
+    }
     std::size_t count = 0;
     const auto &layers = model.layers();
     for (std::size_t i = 0; i < layers.size(); ++i) {
@@ -295,7 +301,30 @@ public:
   ///   registration or a and g are missing on a factor-update step; NumericalError if a
   ///   factor or decomposition is not finite or a decomposition fails (unless
   ///   keep_previous_on_failure) or a preconditioned gradient is not finite.
-  void step(const execution_space &space) { run_step(space); }
+  void step(const execution_space &space) { run_step(space, nullptr); }
+
+  /// step(space) on `grads` instead of the registered weight-gradient views: each layer's
+  /// gradient is read from and written to `grads` at the offset and strides its registered
+  /// weight_gradient has in the gradient buffer that register_model() recorded (the model's
+  /// gradients()); entries of `grads` outside the layers' matrices are left as they are. With
+  /// `grads` that buffer itself, this is step(space). Errors as step(), and
+  /// @throws ValueError if a registered layer's weight gradient is not in that buffer
+  ///   (registered by register_layer() elsewhere, or no model registered); ShapeError if
+  ///   `grads` is not as long as the buffer.
+  void step(const execution_space &space, const vector_type &grads) {
+    const char *where = "kat::precond::KFAC::step(space, grads)";
+    for (const auto &l : layers_) {
+      if (!l->layer.located()) {
+        throw ValueError(kat::detail::concat(
+            where, ": the weight gradient of layer '", l->layer.name(),
+            "' is not in the gradient buffer of a model given to register_model(), so its "
+            "place in grads is unknown; call step(space) to precondition the registered views"));
+      }
+    }
+    kat::detail::require_extent(where, "grads length (the registered model's parameter count)",
+                                grad_buffer_.extent(0), grads.extent(0));
+    run_step(space, &grads);
+  }
 
   /// The hyperparameters evaluated (and validated) at `step`.
   Values values(std::int64_t step) const { return kat::detail::kfac_values(opt_, step); }
@@ -461,13 +490,16 @@ private:
     *opt_.log << "kat::precond::KFAC: warning: " << message << '\n';
   }
 
-  /// step(space).
-  void run_step(const execution_space &space) {
+  /// step(space), or with `grads` step(space, grads) (each layer's gradient in grads).
+  void run_step(const execution_space &space, const vector_type *grads) {
     ScopedRegion region("kat::precond::KFAC::step");
     const Values v = values(steps_);
     warn_if_not_multiple(v.factor_update_steps, v.inv_update_steps);
     for (auto &l : layers_) {
       l->current = l->views(); // once per step: the callback may do work
+      if (grads != nullptr) {
+        l->current.weight_gradient = l->layer.gradient_in(*grads);
+      }
     }
     const bool factor_step = steps_ % v.factor_update_steps == 0;
     // Besides every inv_update_steps, a layer whose first factors came late (a skipped
@@ -705,11 +737,8 @@ private:
   [[noreturn]] void report_non_finite() {
     const execution_space space;
     for (const auto &e : layers_) {
-      if (e->applied && !std::isfinite(kat::detail::elementwise_dot(
-                            space, e->layer.preconditioned(), e->current.weight_gradient))) {
-        throw NumericalError(kat::detail::concat(
-            e->layer.context(), ": the preconditioned gradient is not finite at step ", steps_,
-            " (is the gradient finite?)"));
+      if (e->applied) {
+        e->layer.check_finite(space, e->current.weight_gradient, steps_);
       }
     }
     throw NumericalError(kat::detail::concat(
@@ -720,6 +749,7 @@ private:
   Options opt_;
   strategy_type *strategy_ = nullptr; // nullptr: the local strategy
   std::vector<std::unique_ptr<Entry>> layers_;
+  vector_type grad_buffer_; // the first registered model's gradients() (step(space, grads))
   typename layer_type::scratch_type scratch_;
   status_type status_;
   std::int64_t steps_ = 0;

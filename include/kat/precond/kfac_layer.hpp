@@ -162,6 +162,32 @@ public:
   /// "kat::precond::KFAC::step: layer '<name>'", the head of this layer's step errors.
   std::string context() const { return "kat::precond::KFAC::step: layer '" + name_ + "'"; }
 
+  /// Records where `grad` (this layer's out x cols weight gradient) lies in the flat vector
+  /// `buffer` (a model's gradients()): its offset and leading dimension, so that
+  /// gradient_in() finds the same matrix in another vector laid out like `buffer`.
+  /// @return whether `grad` lies entirely in `buffer` (located()).
+  bool locate(const Vector<Scalar, MemorySpace> &buffer, const matrix_type &grad) {
+    const std::size_t ld = cols_ > 1 ? static_cast<std::size_t>(grad.stride(1)) : out_;
+    const auto begin = reinterpret_cast<std::uintptr_t>(buffer.data());
+    const auto at = reinterpret_cast<std::uintptr_t>(grad.data());
+    offset_ = -1;
+    if (begin != 0 && at >= begin && (at - begin) % sizeof(Scalar) == 0 &&
+        (at - begin) / sizeof(Scalar) + ld * (cols_ - 1) + out_ <= buffer.extent(0)) {
+      offset_ = static_cast<std::ptrdiff_t>((at - begin) / sizeof(Scalar));
+      ld_ = ld;
+    }
+    return located();
+  }
+  /// Whether locate() found the weight gradient in its buffer.
+  bool located() const { return offset_ >= 0; }
+  /// The weight gradient's place (locate()) in `flat`, a vector laid out like the buffer: an
+  /// out x cols LayoutLeft view with the located leading dimension. Requires located() and
+  /// `flat` at least as long as the buffer.
+  matrix_type gradient_in(const Vector<Scalar, MemorySpace> &flat) const {
+    const matrix_type whole(flat.data() + offset_, ld_, cols_);
+    return Kokkos::subview(whole, std::make_pair(std::size_t(0), out_), Kokkos::ALL);
+  }
+
   /// Checks a record for a factor update or the factored form at step `step`.
   /// @throws ShapeError if a or g is empty, a is not rows x cols, g not rows x out, or
   ///   samples is 0 or does not divide rows.
@@ -426,6 +452,17 @@ public:
     kat::detail::convert(space, grad, p_);
   }
 
+  /// @throws NumericalError (naming the layer and `step`) if Σ P ⊙ `grad` is not finite;
+  ///   a blocking reduction, for reporting a step that already failed.
+  void check_finite(const execution_space &space, const matrix_type &grad,
+                    std::int64_t step) const {
+    if (!std::isfinite(kat::detail::elementwise_dot(space, p_, grad))) {
+      throw NumericalError(
+          kat::detail::concat(context(), ": the preconditioned gradient is not finite at step ",
+                              step, " (is the gradient finite?)"));
+    }
+  }
+
   /// `x` as an InverseScalar matrix, converted into `ws`: the view itself when the types agree.
   static inverse_matrix_type to_inverse(const execution_space &space, const matrix_type &x,
                                         Workspace<InverseScalar, MemorySpace> &ws) {
@@ -591,6 +628,8 @@ private:
   Vector<double, MemorySpace> probe_; // Freivalds vector v (cols), on first factored use
   double check_ = 0;                  // the last check's relative difference
   std::size_t check_rows_ = 0;        // rows of a in this step's check
+  std::ptrdiff_t offset_ = -1;        // of the weight gradient in a flat vector (locate())
+  std::size_t ld_ = 0;                // its leading dimension there
 };
 
 } // namespace kat::precond

@@ -293,8 +293,8 @@ public:
   ///    share_decomposition];
   /// 3. precondition(): each layer's P (KFACLayer::precondition), Σ P ⊙ ∇, ν and ∇ ← ν·P in
   ///    fused kernels [shares_gradients, share_gradient];
-  /// 4. read_status() and finish_step(): the one read-back; throws the step's first failure
-  ///    or commits.
+  /// 4. the status read-back (kat::detail::KFACStatus) and finish_step(): throws the step's
+  ///    first failure or commits.
   ///
   /// @throws ValueError if a callable hyperparameter returns a value out of range (naming it
   ///   and the step); ShapeError if a layer's a, g or weight_gradient do not match its
@@ -309,8 +309,8 @@ public:
   /// gradients()); entries of `grads` outside the layers' matrices are left as they are. With
   /// `grads` that buffer itself, this is step(space). Errors as step(), and
   /// @throws ValueError if a registered layer's weight gradient is not in that buffer
-  ///   (registered by register_layer() elsewhere, or no model registered); ShapeError if
-  ///   `grads` is not as long as the buffer.
+  ///   (registered by register_layer() elsewhere or from a second model, or no model
+  ///   registered); ShapeError if `grads` is not as long as the buffer.
   void step(const execution_space &space, const vector_type &grads) {
     const char *where = "kat::precond::KFAC::step(space, grads)";
     for (const auto &l : layers_) {

@@ -462,6 +462,64 @@ TEST_CASE("trainer: K-FAC as a transform equals kfac.step in a hand-written loop
   CHECK(trainer.state_dict().sub("kfac").entries().size() == kfac->state_dict().entries().size());
 }
 
+TEST_CASE("trainer: the K-FAC transform preconditions the gradient it is given", "[train][kfac]") {
+  // Two identical models with the same batches: one preconditioned in place through its
+  // registered views (kfac.step), the other through the transform given a copy of its
+  // gradient vector. The copy must come out as the first model's gradient, bit for bit, and
+  // the second model's own gradient must stay as backward left it.
+  using KFAC = precond::KFAC<float, Mem>;
+  const Space space;
+  precond::KFACOptions k;
+  k.factor_update_steps = 2;
+  k.inv_update_steps = 2;
+  k.damping = 0.01;
+  Model ref = toy_model(), model = toy_model();
+  KFAC ref_kfac(k);
+  auto kfac = std::make_shared<KFAC>(k);
+  REQUIRE(ref_kfac.register_model(ref) == 2);
+  REQUIRE(kfac->register_model(model) == 2);
+  train::KFACTransform<KFAC> transform(kfac);
+  nn::SoftmaxCrossEntropy<float, Mem> ce;
+  Vector<float, Mem> copy("copy", model.parameter_count());
+  for (std::uint64_t step = 0; step < 3; ++step) {
+    const auto x = random_matrix<float>(5, 6, 100 + step);
+    Vector<std::int32_t, Mem> y("y", 5);
+    Kokkos::deep_copy(y, std::int32_t(step % 3));
+    for (Model *m : {&ref, &model}) {
+      const auto &logits = m->forward(space, x);
+      Matrix<float, Mem> dlogits("dlogits", 5, 3);
+      ce.forward_backward(space, logits, y, dlogits);
+      m->backward(space, dlogits, Model::Gradients::overwrite);
+    }
+    const auto before = to_host(model.gradients());
+    Kokkos::deep_copy(space, copy, model.gradients());
+    ref_kfac.step(space);
+    transform.transform(space, model.parameters(), copy);
+    const auto got = to_host(copy), want = to_host(ref.gradients()),
+               untouched = to_host(model.gradients());
+    bool preconditioned = false;
+    for (std::size_t i = 0; i < got.extent(0); ++i) {
+      REQUIRE(got(i) == want(i));
+      REQUIRE(untouched(i) == before(i));
+      preconditioned = preconditioned || got(i) != before(i);
+    }
+    CHECK(preconditioned);
+    CHECK(kfac->kl_scale() == ref_kfac.kl_scale());
+    Kokkos::deep_copy(space, model.gradients(), copy); // the models stay identical
+  }
+  // A gradient vector of another length, and a KFAC whose layer is not in a model's buffer.
+  Vector<float, Mem> shorter("shorter", model.parameter_count() - 1);
+  CHECK_THROWS_MATCHES(transform.transform(space, model.parameters(), shorter), ShapeError,
+                       MessageContains("grads length"));
+  auto raw = std::make_shared<KFAC>(k);
+  Model other = toy_model();
+  const auto &dense = *other.layers()[1];
+  REQUIRE(raw->register_layer("dense", [&dense] { return dense.curvature(); }));
+  train::KFACTransform<KFAC> raw_transform(raw);
+  CHECK_THROWS_MATCHES(raw_transform.transform(space, other.parameters(), other.gradients()),
+                       ValueError, MessageContains("layer 'dense' is not in the gradient buffer"));
+}
+
 TEST_CASE("trainer: K-FAC's and the schedules' registry options", "[train][registry]") {
   train::Config c;
   for (const auto &o : train::kfac_option_specs()) {

@@ -6,13 +6,17 @@
 
 #include "kat/core/error.hpp"
 #include "kat/core/hyperparameter.hpp"
+#include "kat/core/state.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <iostream>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kat::precond {
@@ -146,6 +150,59 @@ inline void kfac_check_values(const kat::precond::KFACValues &v, std::int64_t st
   kfac_check_nonnegative("kl_clip", v.kl_clip, step);
   kfac_check_nonnegative("lr", v.lr, step);
 }
+/// Checks the options a KFAC is built with: a null log, pi_correction with the eigen method
+/// and every constant hyperparameter (callables are checked when evaluated, kfac_values()).
+/// @throws ValueError naming the option, its valid range and its value.
+inline void kfac_check_options(const kat::precond::KFACOptions &o) {
+  if (o.log == nullptr) {
+    throw ValueError("kat::precond::KFAC: log must not be null");
+  }
+  if (o.pi_correction && o.compute_method == kat::precond::ComputeMethod::eigen) {
+    throw ValueError("kat::precond::KFAC: pi_correction needs compute_method inverse, got eigen "
+                     "(the eigen path damps the Kronecker product exactly)");
+  }
+  if (o.factor_update_steps.is_constant())
+    kfac_check_steps("factor_update_steps", o.factor_update_steps.value(), -1);
+  if (o.inv_update_steps.is_constant())
+    kfac_check_steps("inv_update_steps", o.inv_update_steps.value(), -1);
+  if (o.damping.is_constant())
+    kfac_check_damping(o.damping.value(), -1);
+  if (o.factor_decay.is_constant())
+    kfac_check_decay(o.factor_decay.value(), -1);
+  if (o.kl_clip.is_constant())
+    kfac_check_nonnegative("kl_clip", o.kl_clip.value(), -1);
+  if (o.lr.is_constant())
+    kfac_check_nonnegative("lr", o.lr.value(), -1);
+}
+/// The constant hyperparameters of `o` take `v`'s values (callables stay as they are).
+inline void kfac_restore_constants(kat::precond::KFACOptions &o,
+                                   const kat::precond::KFACValues &v) {
+  const auto restore = [](auto &option, auto value) {
+    if (option.is_constant()) {
+      option = value;
+    }
+  };
+  restore(o.factor_update_steps, v.factor_update_steps);
+  restore(o.inv_update_steps, v.inv_update_steps);
+  restore(o.damping, v.damping);
+  restore(o.factor_decay, v.factor_decay);
+  restore(o.kl_clip, v.kl_clip);
+  restore(o.lr, v.lr);
+}
+/// Whether `o.skip_layers` names `name` (case-insensitive).
+inline bool kfac_skips(const kat::precond::KFACOptions &o, const std::string &name) {
+  const auto lower = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return s;
+  };
+  const std::string n = lower(name);
+  for (const auto &s : o.skip_layers) {
+    if (lower(s) == n)
+      return true;
+  }
+  return false;
+}
 /// The hyperparameters of `o` evaluated at `step`, each checked as it is evaluated (so a
 /// callable's error names the first bad one).
 inline kat::precond::KFACValues kfac_values(const kat::precond::KFACOptions &o, std::int64_t step) {
@@ -163,6 +220,44 @@ inline kat::precond::KFACValues kfac_values(const kat::precond::KFACOptions &o, 
   v.lr = o.lr(step);
   kfac_check_nonnegative("lr", v.lr, step);
   return v;
+}
+
+/// The state entries of the step counter and the hyperparameter values (KFAC::state_dict()):
+/// "steps" and "values.<name>", in the order kfac_save_values() writes them.
+inline std::vector<std::string> kfac_value_names() {
+  return {"steps",          "values.factor_update_steps", "values.inv_update_steps",
+          "values.damping", "values.factor_decay",        "values.kl_clip",
+          "values.lr"};
+}
+/// Adds "steps" (int64) and the values at that step ("values.factor_update_steps" and
+/// "values.inv_update_steps" int64, the others float64) to `s`.
+inline void kfac_save_values(StateDict &s, std::int64_t steps, const kat::precond::KFACValues &v) {
+  s.set("steps", steps);
+  s.set("values.factor_update_steps", v.factor_update_steps);
+  s.set("values.inv_update_steps", v.inv_update_steps);
+  s.set("values.damping", v.damping);
+  s.set("values.factor_decay", v.factor_decay);
+  s.set("values.kl_clip", v.kl_clip);
+  s.set("values.lr", v.lr);
+}
+/// The step counter and values kfac_save_values() wrote, checked.
+/// @throws StateError as StateDict::get(); ValueError (naming `where` for the counter) if
+///   one is out of range.
+inline std::pair<std::int64_t, kat::precond::KFACValues>
+kfac_load_values(const StateDict &state, const std::string &where) {
+  kat::precond::KFACValues v;
+  const auto steps = state.get<std::int64_t>("steps");
+  v.factor_update_steps = state.get<std::int64_t>("values.factor_update_steps");
+  v.inv_update_steps = state.get<std::int64_t>("values.inv_update_steps");
+  v.damping = state.get<double>("values.damping");
+  v.factor_decay = state.get<double>("values.factor_decay");
+  v.kl_clip = state.get<double>("values.kl_clip");
+  v.lr = state.get<double>("values.lr");
+  if (steps < 0) {
+    throw ValueError(kat::detail::concat(where, ": steps must be >= 0, got ", steps));
+  }
+  kfac_check_values(v, steps);
+  return {steps, v};
 }
 
 } // namespace kat::detail

@@ -14,9 +14,10 @@
 
 namespace kat::train {
 
-/// Adapts a kat::precond::KFAC to the GradientTransform role: transform() is KFAC::step(),
-/// which preconditions the gradient views the layers registered with it (views into the
-/// model's flat gradient vector), with whatever strategy the KFAC holds (local, or a
+/// Adapts a kat::precond::KFAC to the GradientTransform role: transform() is
+/// KFAC::step(space, grads), which preconditions the layers' weight gradients in the `grads`
+/// it is given (found at the places register_model() recorded in the model's flat gradient
+/// vector; `grads` need not be that vector), with whatever strategy the KFAC holds (local, or a
 /// distributed one from kat::distributed, which must then live as long as this object: pass
 /// it as `strategy` to have this object keep it). Its state is the KFAC's state_dict() (the
 /// factors with their current decompositions), saved under "kfac.".
@@ -40,12 +41,15 @@ public:
   std::string name() const override { return "kfac"; }
   KFACType &kfac() const { return *kfac_; }
 
-  /// KFAC::step(space): `grads` must be the vector whose layer views were registered.
+  /// KFAC::step(space, grads): preconditions the registered layers' weight gradients in
+  /// `grads` (laid out like the gradients() of the model given to KFAC::register_model), in
+  /// place; the other entries of `grads` are left as they are.
+  /// @throws ShapeError if `grads` is not as long as that model's gradient vector; ValueError
+  ///   if a layer was registered with register_layer() outside it; and as KFAC::step().
   void transform(const execution_space &space, const vector_type &params,
                  const vector_type &grads) override {
     (void)params;
-    (void)grads;
-    kfac_->step(space);
+    kfac_->step(space, grads);
   }
 
   /// "K-FAC on <n> layers (<method> path; factors <precision>, decompositions <precision>):

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <string>
 
 namespace kat_train {
@@ -37,16 +38,13 @@ public:
     r.data_dir = kat::data::default_fashion_mnist_dir;
     r.app.add_option("--data-dir", r.data_dir, "Directory with the IDX files (raw or .gz)")
         ->capture_default_str();
-    r.app.add_option("--epochs", r.epochs, "Passes over the training set")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    r.app.add_option("--batch-size", r.batch_size, "Samples per step (with MPI: the global batch)")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
-    r.app.add_option("--seed", r.seed, "Seed for initialization and shuffling")
-        ->capture_default_str();
-    r.app.add_option("--train-subset", r.train_subset, "Train on the first N images only (0: all)")
-        ->capture_default_str();
+    add_integer(r.app, "--epochs", r.epochs, 1, 1000000, "Passes over the training set");
+    add_integer(r.app, "--batch-size", r.batch_size, 1, 1 << 20,
+                "Samples per step (with MPI: the global batch)");
+    add_integer(r.app, "--seed", r.seed, 0, std::numeric_limits<std::int64_t>::max(),
+                "Seed for initialization and shuffling");
+    add_integer(r.app, "--train-subset", r.train_subset, 0, std::int64_t(1) << 32,
+                "Train on the first N images only (0: all)");
   }
 };
 const auto basics = register_component<Basics>(0);

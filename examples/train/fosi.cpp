@@ -63,6 +63,15 @@ curvature_batch(const kat::data::Dataset &train_set, std::size_t batch, std::uin
   return {x, y};
 }
 
+// Option `name` as a count: refused when negative instead of wrapping to a huge size_t.
+std::size_t count(const Config &c, const std::string &name) {
+  const std::int64_t v = c.integer(name);
+  if (v < 0) {
+    throw kat::ValueError("option --" + name + " must be an integer >= 0, got " + c.text(name));
+  }
+  return static_cast<std::size_t>(v);
+}
+
 // FOSI (docs/fosi.md) around the base optimizer already in s.optimizer: the curvature is the
 // loss's Hessian on one fixed batch, the first global batch of the training set shuffled with
 // the run's seed. With DHO2 each rank differentiates its own rows of that batch and keeps its
@@ -78,8 +87,8 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
   const kat::nn::SoftmaxCrossEntropy<Scalar, Mem> loss;
   kat::optim::FOSI<Scalar, Mem>::Options o;
   o.momentum = momentum;
-  o.k = static_cast<std::size_t>(s.config.integer("k"));
-  o.l = static_cast<std::size_t>(s.config.integer("l"));
+  o.k = count(s.config, "k");
+  o.l = count(s.config, "l");
   o.alpha = s.config.number("alpha");
   o.num_iters_to_approx_eigs = s.config.integer("num-iters-to-approx-eigs");
   o.warmup_w = s.config.has("warmup-w") ? s.config.integer("warmup-w") : o.num_iters_to_approx_eigs;

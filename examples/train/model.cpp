@@ -18,19 +18,12 @@ public:
         ->check(CLI::IsMember({"mlp", "cnn", "resnet", "vit"}))
         ->capture_default_str();
     vit_flags_ = {
-        r.app.add_option("--vit-depth", r.vit.depth, "vit: transformer encoder blocks")
-            ->check(CLI::PositiveNumber)
-            ->capture_default_str(),
-        r.app.add_option("--vit-width", r.vit.width, "vit: token width D")
-            ->check(CLI::PositiveNumber)
-            ->capture_default_str(),
-        r.app
-            .add_option("--vit-heads", r.vit.heads,
-                        "vit: attention heads (must divide --vit-width)")
-            ->check(CLI::PositiveNumber)
-            ->capture_default_str(),
-        r.app.add_option("--vit-mlp", r.vit.mlp_hidden, "vit: MLP hidden width (0: 2 x width)")
-            ->capture_default_str(),
+        add_integer(r.app, "--vit-depth", r.vit.depth, 1, 1024, "vit: transformer encoder blocks"),
+        add_integer(r.app, "--vit-width", r.vit.width, 1, 1 << 16, "vit: token width D"),
+        add_integer(r.app, "--vit-heads", r.vit.heads, 1, 1 << 12,
+                    "vit: attention heads (must divide --vit-width)"),
+        add_integer(r.app, "--vit-mlp", r.vit.mlp_hidden, 0, 1 << 20,
+                    "vit: MLP hidden width (0: 2 x width)"),
         r.app
             .add_option("--vit-patch", r.vit_patch,
                         "vit: P for P x P patches (must divide 28) | rows (each image row a "

@@ -46,12 +46,9 @@ private:
 class Nodes : public Component {
 public:
   void add_flags(Run &r) override {
-    r.app
-        .add_option("--ranks-per-node", ranks_per_node_,
-                    "Treat blocks of G consecutive ranks as nodes (0: ranks sharing memory), to "
-                    "run hierarchical strategies (DASO) on one machine")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
+    add_integer(r.app, "--ranks-per-node", ranks_per_node_, 0, 1 << 20,
+                "Treat blocks of G consecutive ranks as nodes (0: ranks sharing memory), to run "
+                "hierarchical strategies (DASO) on one machine");
     r.app
         .add_option("--emulate-internode-latency", latency_,
                     "Emulated inter-node link: seconds added to every operation between the "

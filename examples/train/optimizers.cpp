@@ -59,9 +59,8 @@ public:
     r.app.add_option("--schedule", schedule_name_, "Learning-rate schedule per step")
         ->check(CLI::IsMember(schedules_.names()))
         ->capture_default_str();
-    r.app.add_option("--warmup-steps", warmup_steps_, "Linear warm-up steps before the schedule")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
+    add_integer(r.app, "--warmup-steps", warmup_steps_, 0, 1 << 30,
+                "Linear warm-up steps before the schedule");
     add_registry(r, optimizers());
     add_registry(r, schedules_);
   }

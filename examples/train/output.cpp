@@ -7,6 +7,7 @@
 #include <kat/train/metrics_writer.hpp>
 #include <kat/train/profiler.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <unistd.h>
 
@@ -24,15 +25,10 @@ public:
         ->check(CLI::IsMember({"auto", "always", "never"}))
         ->capture_default_str();
     r.app.add_option("--checkpoint-dir", r.checkpoint_dir, "Save checkpoints in DIR, one per rank");
-    r.app
-        .add_option("--checkpoint-every", r.checkpoint_every,
-                    "Save every N steps and after the last epoch (0: every epoch)")
-        ->check(CLI::NonNegativeNumber)
-        ->capture_default_str();
+    add_integer(r.app, "--checkpoint-every", r.checkpoint_every, 0, std::int64_t(1) << 40,
+                "Save every N steps and after the last epoch (0: every epoch)");
     r.app.add_option("--resume", resume_, "Continue from latest (in --checkpoint-dir) or FILE");
-    r.app.add_option("--keep-checkpoints", keep_, "How many of the newest to keep")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+    add_integer(r.app, "--keep-checkpoints", keep_, 1, 1 << 20, "How many of the newest to keep");
   }
 
   void check(Run &r) override {

@@ -187,6 +187,27 @@ struct Run {
                    const std::vector<Opt> &options);
 };
 
+/// Adds the integer flag `name` ("--epochs") bound to `target`: the text is parsed as a signed
+/// 64-bit integer, refused outside [lo, hi] (both printed by --help and in the error), and only
+/// then converted to T, so "-1" never wraps to a huge unsigned number.
+template <class T>
+CLI::Option *add_integer(CLI::App &app, const std::string &name, T &target, std::int64_t lo,
+                         std::int64_t hi, const std::string &help) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return app
+      .add_option_function<std::int64_t>(
+          name,
+          [&target, name, lo, hi, range](const std::int64_t &v) {
+            if (v < lo || v > hi) {
+              throw CLI::ValidationError(name, "must be an integer in " + range + ", got " +
+                                                   std::to_string(v));
+            }
+            target = static_cast<T>(v);
+          },
+          help + " (an integer in " + range + ")")
+      ->default_str(std::to_string(target));
+}
+
 /// Offers every option of `registry`'s entries as flags, in a group per entry; an option that
 /// several entries declare with choices (--dist-strategy) accepts all of them, and each entry
 /// checks the value it gets.

@@ -53,13 +53,10 @@ private:
 class TensorParallel : public Component {
 public:
   void add_flags(Run &r) override {
-    r.app
-        .add_option("--tensor-parallel", r.tensor_parallel,
-                    "vit: split every transformer block's attention (by heads) and MLP over T "
-                    "ranks, Megatron-style; the ranks form (ranks / T) data-parallel replicas "
-                    "(docs/tensor_parallel.md)")
-        ->check(CLI::PositiveNumber)
-        ->capture_default_str();
+    add_integer(r.app, "--tensor-parallel", r.tensor_parallel, 1, 1 << 16,
+                "vit: split every transformer block's attention (by heads) and MLP over T ranks, "
+                "Megatron-style; the ranks form (ranks / T) data-parallel replicas "
+                "(docs/tensor_parallel.md)");
     r.app
         .add_option("--plan", plan_file_,
                     "with --tensor-parallel: a plan from kat_plan --vit (JSON) choosing which "

@@ -36,4 +36,11 @@ expect 1 "kat_train: error:" --data-dir "$work/dir" --epochs 1
 expect 2 "--vit-depth" "${base[@]}" --model mlp --vit-depth 2
 expect 2 "--damping" "${base[@]}" --optimizer sgd --damping 0.1
 expect 2 "--resume latest" "${base[@]}" --resume latest
+# Negative and out-of-range integers are refused, never wrapped to huge unsigned numbers.
+expect 2 "--seed: must be an integer in [0, 9223372036854775807], got -1" "${base[@]}" --seed -1
+expect 2 "--vit-mlp: must be an integer in [0, 1048576], got 3000000000" "${base[@]}" --model vit \
+  --vit-mlp 3000000000
+expect 2 "Could not convert: --epochs = abc" --data-dir "$data" --epochs abc
+expect 1 "option --l must be an integer >= 0, got -1" "${base[@]}" --optimizer fosi-momentum \
+  --l -1
 exit $failed

@@ -3,6 +3,7 @@
 /// @brief Fully connected layer y = x Wᵀ + b.
 
 #include "kat/core/blas.hpp"
+#include "kat/core/csr_weight.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
@@ -13,7 +14,6 @@
 #include "kat/nn/detail/sparse_products.hpp"
 #include "kat/nn/init.hpp"
 #include "kat/nn/layer.hpp"
-#include "kat/core/csr_weight.hpp"
 
 #include <Kokkos_Core.hpp>
 

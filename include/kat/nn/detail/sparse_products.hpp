@@ -3,8 +3,8 @@
 /// @brief Dense's handle on its sparse products, behind a virtual interface so that only the
 /// translation units that set a weight mask compile them.
 
-#include "kat/core/views.hpp"
 #include "kat/core/csr_weight.hpp"
+#include "kat/core/views.hpp"
 
 #include <Kokkos_Core.hpp>
 

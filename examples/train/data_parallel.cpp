@@ -21,8 +21,7 @@ public:
   }
 
   void check(Run &r) override {
-    const Flag *strategy = r.find_flag("dist-strategy");
-    const bool daso_chosen = strategy != nullptr && strategy->value == "daso";
+    const bool daso_chosen = daso(r.config);
     for (const auto &f : r.flags) {
       if (f.given() && f.owner == "daso" && !daso_chosen) {
         throw CLI::ValidationError("--" + f.name, "needs --dist-strategy daso");

@@ -37,7 +37,6 @@ ComponentRegistration::ComponentRegistration(int order,
 }
 
 Run::Run(int argc_, char **argv_) : argc(argc_), argv(argv_) {
-  flags.reserve(128); // the flags' CLI options keep references into it
   auto list = component_list();
   std::stable_sort(list.begin(), list.end(),
                    [](const auto &a, const auto &b) { return a.order < b.order; });
@@ -100,10 +99,6 @@ void Run::add_options(const std::string &owner, const std::string &title, const 
   for (const auto &o : options) {
     if (find_flag(o.name) != nullptr) {
       continue; // declared before: its choices were merged by the caller (add_registry)
-    }
-    if (flags.size() == flags.capacity()) {
-      throw kat::ValueError("kat_train: more registered options than reserved; raise the "
-                            "reserve in examples/train.cpp");
     }
     flags.push_back({o.name, o.default_value, nullptr, owner});
     std::string &value = flags.back().value;

@@ -39,6 +39,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -118,8 +119,9 @@ struct Run {
   char **argv;
   CLI::App app{"Train a network on Fashion-MNIST with KAT (Kokkos Accelerated Training).\n"
                "Kokkos flags such as --kokkos-num-threads=N are accepted as well."};
-  std::vector<Flag> flags; // registered options (add_options); stable: reserved up front
-  Config config;           // their values, once parsed
+  std::deque<Flag> flags; // registered options (add_options); a deque: their CLI options
+                          // keep references to the values, which push_back leaves in place
+  Config config;          // their values, once parsed
   std::vector<std::unique_ptr<Component>> parts; // this run's components, in their order
 
   // The processes: every rank (world) and the ranks that train together (group).

@@ -387,7 +387,7 @@ run_tests() {
   : >"$work/crashed.txt"
   while [ -s "$remaining" ] && [ $attempt -lt 12 ]; do
     attempt=$((attempt + 1))
-    budget_now=$(($(left) - ${KAT_TRAIN_RESERVE:-45}))
+    budget_now=$(($(left) - ${KAT_TRAIN_RESERVE:-45} - compare_reserve))
     if [ "$budget_now" -lt 15 ]; then
       echo "no time left for the remaining $(wc -l <"$remaining") cases" | tee -a "$log"
       break
@@ -505,7 +505,7 @@ EOF
   local name n=0
   while IFS= read -r name && [ $n -lt 20 ]; do
     n=$((n + 1))
-    budget_now=$(($(left) - ${KAT_TRAIN_RESERVE:-45}))
+    budget_now=$(($(left) - ${KAT_TRAIN_RESERVE:-45} - compare_reserve))
     if [ "$budget_now" -lt 10 ]; then
       echo "isolated rerun: no time left for: $name" | tee -a "$out/tests-summary.txt"
       continue
@@ -530,7 +530,7 @@ run_train() {
   : >"$log"
   for model in mlp cnn "resnet --train-subset 10000" vit; do
     for optimizer in sgd "adam --lr 1e-3" kfac fosi-momentum "sgd --sparsity 0.9"; do
-      t=$(($(left) - 5))
+      t=$(($(left) - 5 - compare_reserve))
       if [ "$t" -le 10 ]; then
         echo "=== not run: kat_train --model $model --optimizer $optimizer" | tee -a "$log"
         continue
@@ -546,13 +546,95 @@ run_train() {
   done
 }
 
+run_compare() {
+  # KAT against PyTorch on this GPU in one invocation: for each model and optimizer, kat_train
+  # and bench/compare_pytorch.py --device cuda (the machine's own PyTorch, strict FP32, data on
+  # the GPU) alternately, KAT_COMPARE_ROUNDS times, two epochs each, batch 128. The epoch-2
+  # training seconds (epoch 1 pays cuDNN's autotuning and both sides' first allocations) and
+  # the test accuracy of each run go to compare.log, the table to compare-summary.txt.
+  # K-FAC: KAISA's schedule and hyperparameters (factors every 10 steps, eigendecompositions
+  # every 100, damping 0.003, KL clip 0.001, float32 decompositions) on both sides.
+  local data=$dir/data/fashion-mnist log=$out/compare.log py=${KAT_PYTHON:-python3}
+  local rounds=${KAT_COMPARE_ROUNDS:-1} spec model opt r t csv which
+  local sgd=(--optimizer sgd --lr 0.05 --momentum 0.9) kat=() torch=()
+  local kfac=(--lr 0.05 --momentum 0.9 --factor-update-steps 10 --inv-update-steps 100
+    --damping 0.003 --factor-decay 0.95 --kl-clip 0.001)
+  : >"$log"
+  rm -f "$work/compare-summary.txt"
+  "$py" -c 'import torch; print("PyTorch", torch.__version__, "CUDA", torch.version.cuda,
+    torch.cuda.get_device_name() if torch.cuda.is_available() else "(no CUDA device)")' 2>&1 |
+    tee -a "$log"
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 |
+    tee -a "$log" || true
+  for spec in ${KAT_COMPARE:-mlp:sgd cnn:sgd mlp:kfac cnn:kfac resnet:sgd vit:adam}; do
+    model=${spec%%:*} opt=${spec#*:}
+    case $opt in
+      sgd) kat=("${sgd[@]}") torch=("${sgd[@]}") ;;
+      adam) kat=(--optimizer adam --lr 1e-3) torch=(--optimizer adam --lr 1e-3) ;;
+      kfac)
+        kat=(--optimizer kfac "${kfac[@]}" --compute-method eigen --inverse-precision float)
+        torch=(--optimizer kfac "${kfac[@]}")
+        ;;
+      *) echo "compare: unknown optimizer in $spec" | tee -a "$log"; return 1 ;;
+    esac
+    for r in $(seq "$rounds"); do
+      for which in kat torch; do
+        t=$(($(left) - 5))
+        if [ "$t" -le 20 ]; then
+          echo "$model $opt $which run $r: not run (time)" | tee -a "$log"
+          continue
+        fi
+        [ "$t" -lt 150 ] || t=150
+        csv=$work/compare-$model-$opt-$which-$r.csv
+        rm -f "$csv" "$csv.tmp"
+        if [ $which = kat ]; then
+          timeout -k 5 "$t" "$train_bin" --data-dir "$data" --progress never --model "$model" \
+            --epochs 2 --batch-size 128 --seed "$r" "${kat[@]}" --metrics "$csv" \
+            >>"$log" 2>&1 || echo "$model $opt kat run $r: exit $?" | tee -a "$log"
+        else
+          timeout -k 5 "$t" "$py" "$root/bench/compare_pytorch.py" --data-dir "$data" \
+            --device "${KAT_COMPARE_DEVICE:-cuda}" --model "$model" --epochs 2 --batch-size 128 --seed "$r" \
+            "${torch[@]}" >"$csv.tmp" 2>>"$log" && mv "$csv.tmp" "$csv" ||
+            echo "$model $opt torch run $r: exit $?" | tee -a "$log"
+        fi
+        # kat_train's CSV: epoch, wall_seconds, ..., test_accuracy (column 6);
+        # compare_pytorch.py's: epoch, train_seconds, test_accuracy.
+        [ ! -f "$csv" ] || awk -F, -v w="$which" -v name="$model $opt $which run $r" '
+          NR == 1 { next } { t = t sprintf(" %.3f", $2); acc = (w == "kat") ? $6 : $3 }
+          END { printf "%s: epoch seconds%s; test accuracy %.2f%%\n", name, t, 100 * acc }' \
+          "$csv" | tee -a "$log"
+      done
+    done
+  done
+  # Per model and optimizer, the median epoch-2 time of each and their ratio.
+  python3 - "$log" <<'EOF' | tee "$work/compare-summary.txt"
+import math, re, statistics, sys
+runs = {}
+pattern = r"^(\S+) (\S+) (kat|torch) run \d+: epoch seconds ([\d. ]+); test accuracy ([\d.]+)%"
+for line in open(sys.argv[1]):
+    m = re.match(pattern, line)
+    if m:
+        t = [float(v) for v in m.group(4).split()]
+        runs.setdefault((m.group(1), m.group(2)), {}).setdefault(m.group(3), []).append(
+            (t[1] if len(t) > 1 else math.nan, float(m.group(5))))
+print(f"{'model':8} {'optimizer':9} {'KAT epoch 2':>12} {'PyTorch':>9} {'KAT/PyTorch':>12}"
+      f" {'KAT acc':>8} {'PyTorch acc':>11}")
+for (model, opt), r in runs.items():
+    k = statistics.median(v[0] for v in r.get("kat", [(math.nan, math.nan)]))
+    p = statistics.median(v[0] for v in r.get("torch", [(math.nan, math.nan)]))
+    ka = r.get("kat", [(math.nan, math.nan)])[-1][1]
+    pa = r.get("torch", [(math.nan, math.nan)])[-1][1]
+    print(f"{model:8} {opt:9} {k:11.3f}s {p:8.3f}s {k / p:12.2f} {ka:7.2f}% {pa:10.2f}%")
+EOF
+}
+
 # ---------------------------------------------------------------------------------------------
 if [ "$action" = prepare ]; then
   prepare
   exit 0
 fi
-case $action in all | build | test) ;; *)
-  echo "usage: scripts/gpu_tests.sh [prepare|build|test|all] [DIR]" >&2; exit 2 ;;
+case $action in all | build | test | compare) ;; *)
+  echo "usage: scripts/gpu_tests.sh [prepare|build|test|compare|all] [DIR]" >&2; exit 2 ;;
 esac
 [ -f "$dir/kokkos-src.tar.gz" ] || { echo "gpu_tests.sh: $dir is not prepared (prepare)" >&2; exit 1; }
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -578,7 +660,10 @@ done
 ln -sf liblapack.so.3 "$dir/deps/lib/liblapack.so"
 ln -sf libblas.so.3 "$dir/deps/lib/libblas.so"
 ln -sf libz.so.1 "$dir/deps/lib/libz.so"
-if [ "$action" != test ]; then
+# Seconds the tests and the trainer runs leave for the comparison with PyTorch (all).
+compare_reserve=0
+if [ "$action" = all ] && [ "$budget" -gt 0 ]; then compare_reserve=${KAT_COMPARE_RESERVE:-0}; fi
+if [ "$action" = all ] || [ "$action" = build ]; then
   stage info "$out/info.log" info
   grep -E 'release|^g\+\+|^cmake version|Driver Version|NVIDIA H|^name' "$out/info.log" | head -n 8
   note "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'), cuBLAS $cublas, cuSOLVER $cusolver, $generator, $jobs jobs"
@@ -611,12 +696,17 @@ if [ "$action" != build ] && { [ $status -ne 0 ] || [ ! -x "$tests_bin" ]; } &&
   note "USING THE PREBUILT BINARIES: $(cat "$dir/prebuilt/info")"
   status=0
 fi
-if [ "$action" != build ] && [ $status -eq 0 ]; then
+if { [ "$action" = all ] || [ "$action" = test ]; } && [ $status -eq 0 ]; then
   stage tests "$out/tests-run.log" run_tests
   stage train "$out/tests-run.log" run_train
+fi
+if { [ "$action" = all ] && [ "$compare_reserve" -gt 0 ]; } || [ "$action" = compare ]; then
+  [ -x "$train_bin" ] || train_bin=$work/prebuilt/kat_train
+  stage compare "$out/tests-run.log" run_compare
 fi
 echo "===== summary ($((SECONDS - start_time)) s in all)"
 printf '%s\n' "${summary[@]}"
 if [ -f "$out/tests-summary.txt" ]; then head -n 60 "$out/tests-summary.txt"; fi
 grep -E '^(=== kat_train|=== not run|epoch|=== exit)' "$out/train.log" 2>/dev/null || true
+if [ "$action" = all ] || [ "$action" = compare ] && [ -f "$work/compare-summary.txt" ]; then cat "$work/compare-summary.txt"; fi
 exit $status

@@ -3,6 +3,7 @@
 #include <kat/core/blas.hpp>
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/core/random.hpp>
+#include <kat/core/state.hpp>
 #include <kat/core/workspace.hpp>
 
 #include <catch2/catch.hpp>
@@ -188,6 +189,25 @@ TEST_CASE("core: host shuffle is a seeded permutation", "[core][random]") {
     ++hits[rng.uniform_index(7)];
   for (int h : hits)
     CHECK(h > 800);
+}
+
+TEST_CASE("StateDict refuses a shape whose element count does not fit in 64 bits", "[core]") {
+  // Found by fuzz/fuzz_checkpoint.cpp: a float32 entry of shape [2^63, 2] and 0 bytes, whose
+  // wrapped product (0) matched its byte count, was accepted.
+  StateDict s;
+  StateEntry wraps{DType::float32, {std::uint64_t(1) << 63, 2}, {}};
+  CHECK_THROWS_MATCHES(s.insert("w", wraps), StateError,
+                       Catch::Matchers::Contains("has more than 2^64 elements"));
+  // 2^62 float32 elements fit as a count but not as a byte count.
+  StateEntry bytes_wrap{DType::float32, {std::uint64_t(1) << 62}, {}};
+  CHECK(bytes_wrap.count() == std::uint64_t(1) << 62);
+  CHECK_THROWS_MATCHES(s.insert("b", bytes_wrap), StateError,
+                       Catch::Matchers::Contains("has more than 2^64 bytes"));
+  // A zero extent anywhere is zero elements, whatever the others are.
+  StateEntry empty{DType::float64, {std::uint64_t(1) << 63, 0, 4}, {}};
+  CHECK(empty.count() == 0);
+  s.insert("e", empty);
+  CHECK(s.size() == 1);
 }
 
 } // namespace test_core

@@ -13,6 +13,9 @@
 #include "kat/plan/plan.hpp"
 #include "kat/plan/plan_io.hpp"
 #include "kat/plan/search.hpp"
+
+#include <cstdint>
+#include <limits>
 #include "kat/plan/strategy.hpp"
 
 #include <algorithm>
@@ -801,6 +804,41 @@ TEST_CASE("plan JSON reading errors name the problem", "[plan]") {
   bad = j;
   bad["mesh"]["tensor"] = 0;
   CHECK_THROWS_WITH(plan_from_json(bad), Contains("mesh extents must be >= 1"));
+}
+
+TEST_CASE("plan JSON integer fields refuse floats and values outside their type", "[plan]") {
+  // Found by fuzz/fuzz_plan.cpp: nlohmann's get<int>() truncates 1.5, wraps 2^32 + 1 to 1 and
+  // converts 1e300 with undefined behaviour; each must be refused with the field named.
+  const nlohmann::json j = plan_to_json(
+      evaluate(mlp_graph(2, 2, 4), {"replicated", "replicated", "replicated"}, model(1, 1)));
+  nlohmann::json bad = j;
+  bad["version"] = 1e300;
+  CHECK_THROWS_WITH(plan_from_json(bad),
+                    Contains("\"version\" must be an integer in [-2147483648, 2147483647], got 1e+300"));
+  bad = j;
+  bad["mesh"]["tensor"] = 4294967297ull;
+  CHECK_THROWS_WITH(plan_from_json(bad), Contains("\"tensor\" must be an integer in "
+                                                  "[-2147483648, 2147483647], got 4294967297"));
+  bad = j;
+  bad["mesh"]["data"] = 1.5;
+  CHECK_THROWS_WITH(plan_from_json(bad), Contains("\"data\" must be an integer"));
+  bad = j;
+  bad["search"]["unique_blocks"] = -1.5;
+  CHECK_THROWS_WITH(plan_from_json(bad), Contains("\"unique_blocks\" must be an integer in [0, "
+                                                  "18446744073709551615], got -1.5"));
+  bad = j;
+  bad["search"]["unique_blocks"] = -1;
+  CHECK_THROWS_WITH(plan_from_json(bad), Contains("got -1"));
+  bad = j;
+  bad["collectives"] = nlohmann::json::array();
+  bad["operators"][0]["shard_groups"] = "2";
+  CHECK_THROWS_WITH(plan_from_json(bad), Contains("\"shard_groups\" must be an integer"));
+  // The largest values of each type still read back exactly.
+  bad = j;
+  bad["search"]["unique_blocks"] = std::numeric_limits<std::uint64_t>::max();
+  CHECK(plan_from_json(bad).search.unique_blocks == std::numeric_limits<std::size_t>::max());
+  bad["search"]["fold_depth"] = std::numeric_limits<int>::min();
+  CHECK(plan_from_json(bad).search.fold_depth == std::numeric_limits<int>::min());
 }
 
 TEST_CASE("plan search and evaluate errors", "[plan]") {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <string>
 #include <type_traits>
@@ -117,9 +118,22 @@ struct StateEntry {
   std::vector<unsigned char> bytes;
 
   /// The number of elements: the product of the shape (1 for a scalar).
+  /// @throws StateError if the product does not fit in 64 bits (a shape read from a file is
+  ///   untrusted: a wrapped product could match a short byte count)
   std::uint64_t count() const {
     std::uint64_t n = 1;
+    bool zero = false;
     for (const std::uint64_t e : shape) {
+      zero = zero || e == 0;
+    }
+    if (zero) {
+      return 0;
+    }
+    for (const std::uint64_t e : shape) {
+      if (n > std::numeric_limits<std::uint64_t>::max() / e) {
+        throw StateError(detail::concat("kat::StateEntry: shape ", detail::shape_string(shape),
+                                        " has more than 2^64 elements"));
+      }
       n *= e;
     }
     return n;
@@ -145,7 +159,13 @@ public:
       throw StateError(
           detail::concat("kat::StateDict: entry '", name, "' has ", dtype_name(entry.dtype)));
     }
-    const std::uint64_t bytes = entry.count() * dtype_size(entry.dtype);
+    const std::uint64_t count = entry.count();
+    if (count > std::numeric_limits<std::uint64_t>::max() / dtype_size(entry.dtype)) {
+      throw StateError(detail::concat("kat::StateDict: entry '", name, "' of shape ",
+                                      detail::shape_string(entry.shape), " and dtype ",
+                                      dtype_name(entry.dtype), " has more than 2^64 bytes"));
+    }
+    const std::uint64_t bytes = count * dtype_size(entry.dtype);
     if (entry.bytes.size() != bytes) {
       throw StateError(detail::concat("kat::StateDict: entry '", name, "' of shape ",
                                       detail::shape_string(entry.shape), " and dtype ",

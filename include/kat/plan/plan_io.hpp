@@ -13,8 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <limits>
+#include <type_traits>
 #include <sstream>
 #include <string>
 
@@ -42,6 +44,32 @@ inline MemoryBreakdown memory_from_json(const nlohmann::json &j) {
   m.optimizer = j.at("optimizer").get<double>();
   m.activations = j.at("activations").get<double>();
   return m;
+}
+
+/// The integer field `key` of `j` as T: a JSON integer (a float such as 1.5 or 1e300 is not
+/// one) within T's range, so that nothing is truncated, wrapped or converted with undefined
+/// behaviour (nlohmann's get<T>() casts without checking).
+/// @throws FormatError naming the field, T's range and the value otherwise; nlohmann's
+///   out_of_range if `key` is missing
+template <class T> T integer_at(const nlohmann::json &j, const char *key) {
+  static_assert(std::is_integral_v<T> && sizeof(T) <= sizeof(std::int64_t));
+  using Limits = std::numeric_limits<T>;
+  const nlohmann::json &v = j.at(key);
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u <= static_cast<std::uint64_t>(Limits::max())) {
+      return static_cast<T>(u);
+    }
+  } else if (v.is_number_integer()) {
+    const auto i = v.get<std::int64_t>();
+    if (Limits::is_signed ? (i >= static_cast<std::int64_t>(Limits::min()) &&
+                             i <= static_cast<std::int64_t>(Limits::max()))
+                          : i >= 0) {
+      return static_cast<T>(i);
+    }
+  }
+  throw FormatError(kat::detail::concat("\"", key, "\" must be an integer in [", +Limits::min(),
+                                        ", ", +Limits::max(), "], got ", v.dump()));
 }
 
 // JSON has no infinity: an infinite value is written as null.
@@ -151,21 +179,21 @@ inline Plan plan_from_json(const nlohmann::json &j) {
     if (!j.is_object() || j.value("format", std::string()) != plan_format) {
       throw FormatError(kat::detail::concat("\"format\" must be \"", plan_format, "\""));
     }
-    const int version = j.at("version").get<int>();
+    const int version = detail::integer_at<int>(j, "version");
     if (version != plan_format_version) {
       throw FormatError(
           kat::detail::concat("\"version\" must be ", plan_format_version, ", got ", version));
     }
     Plan p;
     p.model = j.at("model").get<std::string>();
-    p.mesh.data = j.at("mesh").at("data").get<int>();
-    p.mesh.tensor = j.at("mesh").at("tensor").get<int>();
+    p.mesh.data = detail::integer_at<int>(j.at("mesh"), "data");
+    p.mesh.tensor = detail::integer_at<int>(j.at("mesh"), "tensor");
     if (p.mesh.data < 1 || p.mesh.tensor < 1) {
       throw FormatError(kat::detail::concat("mesh extents must be >= 1, got data ", p.mesh.data,
                                             ", tensor ", p.mesh.tensor));
     }
     p.cluster = j.at("cluster").get<std::string>();
-    p.dtype_bytes = j.at("dtype_bytes").get<std::int64_t>();
+    p.dtype_bytes = detail::integer_at<std::int64_t>(j, "dtype_bytes");
     p.optimizer.states = j.at("optimizer").at("states").get<double>();
     p.optimizer.state_bytes = j.at("optimizer").at("state_bytes").get<double>();
     const auto &pr = j.at("predicted");
@@ -179,11 +207,11 @@ inline Plan plan_from_json(const nlohmann::json &j) {
     const auto &s = j.at("search");
     p.search.method = s.at("method").get<std::string>();
     p.search.seconds = s.at("seconds").get<double>();
-    p.search.fold_depth = s.at("fold_depth").get<int>();
-    p.search.unique_blocks = s.at("unique_blocks").get<std::size_t>();
-    p.search.block_instances = s.at("block_instances").get<std::size_t>();
-    p.search.loose_operators = s.at("loose_operators").get<std::size_t>();
-    p.search.passes = s.at("passes").get<int>();
+    p.search.fold_depth = detail::integer_at<int>(s, "fold_depth");
+    p.search.unique_blocks = detail::integer_at<std::size_t>(s, "unique_blocks");
+    p.search.block_instances = detail::integer_at<std::size_t>(s, "block_instances");
+    p.search.loose_operators = detail::integer_at<std::size_t>(s, "loose_operators");
+    p.search.passes = detail::integer_at<int>(s, "passes");
     p.search.lambda = detail::number_or_infinity(s.at("lambda"));
     p.search.dp_step_seconds = s.at("dp_step_seconds").get<double>();
     p.search.combinations = s.at("combinations").get<double>();
@@ -196,7 +224,7 @@ inline Plan plan_from_json(const nlohmann::json &j) {
         op.inputs.push_back(detail::layout_from_json(l));
       }
       op.output = detail::layout_from_json(o.at("output"));
-      op.shard_groups = o.at("shard_groups").get<int>();
+      op.shard_groups = detail::integer_at<int>(o, "shard_groups");
       op.compute_seconds = o.at("compute_seconds").get<double>();
       op.communication_seconds = o.at("communication_seconds").get<double>();
       op.memory = detail::memory_from_json(o.at("memory_bytes"));
@@ -214,7 +242,7 @@ inline Plan plan_from_json(const nlohmann::json &j) {
       k.kind = detail::enum_from_string(c.at("kind").get<std::string>(), kinds, "collective kind");
       k.pass = detail::enum_from_string(c.at("pass").get<std::string>(), passes, "pass");
       k.group = detail::enum_from_string(c.at("group").get<std::string>(), groups, "group");
-      k.ranks = c.at("ranks").get<int>();
+      k.ranks = detail::integer_at<int>(c, "ranks");
       k.bytes = c.at("bytes").get<double>();
       k.volume = c.at("volume").get<double>();
       k.seconds = c.at("seconds").get<double>();

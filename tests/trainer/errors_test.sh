@@ -43,4 +43,22 @@ expect 2 "--vit-mlp: must be an integer in [0, 1048576], got 3000000000" "${base
 expect 2 "Could not convert: --epochs = abc" --data-dir "$data" --epochs abc
 expect 1 "option --l must be an integer >= 0, got -1" "${base[@]}" --optimizer fosi-momentum \
   --l -1
+# data input (issue 33)
+printf 'x' >"$work/regular"
+expect 1 "'$work/regular' is not a directory (it is a regular file)" --data-dir "$work/regular" \
+  --epochs 1
+mkdir "$work/fifo-data"
+mkfifo "$work/fifo-data/train-labels-idx1-ubyte.gz"
+expect 1 "train-labels-idx1-ubyte.gz' is not a regular file (it is a FIFO)" \
+  --data-dir "$work/fifo-data" --epochs 1
+mkdir "$work/swapped"
+printf '\0\0\10\3\0\0\0\1\0\0\0\1\0\0\0\1\0' >"$work/swapped/train-images-idx3-ubyte"
+cp "$work/swapped/train-images-idx3-ubyte" "$work/swapped/train-labels-idx1-ubyte"
+expect 1 "is an images file (magic 0x00000803), expected labels (magic 0x00000801)" \
+  --data-dir "$work/swapped" --epochs 1
+mkdir "$work/liar"
+printf '\0\0\10\1\0\0\0\1\0' >"$work/liar/train-labels-idx1-ubyte"
+printf '\0\0\10\3\0\0\352\140\0\0\0\34\0\0\0\34' >"$work/liar/train-images-idx3-ubyte"
+expect 1 "claims 60000 x 28 x 28 = 47040000 data bytes (47040016 bytes with its 16-byte header), the file holds 16 bytes" \
+  --data-dir "$work/liar" --epochs 1
 exit $failed

@@ -137,16 +137,70 @@ inline constexpr const char *default_fashion_mnist_dir = "/usr/share/datasets/fa
 
 namespace detail {
 
-/// `dir/name.gz` if it is a file, else `dir/name` if it is, else "".
+/// What a file of type `type` is, for "is not a regular file (it is ...)".
+inline const char *file_type_text(std::filesystem::file_type type) {
+  using std::filesystem::file_type;
+  switch (type) {
+  case file_type::regular:
+    return "a regular file";
+  case file_type::directory:
+    return "a directory";
+  case file_type::fifo:
+    return "a FIFO";
+  case file_type::character:
+    return "a character device";
+  case file_type::block:
+    return "a block device";
+  case file_type::socket:
+    return "a socket";
+  case file_type::symlink:
+    return "a dangling symbolic link";
+  default:
+    return "of an unknown type";
+  }
+}
+
+/// `dir/name.gz` if it exists, else `dir/name` if it exists, else "".
+/// @throws IOError if the one found is not a regular file (a directory, FIFO or device), or
+///   its type cannot be determined.
 inline std::string find_idx_file(const std::string &dir, const std::string &name) {
+  using kat::detail::concat;
   for (const std::string &candidate : {name + ".gz", name}) {
     const std::filesystem::path p = std::filesystem::path(dir) / candidate;
     std::error_code ec;
-    if (std::filesystem::is_regular_file(p, ec)) {
-      return p.string();
+    const std::filesystem::file_status st = std::filesystem::status(p, ec);
+    if (st.type() == std::filesystem::file_type::not_found) {
+      continue;
     }
+    if (st.type() == std::filesystem::file_type::none ||
+        st.type() == std::filesystem::file_type::unknown) {
+      throw IOError(concat("load_fashion_mnist: cannot inspect '", p.string(),
+                           "': ", ec ? ec.message() : "unknown file type"));
+    }
+    if (st.type() != std::filesystem::file_type::regular) {
+      throw IOError(concat("load_fashion_mnist: '", p.string(), "' is not a regular file (it is ",
+                           file_type_text(st.type()), "); expected the IDX file ", candidate));
+    }
+    return p.string();
   }
   return "";
+}
+
+/// Throws FormatError unless `array` (read from `path`) has the rank of `what`: labels are
+/// rank 1 (magic 0x00000801), images rank 3 (magic 0x00000803).
+inline void require_idx_kind(const std::string &path, const IdxArray &array, bool labels) {
+  const std::size_t rank = array.dims.size();
+  const std::size_t expected = labels ? 1 : 3;
+  if (rank == expected) {
+    return;
+  }
+  const std::string found =
+      rank == 1   ? "is a labels file (magic 0x00000801)"
+      : rank == 3 ? "is an images file (magic 0x00000803)"
+                  : kat::detail::concat("has rank ", rank, " (magic ", hex(0x800 + rank, 8), ")");
+  throw FormatError(
+      kat::detail::concat("load_fashion_mnist: '", path, "' ", found, ", expected ",
+                          labels ? "labels (magic 0x00000801)" : "images (magic 0x00000803)"));
 }
 
 } // namespace detail
@@ -158,12 +212,26 @@ inline std::string find_idx_file(const std::string &dir, const std::string &name
 /// `.gz` suffix and then without.
 ///
 /// @return 28x28 images as shape (1, 28, 28), 10 classes.
-/// @throws IOError if a file is found in neither form (the message lists what was looked for
-///   and how to install the data) or cannot be read.
-/// @throws FormatError, ShapeError if a file is corrupt or the two files disagree; the message
-///   names both files.
+/// @throws IOError if `dir` exists but is not a directory ("is not a directory"), a file is
+///   found in neither form (the message lists what was looked for and how to install the
+///   data), is not a regular file (a directory, FIFO or device: "is not a regular file"), or
+///   cannot be read.
+/// @throws FormatError if a file is corrupt (see read_idx), or the labels file is an images
+///   file or vice versa ("... is an images file (magic 0x00000803), expected labels (magic
+///   0x00000801)").
+/// @throws ShapeError if the two files disagree (the message names both files and both sample
+///   counts).
 inline Dataset load_fashion_mnist(const std::string &dir, Split split) {
   using kat::detail::concat;
+  {
+    std::error_code ec;
+    const std::filesystem::file_status st = std::filesystem::status(dir, ec);
+    if (std::filesystem::exists(st) && !std::filesystem::is_directory(st)) {
+      throw IOError(concat("load_fashion_mnist: data directory '", dir,
+                           "' is not a directory (it is ", detail::file_type_text(st.type()),
+                           "); pass --data-dir pointing at a directory with the IDX files"));
+    }
+  }
   const std::string prefix = split == Split::train ? "train" : "t10k";
   const std::string image_name = prefix + "-images-idx3-ubyte";
   const std::string label_name = prefix + "-labels-idx1-ubyte";
@@ -185,8 +253,11 @@ inline Dataset load_fashion_mnist(const std::string &dir, Split split) {
         "does this) or pass --data-dir pointing at a directory with the IDX "
         "files"));
   }
-  IdxArray images = read_idx(image_path);
+  // Each file's kind (magic 0x801 or 0x803) is checked as soon as it is read, labels first.
   IdxArray labels = read_idx(label_path);
+  detail::require_idx_kind(label_path, labels, true);
+  IdxArray images = read_idx(image_path);
+  detail::require_idx_kind(image_path, images, false);
   const std::string context = concat("loading '", image_path, "' and '", label_path, "': ");
   try {
     return make_dataset(std::move(images), std::move(labels), 10);

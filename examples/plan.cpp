@@ -22,9 +22,12 @@
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <optional>
 #include <regex>
 #include <string>
@@ -43,7 +46,7 @@ std::optional<std::pair<std::int64_t, std::int64_t>> parse_gpt(const std::string
   if (!std::regex_match(text, m, pattern)) {
     return std::nullopt;
   }
-  return std::make_pair(std::stoll(m[1]), std::stoll(m[2]));
+  return std::make_pair(std::stoll(m[1]), std::stoll(m[2])); // <= 7 digits: no overflow
 }
 
 // Seconds of the operators inside blocks.
@@ -348,6 +351,17 @@ struct Command {
   }
 };
 
+// `code`, or 1 with the reason on stderr if stdout lost anything written to it (>/dev/full).
+int checked_stdout(int code) {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0 && std::cout.flush()) {
+    return code;
+  }
+  std::fprintf(stderr, "kat_plan: writing standard output: %s\n",
+               std::strerror(errno != 0 ? errno : EIO));
+  return 1;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -357,7 +371,7 @@ int main(int argc, char **argv) {
     c.app.parse(argc, argv);
     c.check();
   } catch (const CLI::ParseError &e) {
-    return c.app.exit(e);
+    return checked_stdout(c.app.exit(e));
   }
   try {
     // The ViT is kat::nn's own model, described layer by layer (its layers need Kokkos).
@@ -378,7 +392,7 @@ int main(int argc, char **argv) {
     }
     const Folding f = fold(g, c.fold_depth);
     c.report(g, cm, options, plan, megatron, megatron_error, f);
-    return c.write(plan, megatron);
+    return checked_stdout(c.write(plan, megatron));
   } catch (const std::exception &e) {
     std::fprintf(stderr, "kat_plan: %s\n", e.what());
     return 1;

@@ -22,10 +22,14 @@
 #endif
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace kat_train {
@@ -46,8 +50,39 @@ public:
     add_integer(r.app, "--train-subset", r.train_subset, 0, std::int64_t(1) << 32,
                 "Train on the first N images only (0: all)");
   }
+
+  // Flags that only mean something with another (output.cpp registers them).
+  void check(Run &r) override {
+    for (const char *name : {"--checkpoint-every", "--keep-checkpoints"}) {
+      const CLI::Option *o = r.app.get_option_no_throw(name);
+      if (o != nullptr && o->count() > 0 && r.checkpoint_dir.empty()) {
+        throw CLI::ValidationError(name, "needs --checkpoint-dir (where the checkpoints go)");
+      }
+    }
+  }
 };
 const auto basics = register_component<Basics>(0);
+
+#ifndef KAT_ENABLE_MPI
+// --tensor-parallel needs several ranks: in a build without MPI it is known but refused.
+class NoTensorParallel : public Component {
+public:
+  void add_flags(Run &r) override {
+    add_integer(r.app, "--tensor-parallel", t_, 1, 1 << 16,
+                "vit: ranks per tensor-parallel replica (needs a build with -DKAT_ENABLE_MPI=ON)");
+  }
+  void check(Run &) override {
+    if (t_ != 1) {
+      throw CLI::ValidationError("--tensor-parallel", "needs MPI, and this kat_train was built "
+                                                      "without it (-DKAT_ENABLE_MPI=OFF)");
+    }
+  }
+
+private:
+  int t_ = 1;
+};
+const auto no_tensor_parallel = register_component<NoTensorParallel>(50);
+#endif
 
 // Parses the command line and runs every component's checks; the batch is checked last, when
 // the components have said how many ranks train.
@@ -116,6 +151,26 @@ void describe(Run &run, const Space &space) {
   }
 }
 
+// Flushes stdout. @throws kat::IOError if this or an earlier write to it failed (a full disk,
+// >/dev/full): a run whose report was lost must not end as a success.
+void check_stdout() {
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout.flush()) {
+    const int e = errno;
+    throw kat::IOError(std::string("writing standard output: ") +
+                       (e != 0 ? std::strerror(e) : "write failed"));
+  }
+}
+
+// The --kokkos-* flags given, space-separated.
+std::string kokkos_flags(const Run &run) {
+  std::string flags;
+  for (const auto &f : run.app.remaining()) {
+    flags += (flags.empty() ? "" : " ") + f;
+  }
+  return flags;
+}
+
 // Everything after parsing, on a running Kokkos: returns the exit code.
 int train(Run &run, const Space &space) {
   load_data(run);
@@ -128,6 +183,7 @@ int train(Run &run, const Space &space) {
   }
   for (auto &c : run.parts) {
     if (c->serve(run, space)) {
+      check_stdout();
       return 0;
     }
   }
@@ -152,8 +208,9 @@ int train(Run &run, const Space &space) {
   for (auto &c : run.parts) {
     c->start(run);
   }
-  std::fflush(stdout);
+  check_stdout();
   run.trainer->fit(space, run.epochs);
+  check_stdout();
   return 0;
 }
 
@@ -191,7 +248,13 @@ int main(int argc, char **argv) {
       run.group = run.train_group.get();
     }
 #endif
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    std::optional<Kokkos::ScopeGuard> kokkos;
+    try {
+      kokkos.emplace(argc, argv);
+    } catch (const std::exception &e) { // e.g. std::stoi's bare "stoi" on --kokkos-threads=abc
+      throw kat::ValueError(std::string("Kokkos cannot read its flags (") + kokkos_flags(run) +
+                            "): " + e.what());
+    }
     struct Release { // before Kokkos finalizes, also when something throws
       Run &run;
       ~Release() { run.release(); }
@@ -200,6 +263,10 @@ int main(int argc, char **argv) {
   } catch (const CLI::ParseError &e) { // thrown by parse() on every rank alike
     // --help and the like exit 0; a usage error exits 2 (CLI11's own codes are 101 to 127).
     const int code = run.root ? run.app.exit(e) : e.get_exit_code();
+    if (code == 0 && !std::cout.flush()) { // --help to a full disk
+      std::fprintf(stderr, "kat_train: error: writing standard output: %s\n", std::strerror(errno));
+      return 1;
+    }
     return code == 0 ? 0 : 2;
   } catch (const std::exception &e) {
     std::fprintf(stderr, "kat_train: error: %s\n", e.what());

@@ -3,8 +3,8 @@
 // (fuzz/corpus/idx) are a tiny images/labels pair, raw and gzipped.
 //
 // Beyond not crashing, an accepted input must give what read_idx documents: 1 to 4 nonzero
-// extents whose product is the number of data bytes, at most the limit below; and a raw input (first
-// byte 0, so not gzip) must be exactly the header those extents write followed by the data.
+// extents whose product is the number of data bytes, at most the limit below; and a raw input
+// (first byte 0, so not gzip) must be exactly the header those extents write followed by the data.
 //
 // The reader is given a data limit of 64 MiB (kat::data::read_idx's max_data_bytes), so a
 // gzip stream that really inflates to gigabytes is refused by the limit, not by the fuzzer's

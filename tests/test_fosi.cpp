@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "kat/core/allocation_tracker.hpp"
 #include "kat/core/blas.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/lanczos.hpp"
@@ -844,6 +845,15 @@ TEST_CASE("fosi: options are validated with the option named", "[fosi][optim]") 
       kat::ValueError,
       MessageContains("lanczos_iterations (m) must be in [k + l, n] = [4, 10], got 3"));
 
+  CHECK_THROWS_MATCHES(
+      FOSI<float>(n, sgd(n), H.op(), with([](O &o) {
+                    o.k = 8;
+                    o.l = 3;
+                  })),
+      kat::ValueError,
+      MessageContains("kat::optim::FOSI: k + l must be <= n = 10 (the parameter count") &&
+          MessageContains("got k = 8, l = 3"));
+
   FOSI<float> fosi(n, sgd(n), H.op(), ok);
   const auto v = to_device<float>(std::vector<double>(n, 0.0));
   const auto short_v = to_device<float>(std::vector<double>(n - 1, 0.0));
@@ -852,6 +862,65 @@ TEST_CASE("fosi: options are validated with the option named", "[fosi][optim]") 
   CHECK_THROWS_MATCHES(
       fosi.set_lr(-1.0), kat::ValueError,
       MessageContains("kat::optim::FOSI::set_lr: lr must be finite and >= 0, got -1"));
+}
+
+TEST_CASE("fosi: memory beyond the limit is refused before anything is allocated",
+          "[fosi][optim]") {
+  const std::size_t n = 200;
+  const Hessian H(uniform_values(n, 91, 1.0, 2.0), 92);
+  const auto sgd = [n] {
+    return std::make_unique<SGD<float>>(n, sgd_options<float>(0.1, 0.9, false, 0.0));
+  };
+  auto o = fosi_options<float>(3, 1, 16, 1, 100, 0.1);
+  // V (200 x 4), momentum and two work vectors (3 x 200), three 4-vectors: doubles; scratch and
+  // complement gradient: 2 x 200 floats; Lanczos: the 200 x 16 basis, the residual, the
+  // 200 x 4 Ritz vectors, the 16-vector and 16 x 4 coefficients: doubles.
+  const double bytes = 8.0 * (200 * 4 + 3 * 200 + 3 * 4) + 4.0 * 2 * 200 +
+                       8.0 * (200 * 16 + 200 + 200 * 4 + 16 + 16 * 4);
+  CHECK(FOSI<float>::memory_bytes(n, n, 3, 1, 16) == bytes);
+  o.memory_limit = static_cast<std::size_t>(bytes) - 1;
+  {
+    kat::AllocationTracker tracker;
+    CHECK_THROWS_MATCHES(
+        FOSI<float>(n, sgd(), H.op(), o), kat::ValueError,
+        MessageContains("kat::optim::FOSI: k = 3, l = 1 with m = 16 Lanczos iterations on n = "
+                        "200 parameters") &&
+            MessageContains(kat::detail::concat("(", bytes,
+                                                " bytes), more than the "
+                                                "memory_limit option's")) &&
+            MessageContains(kat::detail::concat("(", bytes - 1, " bytes)")));
+    // Only the base optimizer's momentum buffer (200 floats) was allocated.
+    CHECK(tracker.peak_bytes() <= std::int64_t(4 * n));
+  }
+  // With the limit at the estimate, construction and a refresh (W = 1: the first step) fit.
+  o.memory_limit = static_cast<std::size_t>(bytes);
+  auto base = sgd();
+  const auto params = to_device<float>(uniform_values(n, 93));
+  const auto grads = to_device<float>(uniform_values(n, 94));
+  kat::AllocationTracker tracker;
+  FOSI<float> fosi(n, std::move(base), H.op(), o);
+  fosi.step(Space(), params, grads);
+  REQUIRE(fosi.has_estimate());
+  INFO("peak " << tracker.peak_bytes() << " bytes, estimate " << bytes);
+  CHECK(tracker.peak_bytes() <= std::int64_t(bytes));
+  CHECK(tracker.peak_bytes() >= std::int64_t(8 * n * 16)); // at least Lanczos's basis
+  // The default limit is the memory space's size: 60000 pairs on 269322 parameters (kat_train's
+  // MLP) ask for 129 GB for V and 646 GB for Lanczos's basis of 240000 iterations.
+  auto huge = fosi_options<float>(60000, 0, 0, 100, 100, 0.1);
+  const std::size_t mlp = 269322;
+  const double asked = FOSI<float>::memory_bytes(mlp, mlp, 60000, 0, 240000);
+  CHECK(asked > 7.7e11);
+  if (static_cast<double>(kat::memory_space_bytes<Mem>()) >= asked) {
+    WARN("this machine's memory holds " << asked << " bytes: the default limit is not tested");
+    return;
+  }
+  const Hessian small(uniform_values(2, 95, 1.0, 2.0), 96);
+  CHECK_THROWS_MATCHES(
+      FOSI<float>(mlp, std::make_unique<SGD<float>>(mlp, sgd_options<float>(0.1, 0.9, false, 0.0)),
+                  small.op(), huge),
+      kat::ValueError,
+      MessageContains("k = 60000, l = 0 with m = 240000 Lanczos iterations on n = 269322") &&
+          MessageContains("on this machine; lower k and l"));
 }
 
 TEST_CASE("fosi: a failed refresh changes nothing", "[fosi][optim]") {

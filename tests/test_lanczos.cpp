@@ -17,7 +17,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace test_lanczos {
@@ -257,6 +259,52 @@ TEST_CASE("lanczos: argument errors name the argument", "[lanczos]") {
   CHECK_THROWS_MATCHES(
       kat::lanczos<Mem>(Space(), kat::LinearOperator<Mem>(), 6, options(3, 1, 0)), kat::ValueError,
       MessageContains("kat::lanczos: op must be a callable, got an empty LinearOperator"));
+}
+
+TEST_CASE("lanczos: k + l beyond n and runs beyond the memory are refused before allocating",
+          "[lanczos]") {
+  const KnownSpectrum s(spread(6, 1.0, 2.0), 1);
+  const auto op = s.op();
+  CHECK_THROWS_MATCHES(
+      kat::lanczos<Mem>(Space(), op, 6, options(8, 5, 2)), kat::ValueError,
+      MessageContains("kat::lanczos: k + l must be <= n = 6 (the operator has n eigenpairs), "
+                      "got 5 + 2"));
+  // n = 6, m = 6, k = 1: the 6 x 6 basis, the residual, the 6 x 1 Ritz vectors, the
+  // 6-vector and 6 x 1 matrix of coefficients: 8 (36 + 6 + 6 + 6 + 6) = 480 bytes.
+  CHECK(kat::lanczos_bytes(6, options(6, 1, 0)) == 480.0);
+  auto limited = options(6, 1, 0);
+  limited.memory_limit = 479;
+  CHECK_THROWS_MATCHES(kat::lanczos<Mem>(Space(), op, 6, limited), kat::ValueError,
+                       MessageContains("m = 6 iterations for k = 1, l = 0 on 6 entries") &&
+                           MessageContains("(480 bytes), more than the memory_limit option's") &&
+                           MessageContains("(479 bytes)"));
+  limited.memory_limit = 480; // exactly enough
+  CHECK(kat::lanczos<Mem>(Space(), op, 6, limited).eigenvalues.size() == 1);
+  // By default the limit is the memory space's size: 2^33 entries x 2^10 iterations (64 PiB)
+  // exceed any machine's, 2^44 x 2^20 even size_t. The operator (of size 6) is never called.
+  REQUIRE(kat::memory_space_bytes<Mem>() > 0);
+  CHECK_THROWS_MATCHES(kat::lanczos<Mem>(Space(), op, std::size_t(1) << 33, options(1 << 10, 1, 0)),
+                       kat::ValueError,
+                       MessageContains("m = 1024 iterations for k = 1, l = 0 on 8589934592 "
+                                       "entries") &&
+                           MessageContains("on this machine; lower m, k or l"));
+  CHECK_THROWS_MATCHES(kat::lanczos<Mem>(Space(), op, std::size_t(1) << 44, options(1 << 20, 1, 0)),
+                       kat::ValueError, MessageContains("need") && MessageContains("more than"));
+}
+
+TEST_CASE("lanczos: the host's memory size is the kernel's MemTotal", "[lanczos]") {
+  std::ifstream meminfo("/proc/meminfo");
+  if (!meminfo) {
+    WARN("no /proc/meminfo on this system: nothing to compare with");
+    return;
+  }
+  std::string key;
+  std::size_t kib = 0;
+  while (meminfo >> key && key != "MemTotal:") {
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  REQUIRE(meminfo >> kib);
+  CHECK(kat::memory_space_bytes<Kokkos::HostSpace>() == kib * 1024);
 }
 
 TEST_CASE("lanczos: a non-finite operator result is an error", "[lanczos]") {

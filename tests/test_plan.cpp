@@ -14,9 +14,9 @@
 #include "kat/plan/plan_io.hpp"
 #include "kat/plan/search.hpp"
 
+#include "kat/plan/strategy.hpp"
 #include <cstdint>
 #include <limits>
-#include "kat/plan/strategy.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 namespace test_plan {
@@ -740,6 +741,7 @@ TEST_CASE("plan JSON round trip", "[plan]") {
   for (const Plan &p : {search(g, model(2, 2)), search(g, model(1, 4), o)}) {
     const std::string path = "test_plan_round_trip.json";
     write_plan(p, path);
+    CHECK_FALSE(std::ifstream(path + ".tmp")); // written there, then renamed
     const Plan q = read_plan(path);
     std::remove(path.c_str());
     CHECK(q.model == p.model);
@@ -780,7 +782,25 @@ TEST_CASE("plan JSON round trip", "[plan]") {
 
 TEST_CASE("plan JSON reading errors name the problem", "[plan]") {
   CHECK_THROWS_AS(read_plan("/nonexistent/plan.json"), kat::IOError);
-  CHECK_THROWS_WITH(write_plan(Plan{}, "/nonexistent/dir/plan.json"), Contains("cannot write"));
+  CHECK_THROWS_WITH(write_plan(Plan{}, "/nonexistent/dir/plan.json"),
+                    Contains("cannot write '/nonexistent/dir/plan.json' (creating "
+                             "'/nonexistent/dir/plan.json.tmp'): No such file or directory"));
+  {
+    // The temporary file is a link to /dev/full: the write fails with ENOSPC, is reported with
+    // the file named, and the plan already at the path stays whole.
+    const std::string kept = "test_plan_full.json";
+    { std::ofstream(kept) << "the previous plan\n"; }
+    std::remove((kept + ".tmp").c_str());
+    REQUIRE(symlink("/dev/full", (kept + ".tmp").c_str()) == 0);
+    CHECK_THROWS_WITH(write_plan(Plan{}, kept), Contains("cannot write '" + kept + "' (writing '" +
+                                                         kept + ".tmp'): No space left on device"));
+    CHECK_FALSE(std::ifstream(kept + ".tmp")); // the link is gone with the failed file
+    std::ifstream in(kept);
+    std::string line;
+    std::getline(in, line);
+    CHECK(line == "the previous plan");
+    std::remove(kept.c_str());
+  }
   const std::string path = "test_plan_bad.json";
   { std::ofstream(path) << "{ not json"; }
   CHECK_THROWS_WITH(read_plan(path), Contains("is not valid JSON"));
@@ -813,8 +833,9 @@ TEST_CASE("plan JSON integer fields refuse floats and values outside their type"
       evaluate(mlp_graph(2, 2, 4), {"replicated", "replicated", "replicated"}, model(1, 1)));
   nlohmann::json bad = j;
   bad["version"] = 1e300;
-  CHECK_THROWS_WITH(plan_from_json(bad),
-                    Contains("\"version\" must be an integer in [-2147483648, 2147483647], got 1e+300"));
+  CHECK_THROWS_WITH(
+      plan_from_json(bad),
+      Contains("\"version\" must be an integer in [-2147483648, 2147483647], got 1e+300"));
   bad = j;
   bad["mesh"]["tensor"] = 4294967297ull;
   CHECK_THROWS_WITH(plan_from_json(bad), Contains("\"tensor\" must be an integer in "

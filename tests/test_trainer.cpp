@@ -13,6 +13,7 @@
 #include <kat/optim/sgd.hpp>
 #include <kat/precond/kfac.hpp>
 #include <kat/train/checkpointer.hpp>
+#include <kat/train/console_logger.hpp>
 #include <kat/train/kfac_transform.hpp>
 #include <kat/train/lr_schedules.hpp>
 #include <kat/train/metrics_writer.hpp>
@@ -22,6 +23,7 @@
 #include <KokkosBlas1_scal.hpp>
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -362,6 +364,79 @@ TEST_CASE("trainer: the metrics writer's CSV and JSON lines", "[train]") {
                        MessageContains("must end in .csv or .jsonl, got '" + dir + "/m.txt'"));
 }
 
+TEST_CASE("trainer: a metrics file or console that cannot be written throws naming it",
+          "[train][errors]") {
+  const std::string dir = temp_dir();
+  // Names the writer accepts, pointing at a device where every write fails with ENOSPC.
+  const std::string csv = dir + "/full.csv", jsonl = dir + "/full.jsonl";
+  REQUIRE(symlink("/dev/full", csv.c_str()) == 0);
+  REQUIRE(symlink("/dev/full", jsonl.c_str()) == 0);
+  // The CSV header is written (and checked) at construction.
+  CHECK_THROWS_MATCHES((train::MetricsWriter<float, Mem>(csv)), IOError,
+                       MessageContains("writing '" + csv + "': No space left on device"));
+  // JSON lines have no header: the first epoch's line fails.
+  Model model = toy_model();
+  optim::SGD<float, Mem> opt(model.parameter_count(), sgd_options());
+  const auto data = toy_data(8);
+  Loader loader(data, 8, false, 0);
+  Trainer trainer(model, opt, loader);
+  train::EpochSummary s;
+  train::MetricsWriter<float, Mem> json(jsonl);
+  CHECK(json.path() == jsonl);
+  CHECK_THROWS_MATCHES(json.on_epoch_end(trainer, s), IOError,
+                       MessageContains("writing '" + jsonl + "': No space left on device"));
+  // The console's epoch line, to a stream that cannot take it.
+  std::FILE *full = std::fopen("/dev/full", "w");
+  REQUIRE(full != nullptr);
+  {
+    train::ConsoleLogger<float, Mem> logger(true, false, full, "the test's stream");
+    CHECK_THROWS_MATCHES(logger.on_epoch_end(trainer, s), IOError,
+                         MessageContains("writing the test's stream: No space left on device"));
+    train::ConsoleLogger<float, Mem> quiet(false, false, full); // prints nothing: no error
+    CHECK_NOTHROW(quiet.on_epoch_end(trainer, s));
+  }
+  std::fclose(full);
+  // The same lines to a real file arrive whole.
+  const std::string ok = dir + "/ok.txt";
+  std::FILE *file = std::fopen(ok.c_str(), "w");
+  REQUIRE(file != nullptr);
+  s.epoch = 3;
+  train::ConsoleLogger<float, Mem>(true, false, file).on_epoch_end(trainer, s);
+  std::fclose(file);
+  std::ifstream in(ok);
+  std::string line;
+  std::getline(in, line);
+  CHECK(line.rfind("epoch  3  ", 0) == 0);
+}
+
+TEST_CASE("registry: option ranges are described and checked", "[train][registry]") {
+  using R = train::OptionRange;
+  CHECK(R::greater_than(0).describe() == "a number > 0");
+  CHECK(R::at_least(1).describe() == "a number >= 1");
+  CHECK(R::half_open(0, 1).describe() == "a number in [0, 1)");
+  CHECK(R::closed(0, 0.5).describe() == "a number in [0, 0.5]");
+  CHECK(R::integer_at_least(1).describe() == "an integer >= 1");
+  const train::OptionSpec decay =
+      train::OptionSpec("factor-decay", "decay", "0.95").within(R::half_open(0, 1));
+  CHECK(train::option_value_error(decay, "0").empty());
+  CHECK(train::option_value_error(decay, "0.999").empty());
+  CHECK(train::option_value_error(decay, "1") == "must be a number in [0, 1), got '1'");
+  CHECK(train::option_value_error(decay, "-0.1") == "must be a number in [0, 1), got '-0.1'");
+  CHECK(train::option_value_error(decay, "nan") == "must be a number in [0, 1), got 'nan'");
+  CHECK(train::option_value_error(decay, "0.5x") == "must be a number in [0, 1), got '0.5x'");
+  CHECK(train::option_value_error(decay, "") == "must be a number in [0, 1), got ''");
+  const train::OptionSpec steps =
+      train::OptionSpec("steps", "steps", "10").within(R::integer_at_least(1));
+  CHECK(train::option_value_error(steps, "1").empty());
+  CHECK(train::option_value_error(steps, "0") == "must be an integer >= 1, got '0'");
+  CHECK(train::option_value_error(steps, "2.5") == "must be an integer >= 1, got '2.5'");
+  CHECK(train::option_value_error(steps, "99999999999999999999") ==
+        "must be an integer >= 1, got '99999999999999999999'");
+  CHECK(train::option_value_error(train::OptionSpec("free", "no range"), "anything").empty());
+  CHECK_THROWS_MATCHES(train::check_option_value(steps, "-3"), ValueError,
+                       MessageContains("option --steps must be an integer >= 1, got '-3'"));
+}
+
 TEST_CASE("trainer: argument errors", "[train][errors]") {
   Model model = toy_model();
   optim::SGD<float, Mem> wrong(model.parameter_count() + 1, sgd_options());
@@ -539,6 +614,20 @@ TEST_CASE("trainer: K-FAC's and the schedules' registry options", "[train][regis
   CHECK_THROWS_MATCHES(
       train::kfac_options(c, 0.5), ValueError,
       MessageContains("--compute-method must be eigen or inverse, got 'cholesky'"));
+  // The numeric options carry their ranges, which kfac_options checks too.
+  c.set("compute-method", "eigen");
+  const std::vector<std::array<std::string, 3>> refused = {
+      {"damping", "0", "must be a number > 0, got '0'"},
+      {"factor-decay", "1", "must be a number in [0, 1), got '1'"},
+      {"kl-clip", "-1e-4", "must be a number >= 0, got '-1e-4'"},
+      {"factor-update-steps", "0", "must be an integer >= 1, got '0'"},
+      {"inv-update-steps", "-100", "must be an integer >= 1, got '-100'"}};
+  for (const auto &[name, value, message] : refused) {
+    train::Config d = c;
+    d.set(name, value);
+    CHECK_THROWS_MATCHES(train::kfac_options(d, 0.5), ValueError,
+                         MessageContains("option --" + name + " " + message));
+  }
 
   const auto schedules = train::lr_schedules();
   CHECK(schedules.names() == std::vector<std::string>{"constant", "cosine", "step"});

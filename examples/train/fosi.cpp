@@ -165,22 +165,31 @@ void make_fosi(Setup &s, kat::optim::FOSIMomentum momentum, bool dho2) {
 
 // FOSI's options, as the reference code names them.
 std::vector<Opt> fosi_options() {
+  using Range = kat::train::OptionRange;
   return {
-      {"k", "FOSI: largest Hessian eigenpairs estimated", "5"},
-      {"l", "FOSI: smallest Hessian eigenpairs estimated", "0"},
-      {"alpha", "FOSI: Newton step size in the subspace", "0.1"},
-      {"num-iters-to-approx-eigs", "FOSI: steps T between curvature refreshes", "100"},
-      {"warmup-w", "FOSI: step W of the first refresh [default: T]"},
-      {"learning-rate-clip", "FOSI: upper bound of the complement scale c [default: 3, adam 1]"},
+      Opt("k", "FOSI: largest Hessian eigenpairs estimated", "5")
+          .within(Range::integer_at_least(1)),
+      Opt("l", "FOSI: smallest Hessian eigenpairs estimated", "0")
+          .within(Range::integer_at_least(0)),
+      Opt("alpha", "FOSI: Newton step size in the subspace", "0.1").within(Range::at_least(0)),
+      Opt("num-iters-to-approx-eigs", "FOSI: steps T between curvature refreshes", "100")
+          .within(Range::integer_at_least(1)),
+      Opt("warmup-w", "FOSI: step W of the first refresh [default: T]")
+          .within(Range::integer_at_least(1)),
+      Opt("learning-rate-clip", "FOSI: upper bound of the complement scale c [default: 3, adam 1]")
+          .within(Range::at_least(1)),
 #ifdef KAT_ENABLE_MPI
       {"dist-strategy",
        "Distributed FOSI on several ranks: dho2, or daso (docs/distributed.md)",
        "",
        {"dho2", "daso"}},
-      {"dho2-curvature-ranks",
-       "DHO2: ranks that only estimate curvature, overlapped with training (0: synchronous)", "0"},
-      {"dho2-staleness-bound",
-       "DHO2: most steps an estimate may arrive after its snapshot [default: T]"},
+      Opt("dho2-curvature-ranks",
+          "DHO2: ranks that only estimate curvature, overlapped with training (0: synchronous)",
+          "0")
+          .within(Range::integer_at_least(0)),
+      Opt("dho2-staleness-bound",
+          "DHO2: most steps an estimate may arrive after its snapshot [default: T]")
+          .within(Range::integer_at_least(0)),
       {"dho2-swap",
        "DHO2: swap an estimate in when every training rank has it, or exactly at the bound",
        "eager",

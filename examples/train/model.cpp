@@ -5,6 +5,9 @@
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/models.hpp>
 
+#include <cstdlib>
+#include <string>
+
 namespace kat_train {
 namespace {
 
@@ -51,9 +54,8 @@ public:
   void prepare(Run &r) override {
     auto &vit = r.vit;
     const auto &data = *r.train_set;
-    vit.patch = r.vit_patch == "rows"
-                    ? std::array<int, 2>{1, data.shape.width}
-                    : std::array<int, 2>{std::stoi(r.vit_patch), std::stoi(r.vit_patch)};
+    vit.patch = r.vit_patch == "rows" ? std::array<int, 2>{1, data.shape.width}
+                                      : std::array<int, 2>{patch(r.vit_patch), patch(r.vit_patch)};
     r.model_id = r.model_name != "vit"
                      ? r.model_name
                      : kat::detail::concat("vit(depth ", vit.depth, ", width ", vit.width,
@@ -72,6 +74,17 @@ public:
   }
 
 private:
+  // --vit-patch's number (its choices were checked at parsing; this refuses anything else
+  // with the flag named instead of std::stoi's bare "stoi").
+  static int patch(const std::string &text) {
+    char *end = nullptr;
+    const long p = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || p < 1 || p > 28) {
+      throw kat::ValueError("--vit-patch must be 1, 2, 4, 7, 14, 28 or rows, got '" + text + "'");
+    }
+    return static_cast<int>(p);
+  }
+
   std::vector<CLI::Option *> vit_flags_;
   std::string conv_backend_ = "auto";
 };

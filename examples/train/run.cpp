@@ -107,10 +107,16 @@ void Run::add_options(const std::string &owner, const std::string &title, const 
           "--" + o.name, [&value] { value = "true"; }, o.help);
       continue;
     }
-    auto *opt = group->add_option("--" + o.name, value, o.help);
+    auto *opt = group->add_option("--" + o.name, value,
+                                  o.range ? o.help + " (" + o.range->describe() + ")" : o.help);
     flags.back().option = opt;
     if (!o.choices.empty()) {
       opt->check(CLI::IsMember(o.choices));
+    }
+    if (o.range) { // refused at parsing (a usage error naming the flag), before anything is built
+      opt->check(CLI::Validator(
+          [spec = o](std::string &text) { return kat::train::option_value_error(spec, text); },
+          ""));
     }
     if (!o.default_value.empty()) {
       opt->capture_default_str();

@@ -15,7 +15,23 @@ class SparseTraining : public Component {
 public:
   void add_flags(Run &r) override {
     r.add_options("sparse", "sparse", "Sparse training: masks, SET, RigL (docs/sparse.md)",
-                  kat::sparse::sparse_option_specs());
+                  with_ranges(kat::sparse::sparse_option_specs()));
+  }
+
+  // The specs with the ranges SparseTraining accepts, so a value outside them is a usage
+  // error at parsing (--sparsity -0.1 would otherwise train dense without a word).
+  static std::vector<Opt> with_ranges(std::vector<Opt> specs) {
+    using Range = kat::train::OptionRange;
+    for (auto &o : specs) {
+      if (o.name == "sparsity") {
+        o.range = Range::half_open(0, 1);
+      } else if (o.name == "drop-fraction" || o.name == "t-end") {
+        o.range = Range::closed(0, 1);
+      } else if (o.name == "delta-t") {
+        o.range = Range::integer_at_least(1);
+      }
+    }
+    return specs;
   }
 
   // Its options need --sparsity > 0.

@@ -25,8 +25,10 @@ expect() {
   fi
 }
 
-# A std::exception from Kokkos's own argument parsing, after the flags were accepted.
-expect 1 "kat_train: error:" "${base[@]}" --kokkos-threads=abc
+# A std::exception from Kokkos's own argument parsing, after the flags were accepted: the
+# flag named, not only the standard library's "stoi".
+expect 1 "kat_train: error: Kokkos cannot read its flags (--kokkos-threads=abc)" "${base[@]}" \
+  --kokkos-threads=abc
 # A directory as the checkpoint to resume from: the stream fails to read it.
 mkdir "$work/dir"
 expect 1 "kat_train: error:" "${base[@]}" --resume "$work/dir"
@@ -41,8 +43,68 @@ expect 2 "--seed: must be an integer in [0, 9223372036854775807], got -1" "${bas
 expect 2 "--vit-mlp: must be an integer in [0, 1048576], got 3000000000" "${base[@]}" --model vit \
   --vit-mlp 3000000000
 expect 2 "Could not convert: --epochs = abc" --data-dir "$data" --epochs abc
-expect 1 "option --l must be an integer >= 0, got -1" "${base[@]}" --optimizer fosi-momentum \
-  --l -1
+expect 2 "--l: must be an integer >= 0, got '-1'" "${base[@]}" --optimizer fosi-momentum --l -1
+
+# writes and flags (issue 33)
+# expect_full CODE TEXT ARGS...: as expect, with stdout on /dev/full (every write fails).
+expect_full() {
+  local code=$1 text=$2
+  shift 2
+  "$train" "$@" >/dev/full 2>"$work/err"
+  local rc=$?
+  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$text" "$work/err"; then
+    echo "FAIL: kat_train $* >/dev/full exited $rc (expected $code) with:" >&2
+    tail -n 5 "$work/err" >&2
+    failed=1
+  else
+    echo "ok: exit $rc: $(grep -F -- "$text" "$work/err" | head -n 1)"
+  fi
+}
+# A metrics file that takes no byte (a link to /dev/full): an error naming it, not an empty
+# file and exit 0.
+ln -s /dev/full "$work/full.csv"
+expect 1 "writing '$work/full.csv': No space left on device" "${base[@]}" --metrics \
+  "$work/full.csv"
+ln -s /dev/full "$work/full.jsonl" # no header: the first epoch's line fails
+expect 1 "writing '$work/full.jsonl': No space left on device" "${base[@]}" --metrics \
+  "$work/full.jsonl"
+# The report on stdout lost: exit 1, the reason on stderr.
+expect_full 1 "kat_train: error: writing standard output: No space left on device" "${base[@]}"
+expect_full 1 "kat_train: error: writing standard output: No space left on device" --help
+# Flags that need another.
+expect 2 "--checkpoint-every: needs --checkpoint-dir" "${base[@]}" --checkpoint-every 5
+expect 2 "--keep-checkpoints: needs --checkpoint-dir" "${base[@]}" --keep-checkpoints 2
+"$train" --help >"$work/help" # a file, not a pipe: grep -q would end kat_train with SIGPIPE
+if grep -qF "needs a build with -DKAT_ENABLE_MPI=ON" "$work/help"; then
+  expect 2 "--tensor-parallel: needs MPI, and this kat_train was built without it" \
+    "${base[@]}" --model vit --tensor-parallel 2
+fi
+# Registered options outside their ranges: usage errors at parsing, the range named, and
+# --help prints the range.
+expect 2 "--sparsity: must be a number in [0, 1), got '-0.1'" "${base[@]}" --sparsity -0.1
+expect 2 "--sparsity: must be a number in [0, 1), got '1.5'" "${base[@]}" --sparsity 1.5
+expect 2 "--delta-t: must be an integer >= 1, got '0'" "${base[@]}" --sparsity 0.5 --delta-t 0
+expect 2 "--damping: must be a number > 0, got '0'" "${base[@]}" --optimizer kfac --damping 0
+expect 2 "--factor-decay: must be a number in [0, 1), got '1'" "${base[@]}" --optimizer kfac \
+  --factor-decay 1
+expect 2 "--kl-clip: must be a number >= 0, got '-1'" "${base[@]}" --optimizer kfac --kl-clip -1
+expect 2 "--factor-update-steps: must be an integer >= 1, got '0'" "${base[@]}" --optimizer kfac \
+  --factor-update-steps 0
+expect 2 "--k: must be an integer >= 1, got '0'" "${base[@]}" --optimizer fosi-momentum --k 0
+expect 2 "--alpha: must be a number >= 0, got 'x'" "${base[@]}" --optimizer fosi-momentum \
+  --alpha x
+for range in "Damping (Tikhonov regularization) (a number > 0)" \
+  "(a number in [0, 1))" "(an integer >= 1)"; do
+  if ! grep -qF -- "$range" "$work/help"; then
+    echo "FAIL: kat_train --help does not print '$range'" >&2
+    failed=1
+  fi
+done
+# FOSI's curvature state beyond the machine's memory is refused with the numbers, before any
+# of it is allocated (V alone would be 129 GB on the MLP's 269322 parameters).
+expect 1 "k = 60000, l = 0 with m = 240000 Lanczos iterations on n = 269322 parameters" \
+  "${base[@]}" --optimizer fosi-momentum --k 60000
+
 # data input (issue 33)
 printf 'x' >"$work/regular"
 expect 1 "'$work/regular' is not a directory (it is a regular file)" --data-dir "$work/regular" \

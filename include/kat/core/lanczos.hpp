@@ -26,11 +26,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+#if __has_include(<unistd.h>)
+#include <unistd.h>
+#endif
 
 namespace kat {
 
@@ -54,7 +60,49 @@ struct LanczosOptions {
   std::size_t k = 1;      ///< how many of the largest eigenpairs to return
   std::size_t l = 0;      ///< how many of the smallest eigenpairs to return
   std::uint64_t seed = 0; ///< seed of the start vector (kat/core/random.hpp counters)
+  /// Bytes the run may allocate in the memory space (lanczos_bytes()); 0: the memory space's
+  /// size (kat::memory_space_bytes: the host's physical memory, or the GPU's memory), and
+  /// only an overflow of size_t where that is unknown.
+  std::size_t memory_limit = 0;
 };
+
+/// The size in bytes of the memory MemorySpace allocates from: the GPU's memory for
+/// Kokkos::CudaSpace and Kokkos::HIPSpace (cudaMemGetInfo / hipMemGetInfo's total), the
+/// host's physical memory for spaces the host can access (POSIX sysconf); 0 where unknown.
+template <class MemorySpace> std::size_t memory_space_bytes() {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) {
+      return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+    }
+#endif
+  } else {
+    std::size_t free = 0, total = 0;
+#if defined(KOKKOS_ENABLE_CUDA)
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      return total;
+    }
+#elif defined(KOKKOS_ENABLE_HIP)
+    if (hipMemGetInfo(&free, &total) == hipSuccess) {
+      return total;
+    }
+#endif
+    (void)free;
+    (void)total;
+  }
+  return 0;
+}
+
+/// Bytes kat::lanczos allocates in the memory space on a process that holds `n_local` entries
+/// of each vector: the n_local x m basis, the residual, the n_local x (k + l) Ritz vectors and
+/// the m-vector and m x (k + l) matrix of coefficients, all double. As a double, so that a
+/// size beyond size_t does not wrap.
+inline double lanczos_bytes(std::size_t n_local, const LanczosOptions &o) {
+  const double n = static_cast<double>(n_local), m = static_cast<double>(o.m),
+               kl = static_cast<double>(o.k) + static_cast<double>(o.l);
+  return sizeof(double) * (n * (m + 1 + kl) + m * (1 + kl));
+}
 
 /// Ritz pairs from kat::lanczos.
 template <class MemorySpace> struct LanczosResult {
@@ -181,12 +229,42 @@ inline void require_lanczos(bool ok, const char *what, const std::string &expect
   }
 }
 
+/// `bytes` as "645.4 GB (645424000000 bytes)".
+inline std::string describe_bytes(double bytes) {
+  char b[96];
+  std::snprintf(b, sizeof b, "%.3g GB (%.0f bytes)", bytes / 1e9, bytes);
+  return b;
+}
+
+/// Throws ValueError "<who>: <what> need <bytes>, more than <limit>; <advice>" when `bytes`
+/// exceeds `limit` (0: memory_space_bytes<MemorySpace>(), unchecked if unknown) or size_t.
+template <class MemorySpace>
+void require_memory(const std::string &who, const std::string &what, double bytes,
+                    std::size_t limit, const std::string &advice) {
+  const bool given = limit != 0;
+  if (!given) {
+    limit = memory_space_bytes<MemorySpace>();
+  }
+  const double max = static_cast<double>(std::numeric_limits<std::size_t>::max());
+  if (bytes >= max || (limit != 0 && bytes > static_cast<double>(limit))) {
+    const std::string of = limit == 0 ? "size_t's range"
+                           : given    ? "the memory_limit option's " + describe_bytes(double(limit))
+                                      : concat("the ", describe_bytes(double(limit)), " of ",
+                                               MemorySpace::name(), " on this machine");
+    throw ValueError(
+        concat(who, ": ", what, " need ", describe_bytes(bytes), ", more than ", of, "; ", advice));
+  }
+}
+
 /// Checks n and the options (see kat::lanczos).
 inline void check_lanczos_arguments(std::size_t n, const LanczosOptions &o, bool has_operator) {
   require_lanczos(has_operator, "op", "a callable", "an empty LinearOperator");
   require_lanczos(n > 0, "n", "> 0", std::to_string(n));
   require_lanczos(o.k + o.l >= 1, "k + l", ">= 1",
                   concat(o.k + o.l, " (k = ", o.k, ", l = ", o.l, ")"));
+  require_lanczos(o.k <= n && o.l <= n && o.k + o.l <= n, "k + l",
+                  concat("<= n = ", n, " (the operator has n eigenpairs)"),
+                  concat(o.k, " + ", o.l));
   require_lanczos(o.m >= o.k + o.l, "m", concat(">= k + l = ", o.k + o.l), std::to_string(o.m));
   require_lanczos(o.m <= n, "m", concat("<= n = ", n), std::to_string(o.m));
 }
@@ -203,6 +281,11 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
   using Vec = Kokkos::View<double *, MemorySpace>;
   const std::size_t n = reduction.global_size();
   check_lanczos_arguments(n, options, static_cast<bool>(op));
+  require_memory<MemorySpace>(
+      "kat::lanczos",
+      concat("m = ", options.m, " iterations for k = ", options.k, ", l = ", options.l, " on ",
+             n_local, " entries of each vector (n x (m + 1 + k + l) doubles)"),
+      lanczos_bytes(n_local, options), options.memory_limit, "lower m, k or l");
   ScopedRegion region("kat::lanczos");
   const std::size_t m = options.m;
   const std::size_t kl = options.k + options.l;
@@ -326,7 +409,9 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
 /// The m x m tridiagonal eigenproblem goes to LAPACK's DSTEV (kat::tridiagonal_eigen); pass
 /// kat::linalg::Portable{} for the portable solver.
 ///
-/// Memory: the basis (n x m doubles) and two n-vectors in MemorySpace, plus the result.
+/// Memory: the basis (n x m doubles) and the residual in MemorySpace, plus the result
+/// (lanczos_bytes()); a run that would need more than options.memory_limit (by default the
+/// memory space's size) is refused before anything is allocated.
 ///
 /// @tparam MemorySpace where the vectors live; the call spells it out
 ///   (`kat::lanczos<Kokkos::HostSpace>(...)`) unless `op` already is a LinearOperator.
@@ -337,7 +422,8 @@ LanczosResult<MemorySpace> lanczos_with(const typename MemorySpace::execution_sp
 /// @returns the Ritz values (host) and unit Ritz vectors (n x (k + l), MemorySpace), ordered
 ///   [l smallest ascending, k largest ascending].
 /// @throws ValueError naming the argument, its valid range and its value if op is empty,
-///   n == 0, k + l == 0, m < k + l or m > n.
+///   n == 0, k + l == 0, k + l > n, m < k + l or m > n; naming the bytes asked, m, k, l, n
+///   and the limit if the memory would exceed the limit.
 /// @throws NumericalError if the operator returns a non-finite vector, or if the Krylov space
 ///   is invariant with fewer than k + l dimensions.
 template <class MemorySpace>

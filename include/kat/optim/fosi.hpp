@@ -247,7 +247,30 @@ public:
     std::size_t lanczos_iterations = 0;
     /// Seed of the Lanczos start vectors; refresh r uses counter_bits(seed, stream, r).
     std::uint64_t seed = 0;
+    /// Bytes FOSI may hold in MemorySpace at once (memory_bytes(): its state, work vectors
+    /// and a refresh's Lanczos run); 0: the memory space's size (kat::memory_space_bytes, the
+    /// host's physical memory or the GPU's memory). Checked at construction, before any of it
+    /// is allocated.
+    std::size_t memory_limit = 0;
   };
+
+  /// Bytes FOSI holds in MemorySpace at most, beyond the base optimizer, on a process that
+  /// holds `local_n` entries of each n-vector and runs Lanczos on vectors of length
+  /// `lanczos_n` (both n without a partition): V (local_n x (k + l) doubles), the momentum and
+  /// two work vectors (3 local_n doubles), the scratch copy and complement gradient (2 local_n
+  /// Scalars), three (k + l)-vectors, and during a refresh kat::lanczos_bytes(lanczos_n, m).
+  /// As a double, so that a size beyond size_t does not wrap.
+  static double memory_bytes(std::size_t local_n, std::size_t lanczos_n, std::size_t k,
+                             std::size_t l, std::size_t m) {
+    const double n = static_cast<double>(local_n);
+    const double kl = static_cast<double>(k) + static_cast<double>(l);
+    LanczosOptions lo;
+    lo.m = m;
+    lo.k = k;
+    lo.l = l;
+    return sizeof(double) * (n * (kl + 3) + 3 * kl) + sizeof(Scalar) * 2 * n +
+           kat::lanczos_bytes(lanczos_n, lo);
+  }
 
   /// Builds FOSI for a flat parameter vector of length n around `base` (whose size() must be
   /// n, or the partition's local_size(); FOSI takes ownership and its lr() is FOSI's rate) and
@@ -258,7 +281,9 @@ public:
   ///   comment), shared with the caller.
   /// @throws ValueError naming the option, its valid range and its value if base or
   ///   curvature is empty, k < 1, alpha < 0, T < 1, W < 1, learning_rate_clip < 1, beta
-  ///   outside [0, 1), a real option is not finite, or m is outside [k + l, n].
+  ///   outside [0, 1), a real option is not finite, k + l > n, or m is outside [k + l, n];
+  ///   naming the bytes asked, k, l, m, n and the limit if memory_bytes() exceeds
+  ///   Options::memory_limit (by default the memory space's size).
   /// @throws ShapeError if base->size() is not the (local) size, or the partition's global
   ///   size is not n or its slice is empty or outside [0, n).
   FOSI(std::size_t n, std::unique_ptr<base_type> base, operator_type curvature,
@@ -266,7 +291,8 @@ public:
       : Base(n, checked_base(local_size_of(n, partition.get()), partition != nullptr, base)),
         partition_(std::move(partition)), offset_(partition_ ? partition_->offset() : 0),
         local_n_(local_size_of(n, partition_.get())), base_(std::move(base)),
-        curvature_(checked_curvature(std::move(curvature))), opt_(resolved(n, *base_, options)),
+        curvature_(checked_curvature(std::move(curvature))),
+        opt_(resolved(n, local_n_, partition_ ? partition_->vector_length() : n, *base_, options)),
         V_("kat::optim::FOSI::eigenvectors", local_n_, opt_.k + opt_.l),
         momentum_("kat::optim::FOSI::momentum", local_n_),
         work_("kat::optim::FOSI::work", local_n_), work2_("kat::optim::FOSI::work2", local_n_),
@@ -638,7 +664,8 @@ private:
   }
 
   /// The options with defaults resolved, after validation.
-  static Options resolved(std::size_t n, const base_type &base, Options o) {
+  static Options resolved(std::size_t n, std::size_t local_n, std::size_t lanczos_n,
+                          const base_type &base, Options o) {
     const std::string who = "kat::optim::FOSI";
     detail::require_option(o.k >= 1, who, "k", ">= 1", static_cast<double>(o.k));
     detail::require_option(std::isfinite(o.alpha) && o.alpha >= 0.0, who, "alpha",
@@ -665,6 +692,12 @@ private:
     detail::require_option(std::isfinite(*o.learning_rate_clip) && *o.learning_rate_clip >= 1.0,
                            who, "learning_rate_clip", "finite and >= 1", *o.learning_rate_clip);
     const std::size_t kl = o.k + o.l;
+    if (o.k > n || o.l > n || kl > n) {
+      throw ValueError(kat::detail::concat(who, ": k + l must be <= n = ", n,
+                                           " (the parameter count: the Hessian has n eigenpairs), "
+                                           "got k = ",
+                                           o.k, ", l = ", o.l));
+    }
     const bool by_default = o.lanczos_iterations == 0;
     const std::size_t m = by_default ? 4 * kl : o.lanczos_iterations;
     if (m < kl || m > n) {
@@ -673,6 +706,14 @@ private:
           by_default ? " (the default 4 (k + l); set lanczos_iterations or lower k and l)" : ""));
     }
     o.lanczos_iterations = m;
+    kat::detail::require_memory<MemorySpace>(
+        who,
+        kat::detail::concat("k = ", o.k, ", l = ", o.l, " with m = ", m,
+                            " Lanczos iterations on n = ", n, " parameters (", local_n,
+                            " on this process; V is n x (k + l) and "
+                            "Lanczos's basis n x m doubles)"),
+        memory_bytes(local_n, lanczos_n, o.k, o.l, m), o.memory_limit,
+        "lower k and l (or lanczos_iterations)");
     return o;
   }
 

@@ -12,13 +12,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
-#include <type_traits>
 #include <sstream>
 #include <string>
+#include <type_traits>
 
 namespace kat::plan {
 
@@ -257,14 +260,33 @@ inline Plan plan_from_json(const nlohmann::json &j) {
   }
 }
 
-/// Writes plan_to_json(p) to `path`, indented.
-/// @throws IOError naming the path when it cannot be written
+/// Writes plan_to_json(p) to `path`, indented: to `path`.tmp first, renamed to `path` once
+/// every byte is written and the file closed, so `path` is never a partial plan.
+/// @throws IOError naming the file and the system's reason when it cannot be created, written
+///   (a full disk), closed or renamed; the temporary file is removed then.
 inline void write_plan(const Plan &p, const std::string &path) {
-  std::ofstream out(path);
-  out << plan_to_json(p).dump(2) << '\n';
-  out.close();
-  if (!out) {
-    throw IOError(kat::detail::concat("kat::plan::write_plan: cannot write '", path, "'"));
+  const std::string text = plan_to_json(p).dump(2) + '\n';
+  const std::string tmp = path + ".tmp";
+  const auto fail = [&](const char *step, int error) {
+    std::remove(tmp.c_str());
+    throw IOError(kat::detail::concat("kat::plan::write_plan: cannot write '", path, "' (", step,
+                                      " '", tmp,
+                                      "'): ", error != 0 ? std::strerror(error) : "failed"));
+  };
+  errno = 0;
+  std::FILE *out = std::fopen(tmp.c_str(), "w");
+  if (out == nullptr) {
+    fail("creating", errno);
+  }
+  const bool wrote = std::fwrite(text.data(), 1, text.size(), out) == text.size() &&
+                     std::fflush(out) == 0 && std::ferror(out) == 0;
+  const int write_errno = errno;
+  const bool closed = std::fclose(out) == 0; // a failed close is a failed write too
+  if (!wrote || !closed) {
+    fail("writing", !wrote ? write_errno : errno);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    fail("renaming", errno);
   }
 }
 

@@ -3,13 +3,17 @@
 /// @brief A callback that reports training on the console: a live progress bar and a line per
 /// epoch.
 
+#include "kat/core/error.hpp"
 #include "kat/train/callback.hpp"
 #include "kat/train/trainer.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <utility>
 
 namespace kat::train {
 
@@ -23,14 +27,19 @@ namespace kat::train {
 /// EpochSummary::lines below it (callbacks added before this one fill them). With `live`, a
 /// progress bar on the current line is redrawn at most ten times a second during the epoch (for a
 /// terminal). Only the process constructed with `enabled` prints; pass false on the others.
+/// Every line is flushed and checked: output that does not arrive (stdout redirected to a full
+/// disk or /dev/full) throws IOError naming the stream and the system's reason, so a run whose
+/// report was lost does not end as a success.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class ConsoleLogger : public Callback<Scalar, MemorySpace> {
 public:
   using trainer_type = Trainer<Scalar, MemorySpace>;
   using Clock = std::chrono::steady_clock;
 
-  ConsoleLogger(bool enabled, bool live, std::FILE *out = stdout)
-      : enabled_(enabled), live_(enabled && live), out_(out) {}
+  /// @param out  where to print; `out_name` names it in errors ("standard output").
+  ConsoleLogger(bool enabled, bool live, std::FILE *out = stdout,
+                std::string out_name = "standard output")
+      : enabled_(enabled), live_(enabled && live), out_(out), out_name_(std::move(out_name)) {}
 
   std::string name() const override { return "console_logger"; }
 
@@ -59,7 +68,7 @@ public:
                  std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(), done,
                  batches, p.loss_sum / static_cast<double>(std::max<std::uint64_t>(p.seen, 1)),
                  rate);
-    std::fflush(out_);
+    flush();
   }
 
   void on_epoch_end(trainer_type &trainer, EpochSummary &s) override {
@@ -82,12 +91,23 @@ public:
     for (const auto &line : s.lines) {
       std::fprintf(out_, "%s\n", line.c_str());
     }
-    std::fflush(out_);
+    flush();
   }
 
 private:
+  /// Flushes `out_`. @throws IOError naming the stream if this or an earlier write failed.
+  void flush() {
+    errno = 0;
+    if (std::fflush(out_) != 0 || std::ferror(out_) != 0) {
+      const int e = errno;
+      throw IOError("kat::train::ConsoleLogger: writing " + out_name_ + ": " +
+                    (e != 0 ? std::strerror(e) : "write failed"));
+    }
+  }
+
   bool enabled_, live_;
   std::FILE *out_;
+  std::string out_name_;
   Clock::time_point t0_, last_;
   std::uint64_t seen_at_start_ = 0;
 };

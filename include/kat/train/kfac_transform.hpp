@@ -99,14 +99,21 @@ private:
 /// example: the inverse path with damping 0.01 and KL clip 1e-4, tuned on the MLP
 /// (docs/kfac.md), factors every 10 steps, decompositions every 100. Also
 /// "factor-precision" and "inverse-precision" (float or double), which pick the KFAC
-/// instantiation and are not read by kfac_options().
+/// instantiation and are not read by kfac_options(). The numeric options carry their ranges
+/// (OptionSpec::range: steps >= 1, damping > 0, factor-decay in [0, 1), kl-clip >= 0).
 inline std::vector<OptionSpec> kfac_option_specs() {
   return {
-      {"factor-update-steps", "Steps between Kronecker factor updates", "10"},
-      {"inv-update-steps", "Steps between decompositions (a multiple of the above)", "100"},
-      {"damping", "Damping (Tikhonov regularization), > 0", "0.01"},
-      {"factor-decay", "Running-average decay of the factors, in [0, 1)", "0.95"},
-      {"kl-clip", "KL clip of the preconditioned step (0: off)", "1e-4"},
+      OptionSpec("factor-update-steps", "Steps between Kronecker factor updates", "10")
+          .within(OptionRange::integer_at_least(1)),
+      OptionSpec("inv-update-steps", "Steps between decompositions (a multiple of the above)",
+                 "100")
+          .within(OptionRange::integer_at_least(1)),
+      OptionSpec("damping", "Damping (Tikhonov regularization)", "0.01")
+          .within(OptionRange::greater_than(0)),
+      OptionSpec("factor-decay", "Running-average decay of the factors", "0.95")
+          .within(OptionRange::half_open(0, 1)),
+      OptionSpec("kl-clip", "KL clip of the preconditioned step (0: off)", "1e-4")
+          .within(OptionRange::at_least(0)),
       {"compute-method", "Decomposition", "inverse", {"eigen", "inverse"}},
       {"pi-correction", "pi-corrected damping split (inverse path)", "", {}, true},
       {"factored-preconditioning",
@@ -121,8 +128,14 @@ inline std::vector<OptionSpec> kfac_option_specs() {
 
 /// KFACOptions from a Config holding kfac_option_specs()' options, with `lr` (the base
 /// optimizer's rate schedule, for the KL clip).
-/// @throws ValueError naming an option whose text is not a number or not one of its choices.
+/// @throws ValueError naming an option whose text is not a number, outside its range or not
+///   one of its choices.
 inline precond::KFACOptions kfac_options(const Config &c, Hyperparameter<double> lr) {
+  for (const auto &spec : kfac_option_specs()) {
+    if (c.has(spec.name)) {
+      check_option_value(spec, c.text(spec.name));
+    }
+  }
   precond::KFACOptions k;
   k.factor_update_steps = c.integer("factor-update-steps");
   k.inv_update_steps = c.integer("inv-update-steps");

@@ -6,8 +6,10 @@
 #include "kat/core/views.hpp"
 #include "kat/train/callback.hpp"
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,12 +20,15 @@ namespace kat::train {
 /// samples_per_second, train_loss, test_loss, test_accuracy, lr, then the names of
 /// `extra_columns` in that order, filled from EpochSummary::metrics (callbacks added before
 /// this one put them there; a column none of them filled is written as 0). Whole lines only,
-/// flushed every epoch: an interrupted run leaves no half line. Only the process that
-/// constructs it with a non-empty path writes; give the others an empty path.
+/// flushed every epoch: an interrupted run leaves no half line. Every write is checked: a
+/// line that does not reach the file (a full disk, /dev/full) throws IOError naming the file
+/// and the system's reason. Only the process that constructs it with a non-empty path writes;
+/// give the others an empty path.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class MetricsWriter : public Callback<Scalar, MemorySpace> {
 public:
-  /// @throws ValueError if the name has another extension; IOError if it cannot be opened.
+  /// @throws ValueError if the name has another extension; IOError naming the file if it
+  ///   cannot be opened or the CSV header cannot be written.
   explicit MetricsWriter(const std::string &path, std::vector<std::string> extra_columns = {})
       : extra_(std::move(extra_columns)) {
     if (path.empty()) {
@@ -40,24 +45,29 @@ public:
                        "got '" +
                        path + "'");
     }
-    out_.open(path, std::ios::trunc);
+    out_.reset(std::fopen(path.c_str(), "w"));
     if (!out_) {
-      throw IOError("kat::train::MetricsWriter: cannot open '" + path + "' for writing");
+      throw IOError("kat::train::MetricsWriter: cannot open '" + path +
+                    "' for writing: " + std::strerror(errno));
     }
+    path_ = path;
     if (csv_) {
-      out_ << "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr";
+      std::string header =
+          "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr";
       for (const auto &c : extra_) {
-        out_ << ',' << c;
+        header += ',' + c;
       }
-      out_ << '\n';
-      out_.flush();
+      write(header + '\n');
     }
   }
+
+  /// The file written ("" on the processes that write nothing).
+  const std::string &path() const { return path_; }
 
   std::string name() const override { return "metrics_writer"; }
 
   void on_epoch_end(Trainer<Scalar, MemorySpace> &, EpochSummary &s) override {
-    if (!out_.is_open()) {
+    if (!out_) {
       return;
     }
     char buf[320];
@@ -89,13 +99,28 @@ public:
       line += buf;
     }
     line += csv_ ? "\n" : "}\n";
-    out_ << line;
-    out_.flush();
+    write(line);
   }
 
 private:
+  struct Close {
+    void operator()(std::FILE *f) const { std::fclose(f); } // every line was flushed and checked
+  };
+
+  /// Writes `text` and flushes it. @throws IOError naming the file and the reason on failure.
+  void write(const std::string &text) {
+    errno = 0;
+    if (std::fwrite(text.data(), 1, text.size(), out_.get()) != text.size() ||
+        std::fflush(out_.get()) != 0 || std::ferror(out_.get()) != 0) {
+      const int e = errno;
+      throw IOError("kat::train::MetricsWriter: writing '" + path_ +
+                    "': " + (e != 0 ? std::strerror(e) : "write failed"));
+    }
+  }
+
   std::vector<std::string> extra_;
-  std::ofstream out_;
+  std::unique_ptr<std::FILE, Close> out_;
+  std::string path_;
   bool csv_ = false;
 };
 

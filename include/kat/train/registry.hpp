@@ -9,13 +9,64 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace kat::train {
+
+/// The numbers an option accepts: an interval of reals or of integers, each end open, closed
+/// or absent. Programs print describe() in their help and refuse a value outside it before
+/// anything is built from it (check_option_value).
+struct OptionRange {
+  bool integer = false; ///< whole numbers only (parsed as signed 64-bit integers)
+  double lo = -HUGE_VAL, hi = HUGE_VAL;
+  bool lo_open = false, hi_open = false;
+
+  /// Reals x > lo.
+  static OptionRange greater_than(double lo) { return {false, lo, HUGE_VAL, true, false}; }
+  /// Reals x >= lo.
+  static OptionRange at_least(double lo) { return {false, lo, HUGE_VAL, false, false}; }
+  /// Reals lo <= x < hi.
+  static OptionRange half_open(double lo, double hi) { return {false, lo, hi, false, true}; }
+  /// Reals lo <= x <= hi.
+  static OptionRange closed(double lo, double hi) { return {false, lo, hi, false, false}; }
+  /// Integers n >= lo.
+  static OptionRange integer_at_least(std::int64_t lo) {
+    return {true, static_cast<double>(lo), HUGE_VAL, false, false};
+  }
+
+  /// Whether `v` (finite, and whole if integer) lies in the range.
+  bool contains(double v) const {
+    return std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi) &&
+           (!integer || std::floor(v) == v);
+  }
+  /// "a number > 0", "a number in [0, 1)", "an integer >= 1", ...
+  std::string describe() const {
+    const auto num = [](double x) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.17g", x);
+      return std::string(b);
+    };
+    const std::string what = integer ? "an integer" : "a number";
+    const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+    if (has_lo && has_hi) {
+      return what + " in " + (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) +
+             (hi_open ? ")" : "]");
+    }
+    if (has_lo) {
+      return what + (lo_open ? " > " : " >= ") + num(lo);
+    }
+    if (has_hi) {
+      return what + (hi_open ? " < " : " <= ") + num(hi);
+    }
+    return integer ? "an integer" : "a finite number";
+  }
+};
 
 /// One option of a registered component, as a command line offers it ("--damping").
 struct OptionSpec {
@@ -28,7 +79,47 @@ struct OptionSpec {
   std::string default_value;        ///< as text; "" for none
   std::vector<std::string> choices; ///< the values allowed; empty: any
   bool is_flag = false;             ///< takes no value: "true" when given, absent otherwise
+  std::optional<OptionRange> range; ///< the numbers allowed; none: not checked here
+
+  /// This option with `r` as its range.
+  OptionSpec within(OptionRange r) const {
+    OptionSpec s = *this;
+    s.range = r;
+    return s;
+  }
 };
+
+/// Why `text` is not a valid value of `spec` ("must be a number > 0, got '-1'"), or "" when it
+/// is (always, for an option without a range). Integers are parsed whole as signed 64-bit
+/// numbers, reals as finite doubles; nothing is clamped or rounded.
+inline std::string option_value_error(const OptionSpec &spec, const std::string &text) {
+  if (!spec.range) {
+    return "";
+  }
+  const OptionRange &r = *spec.range;
+  char *end = nullptr;
+  errno = 0;
+  double v = 0;
+  if (r.integer) {
+    v = static_cast<double>(std::strtoll(text.c_str(), &end, 10));
+  } else {
+    v = std::strtod(text.c_str(), &end);
+  }
+  const bool parsed = !text.empty() && end != nullptr && *end == '\0' && errno == 0;
+  if (parsed && r.contains(v)) {
+    return "";
+  }
+  return "must be " + r.describe() + ", got '" + text + "'";
+}
+
+/// Checks `text` against `spec` (option_value_error).
+/// @throws ValueError "option --NAME must be <range>, got '<text>'" when it is not valid.
+inline void check_option_value(const OptionSpec &spec, const std::string &text) {
+  const std::string why = option_value_error(spec, text);
+  if (!why.empty()) {
+    throw ValueError("option --" + spec.name + " " + why);
+  }
+}
 
 /// Option values by name, as text (what a command line gives), with typed reads whose
 /// errors name the option as the user wrote it.

@@ -23,8 +23,12 @@ namespace kat::train {
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class MetricsWriter : public Callback<Scalar, MemorySpace> {
 public:
-  /// @throws ValueError if the name has another extension; IOError if it cannot be opened.
-  explicit MetricsWriter(const std::string &path, std::vector<std::string> extra_columns = {})
+  /// @param append  keep the file's lines and add to them (a resumed run); a CSV file's
+  ///   header must then be the one this writer writes, and is not written again
+  /// @throws ValueError if the name has another extension, or if appending to a CSV file with
+  ///   another header (both named); IOError if it cannot be opened.
+  explicit MetricsWriter(const std::string &path, std::vector<std::string> extra_columns = {},
+                         bool append = false)
       : extra_(std::move(extra_columns)) {
     if (path.empty()) {
       return;
@@ -40,16 +44,27 @@ public:
                        "got '" +
                        path + "'");
     }
-    out_.open(path, std::ios::trunc);
+    std::string header = "epoch,wall_seconds,samples_per_second,train_loss,test_loss,"
+                         "test_accuracy,lr";
+    for (const auto &c : extra_) {
+      header += ',' + c;
+    }
+    bool empty = true;
+    if (append) {
+      std::ifstream in(path);
+      std::string first;
+      empty = !std::getline(in, first);
+      if (csv_ && !empty && first != header) {
+        throw ValueError("kat::train::MetricsWriter: cannot append to '" + path +
+                         "': its header is '" + first + "', this run writes '" + header + "'");
+      }
+    }
+    out_.open(path, append ? std::ios::app : std::ios::trunc);
     if (!out_) {
       throw IOError("kat::train::MetricsWriter: cannot open '" + path + "' for writing");
     }
-    if (csv_) {
-      out_ << "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr";
-      for (const auto &c : extra_) {
-        out_ << ',' << c;
-      }
-      out_ << '\n';
+    if (csv_ && empty) {
+      out_ << header << '\n';
       out_.flush();
     }
   }

@@ -559,7 +559,7 @@ TEST_CASE("checkpoint: the in-memory parser round trips state and metadata", "[c
                     Catch::Contains("metadata 'a' is given twice"));
 }
 
-TEST_CASE("checkpoint: a directory, a FIFO or a device is not a regular file", "[checkpoint]") {
+TEST_CASE("checkpoint: a directory or a FIFO or a device is not a regular file", "[checkpoint]") {
   TempDir dir;
   CHECK_THROWS_AS(io::load_checkpoint(dir.path), IOError);
   CHECK_THROWS_WITH(io::load_checkpoint(dir.path),
@@ -580,7 +580,7 @@ TEST_CASE("checkpoint: a directory, a FIFO or a device is not a regular file", "
                     Catch::Contains("empty.kat") && Catch::Contains("truncated"));
 }
 
-TEST_CASE("checkpoint: a directory orders and prunes by the step stored in the files, and only "
+TEST_CASE("checkpoint: a directory orders and prunes by the step stored in the files and only "
           "its run's",
           "[checkpoint]") {
   TempDir dir;

@@ -482,6 +482,19 @@ TEST_CASE("checkpoint: a length field larger than the file is refused before it 
                           Catch::Contains("entry 'a.lr' needs 1099511627776 bytes, only " +
                                           std::to_string(bad.size() - count_ends) + " remain"));
     CHECK(buf.served == count_ends);
+    // Extents whose product wraps around 2^64 (2^62 × 8 float32: 0 bytes after wrapping).
+    std::vector<unsigned char> wrap(good.begin(), good.begin() + first_entry);
+    const std::size_t start = wrap.size();
+    put_le<std::uint32_t>(wrap, 1);
+    wrap.insert(wrap.end(), {'w', 1, 2, 0, 0});
+    put_le<std::uint64_t>(wrap, std::uint64_t(1) << 62);
+    put_le<std::uint64_t>(wrap, 8);
+    put_le<std::uint64_t>(wrap, 0);
+    put_le(wrap, crc_of(wrap, start, wrap.size()));
+    wrap.resize(wrap.size() + 200, 0);
+    CHECK_THROWS_WITH(io::decode_checkpoint(wrap, "wrap.kat"),
+                      Catch::Contains("entry 'w': its shape [4611686018427387904, 8] has more "
+                                      "elements than 2^64 bytes hold"));
     // A stream that holds fewer bytes than the size it was given: an error, not a hang.
     std::vector<unsigned char> cut(good.begin(), good.begin() + 40);
     CountingBuf short_buf(cut);

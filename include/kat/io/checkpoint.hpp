@@ -353,6 +353,18 @@ template <class Source> StateDict parse_entries(Reader<Source> &r, std::uint64_t
     for (int i = 0; i < rank; ++i) {
       e.shape.push_back(r.template get<std::uint64_t>(what));
     }
+    // The element count × the dtype's size must not wrap around (StateDict checks the
+    // byte count against it).
+    std::uint64_t limit =
+        std::numeric_limits<std::uint64_t>::max() / std::max<std::uint64_t>(1, dtype_size(e.dtype));
+    const bool empty = std::find(e.shape.begin(), e.shape.end(), 0) != e.shape.end();
+    for (const std::uint64_t extent : e.shape) {
+      if (!empty && limit / extent == 0) {
+        r.fail(kat::detail::concat(what, ": its shape ", kat::detail::shape_string(e.shape),
+                                   " has more elements than 2^64 bytes hold"));
+      }
+      limit = empty ? limit : limit / extent;
+    }
     const auto bytes = r.template get<std::uint64_t>(what);
     // Checked before anything is allocated, so a corrupt count cannot ask for terabytes.
     if (bytes > r.remaining()) {

@@ -13,6 +13,8 @@
 #include <kat/nn/sequential.hpp>
 #include <kat/optim/adam.hpp>
 #include <kat/optim/sgd.hpp>
+#include <kat/train/checkpointer.hpp>
+#include <kat/train/metrics_writer.hpp>
 
 #include <zlib.h>
 
@@ -23,6 +25,9 @@
 #include <dirent.h>
 #include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
+#include <streambuf>
 #include <string>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -167,14 +172,25 @@ TEST_CASE("checkpoint: the bytes follow the format's specification", "[checkpoin
   StateDict s;
   s.set("lr", 0.5);
   s.set("w", std::vector<float>{1.0f, 2.0f});
-  const auto bytes = io::encode_checkpoint(s);
+  const io::CheckpointMetadata metadata{{"run", "r1"}, {"config.lr", "0.5"}};
+  const auto bytes = io::encode_checkpoint(s, metadata);
 
   // Built by hand from the file comment of kat/io/checkpoint.hpp.
   std::vector<unsigned char> expected{'K', 'A', 'T', 'C', 'K', 'P', 'T', 0};
-  put_le<std::uint32_t>(expected, 1);
+  const std::string text = "run=r1\nconfig.lr=0.5\n";
+  put_le<std::uint32_t>(expected, 2);
   put_le<std::uint32_t>(expected, 0);
   put_le<std::uint64_t>(expected, 2);
-  put_le(expected, crc_of(expected, 0, 24));
+  put_le<std::uint64_t>(expected, text.size());
+  put_le(expected, crc_of(expected, 0, 32));
+  expected.insert(expected.end(), text.begin(), text.end());
+  put_le(expected, crc_of(expected, 36, 36 + text.size()));
+  // Version 1, still read: no metadata, a 24-byte header.
+  std::vector<unsigned char> v1{'K', 'A', 'T', 'C', 'K', 'P', 'T', 0};
+  put_le<std::uint32_t>(v1, 1);
+  put_le<std::uint32_t>(v1, 0);
+  put_le<std::uint64_t>(v1, 2);
+  put_le(v1, crc_of(v1, 0, 24));
   auto entry = [&](const std::string &name, std::uint8_t dtype, std::vector<std::uint64_t> shape,
                    const void *data, std::size_t n) {
     const std::size_t start = expected.size();
@@ -192,15 +208,30 @@ TEST_CASE("checkpoint: the bytes follow the format's specification", "[checkpoin
   };
   const double lr = 0.5;
   const float w[2] = {1.0f, 2.0f};
-  entry("lr", 2, {}, &lr, 8);
-  entry("w", 1, {2}, w, 8);
-  const std::size_t footer = expected.size();
   const char end[8] = {'K', 'A', 'T', 'E', 'N', 'D', 0, 0};
-  expected.insert(expected.end(), end, end + 8);
-  put_le<std::uint64_t>(expected, footer + 20);
-  put_le(expected, crc_of(expected, footer, expected.size()));
+  const auto entries_and_footer = [&] {
+    entry("lr", 2, {}, &lr, 8);
+    entry("w", 1, {2}, w, 8);
+    const std::size_t footer = expected.size();
+    expected.insert(expected.end(), end, end + 8);
+    put_le<std::uint64_t>(expected, footer + 20);
+    put_le(expected, crc_of(expected, footer, expected.size()));
+  };
+  entries_and_footer();
   CHECK(bytes == expected);
-  require_same(io::decode_checkpoint(expected), s);
+  const io::Checkpoint c = io::parse_checkpoint(expected.data(), expected.size());
+  require_same(c.state, s);
+  CHECK(c.header.version == 2);
+  CHECK(c.header.metadata == metadata);
+  CHECK(c.header.find("config.lr") == std::optional<std::string>("0.5"));
+  CHECK(!c.header.find("config"));
+
+  expected = v1;
+  entries_and_footer();
+  const io::Checkpoint old = io::parse_checkpoint(expected.data(), expected.size(), "v1.kat");
+  CHECK(old.header.version == 1);
+  CHECK(old.header.metadata.empty());
+  require_same(old.state, s);
 }
 
 TEST_CASE("checkpoint: save and load round trip every dtype exactly", "[checkpoint]") {
@@ -228,7 +259,7 @@ TEST_CASE("checkpoint: save and load round trip every dtype exactly", "[checkpoi
 }
 
 TEST_CASE("checkpoint: every truncation and every flipped byte is a FormatError", "[checkpoint]") {
-  const auto good = io::encode_checkpoint(sample_state());
+  const auto good = io::encode_checkpoint(sample_state(), {{"run", "abc"}, {"step", "12"}});
   REQUIRE(good.size() < 1000);
   for (std::size_t n = 0; n < good.size(); ++n) {
     INFO("truncated to " << n << " of " << good.size() << " bytes");
@@ -258,15 +289,15 @@ TEST_CASE("checkpoint: every truncation and every flipped byte is a FormatError"
 
 TEST_CASE("checkpoint: another version or a foreign file or random bytes are refused clearly",
           "[checkpoint]") {
-  auto v2 = io::encode_checkpoint(sample_state());
-  v2[8] = 2; // version 2, with a header CRC that matches it
-  const std::uint32_t crc = crc_of(v2, 0, 24);
+  auto v3 = io::encode_checkpoint(sample_state());
+  v3[8] = 3; // version 3, with a header CRC that matches it
+  const std::uint32_t crc = crc_of(v3, 0, 32);
   for (int i = 0; i < 4; ++i)
-    v2[24 + i] = static_cast<unsigned char>(crc >> (8 * i));
-  CHECK_THROWS_AS(io::decode_checkpoint(v2, "v2.kat"), FormatError);
+    v3[32 + i] = static_cast<unsigned char>(crc >> (8 * i));
+  CHECK_THROWS_AS(io::decode_checkpoint(v3, "v3.kat"), FormatError);
   CHECK_THROWS_WITH(
-      io::decode_checkpoint(v2, "v2.kat"),
-      Catch::Contains("format version 2 is not supported (this KAT reads version 1)"));
+      io::decode_checkpoint(v3, "v3.kat"),
+      Catch::Contains("format version 3 is not supported (this KAT reads versions 1 and 2)"));
   const std::string text = "P5\n28 28\n255\nnot a checkpoint at all";
   CHECK_THROWS_WITH(io::decode_checkpoint({text.begin(), text.end()}, "image.pgm"),
                     Catch::Contains("not a KAT checkpoint"));
@@ -312,6 +343,362 @@ TEST_CASE("checkpoint: a directory keeps the newest K and finds the latest", "[c
   CHECK_THROWS_WITH(io::CheckpointDirectory(dir.path, 0),
                     Catch::Contains("keep must be >= 1, got 0"));
   CHECK_THROWS_AS(io::CheckpointDirectory(ckpt.path(50), 1), IOError);
+}
+
+namespace {
+
+// A stream over bytes in memory that counts the bytes it hands out, to show what a parser read.
+class CountingBuf : public std::streambuf {
+public:
+  explicit CountingBuf(const std::vector<unsigned char> &bytes) : bytes_(bytes) {}
+  std::size_t served = 0;
+
+protected:
+  int_type underflow() override {
+    if (served >= bytes_.size()) {
+      return traits_type::eof();
+    }
+    // One byte at a time: `served` is then exactly what the reader took.
+    c_ = static_cast<char>(bytes_[served]);
+    setg(&c_, &c_, &c_ + 1);
+    return traits_type::to_int_type(c_);
+  }
+  int_type uflow() override {
+    const int_type c = underflow();
+    if (c != traits_type::eof()) {
+      ++served;
+      setg(nullptr, nullptr, nullptr);
+    }
+    return c;
+  }
+  std::streamsize xsgetn(char *out, std::streamsize n) override {
+    const auto k = static_cast<std::streamsize>(
+        std::min<std::size_t>(static_cast<std::size_t>(n), bytes_.size() - served));
+    std::memcpy(out, bytes_.data() + served, static_cast<std::size_t>(k));
+    served += static_cast<std::size_t>(k);
+    return k;
+  }
+
+private:
+  const std::vector<unsigned char> &bytes_;
+  char c_ = 0;
+};
+
+// Bytes read by this process so far (Linux's /proc/self/io "rchar"), or -1 if unavailable.
+long long bytes_read_so_far() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  long long value = -1;
+  while (io >> key >> value) {
+    if (key == "rchar:") {
+      return value;
+    }
+  }
+  return -1;
+}
+
+// Overwrites the little-endian u64 at `at` of `b` and recomputes the header CRC-32 (format 2).
+void set_header_u64(std::vector<unsigned char> &b, std::size_t at, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i)
+    b[at + i] = static_cast<unsigned char>(v >> (8 * i));
+  const std::uint32_t crc = crc_of(b, 0, 32);
+  for (int i = 0; i < 4; ++i)
+    b[32 + i] = static_cast<unsigned char>(crc >> (8 * i));
+}
+
+void write_file(const std::string &path, const std::vector<unsigned char> &bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char *>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  REQUIRE(out.good());
+}
+
+} // namespace
+
+TEST_CASE("checkpoint: the magic is checked before anything else is read", "[checkpoint]") {
+  // 4 MiB of noise: refused after its first 8 bytes.
+  HostRng rng(17);
+  std::vector<unsigned char> noise(4 << 20);
+  for (auto &b : noise)
+    b = static_cast<unsigned char>(rng.next());
+  noise[0] = 'X';
+  CountingBuf buf(noise);
+  std::istream in(&buf);
+  CHECK_THROWS_WITH(io::parse_checkpoint(in, noise.size(), "noise.bin"),
+                    Catch::Contains("noise.bin") && Catch::Contains("not a KAT checkpoint"));
+  CHECK(buf.served == 8);
+
+  // The same from a file: the reader takes one buffer's worth (64 KiB), not the 4 MiB.
+  TempDir dir;
+  const std::string path = dir.path + "/noise.kat";
+  write_file(path, noise);
+  const long long before = bytes_read_so_far();
+  CHECK_THROWS_WITH(io::load_checkpoint(path), Catch::Contains("not a KAT checkpoint"));
+  const long long after = bytes_read_so_far();
+  if (before >= 0 && after >= 0) {
+    CHECK(after - before < (1 << 20));
+  } else {
+    WARN("no /proc/self/io: the bytes a file read took are not measured");
+  }
+}
+
+TEST_CASE("checkpoint: a length field larger than the file is refused before it is allocated",
+          "[checkpoint]") {
+  const auto good = io::encode_checkpoint(sample_state(), {{"run", "abc"}});
+  const std::size_t first_entry = 36 + std::string("run=abc\n").size() + 4;
+  SECTION("the metadata length") {
+    auto bad = good;
+    set_header_u64(bad, 24, std::uint64_t(1) << 40);
+    CHECK_THROWS_WITH(io::decode_checkpoint(bad, "m.kat"),
+                      Catch::Contains("metadata length must be at most 1048576 bytes, got "
+                                      "1099511627776"));
+    set_header_u64(bad, 24, 100000);
+    CHECK_THROWS_WITH(io::decode_checkpoint(bad, "m.kat"),
+                      Catch::Contains("100000 bytes of metadata") &&
+                          Catch::Contains("truncated or corrupt"));
+  }
+  SECTION("the entry count") {
+    auto bad = good;
+    set_header_u64(bad, 16, std::uint64_t(1) << 60);
+    CHECK_THROWS_WITH(io::decode_checkpoint(bad, "n.kat"),
+                      Catch::Contains("1152921504606846976 entries") &&
+                          Catch::Contains("truncated or corrupt"));
+  }
+  SECTION("an entry's byte count, in a file of 4 MiB, with its CRC-32 intact") {
+    // The first entry ("a.lr", a float64 scalar) claims 2^40 bytes, then 4 MiB of padding
+    // follow: the parser stops at the count, and reads none of the padding.
+    std::vector<unsigned char> bad(good.begin(), good.begin() + first_entry);
+    const std::size_t entry = bad.size();
+    put_le<std::uint32_t>(bad, 4);
+    bad.insert(bad.end(), {'a', '.', 'l', 'r', 2, 0, 0, 0});
+    put_le<std::uint64_t>(bad, std::uint64_t(1) << 40);
+    const std::size_t count_ends = bad.size();
+    bad.resize(bad.size() + (4 << 20), 0);
+    (void)entry;
+    CountingBuf buf(bad);
+    std::istream in(&buf);
+    CHECK_THROWS_WITH(io::parse_checkpoint(in, bad.size(), "big.kat"),
+                      Catch::Contains("big.kat") &&
+                          Catch::Contains("entry 'a.lr' needs 1099511627776 bytes, only " +
+                                          std::to_string(bad.size() - count_ends) + " remain"));
+    CHECK(buf.served == count_ends);
+    // Extents whose product wraps around 2^64 (2^62 × 8 float32: 0 bytes after wrapping).
+    std::vector<unsigned char> wrap(good.begin(), good.begin() + first_entry);
+    const std::size_t start = wrap.size();
+    put_le<std::uint32_t>(wrap, 1);
+    wrap.insert(wrap.end(), {'w', 1, 2, 0, 0});
+    put_le<std::uint64_t>(wrap, std::uint64_t(1) << 62);
+    put_le<std::uint64_t>(wrap, 8);
+    put_le<std::uint64_t>(wrap, 0);
+    put_le(wrap, crc_of(wrap, start, wrap.size()));
+    wrap.resize(wrap.size() + 200, 0);
+    CHECK_THROWS_WITH(io::decode_checkpoint(wrap, "wrap.kat"),
+                      Catch::Contains("entry 'w': its shape [4611686018427387904, 8] has more "
+                                      "elements than 2^64 bytes hold"));
+    // A stream that holds fewer bytes than the size it was given: an error, not a hang.
+    std::vector<unsigned char> cut(good.begin(), good.begin() + 40);
+    CountingBuf short_buf(cut);
+    std::istream short_in(&short_buf);
+    CHECK_THROWS_WITH(io::parse_checkpoint(short_in, good.size(), "short.kat"),
+                      Catch::Contains("shorter than its size"));
+  }
+}
+
+TEST_CASE("checkpoint: every truncation of the header and the metadata names what is cut",
+          "[checkpoint]") {
+  const std::string text = "run=abc\nstep=5\n";
+  const auto good = io::encode_checkpoint(sample_state(), {{"run", "abc"}, {"step", "5"}});
+  for (std::size_t n = 0; n < 36 + text.size() + 4; ++n) {
+    INFO("cut to " << n << " bytes");
+    const std::vector<unsigned char> cut(good.begin(), good.begin() + n);
+    if (n < 8) {
+      CHECK_THROWS_WITH(io::decode_checkpoint(cut, "cut.kat"),
+                        Catch::Contains("inside the header") && Catch::Contains("truncated"));
+    } else if (n < 36) {
+      CHECK_THROWS_WITH(io::decode_checkpoint(cut, "cut.kat"),
+                        Catch::Contains("header") && Catch::Contains("truncated"));
+    } else {
+      // The header is whole and says more follows than the file holds.
+      CHECK_THROWS_WITH(io::decode_checkpoint(cut, "cut.kat"),
+                        Catch::Contains("only " + std::to_string(n - 36) + " remain"));
+    }
+    CHECK_THROWS_AS(io::parse_checkpoint_header(cut.data(), cut.size(), "cut.kat"), FormatError);
+  }
+}
+
+TEST_CASE("checkpoint: the in-memory parser round trips state and metadata", "[checkpoint]") {
+  const StateDict s = sample_state();
+  const io::CheckpointMetadata m{{"run", "0123abcd"},
+                                 {"step", "40"},
+                                 {"config.lr", "0.05"},
+                                 {"config.metrics", ""},
+                                 {"config.path", "a b=c"}};
+  const auto bytes = io::encode_checkpoint(s, m);
+  const io::Checkpoint c = io::parse_checkpoint(bytes.data(), bytes.size(), "mem");
+  require_same(c.state, s);
+  CHECK(c.header.metadata == m);
+  CHECK(c.header.entries == s.size());
+  CHECK(c.header.file_size == bytes.size());
+  CHECK(c.header.find("config.path") == std::optional<std::string>("a b=c"));
+
+  std::string text(bytes.begin(), bytes.end());
+  std::istringstream in(text + "trailing bytes the parser must not touch");
+  const io::Checkpoint d = io::parse_checkpoint(in, bytes.size(), "stream");
+  require_same(d.state, s);
+  CHECK(d.header.metadata == m);
+  CHECK(io::parse_checkpoint_header(bytes.data(), bytes.size()).metadata == m);
+
+  TempDir dir;
+  io::save_checkpoint(dir.path + "/x.kat", s, m);
+  CHECK(io::read_checkpoint_header(dir.path + "/x.kat").metadata == m);
+  require_same(io::read_checkpoint(dir.path + "/x.kat").state, s);
+
+  // What cannot be written is refused by name.
+  CHECK_THROWS_WITH(io::encode_checkpoint(s, {{"bad key", "1"}}),
+                    Catch::Contains("metadata key 'bad key'"));
+  CHECK_THROWS_WITH(io::encode_checkpoint(s, {{"k", "two\nlines"}}),
+                    Catch::Contains("metadata 'k' must hold no newline"));
+  CHECK_THROWS_WITH(io::encode_checkpoint(s, {{"k", "1"}, {"k", "2"}}),
+                    Catch::Contains("metadata 'k' is given twice"));
+  CHECK_THROWS_WITH(io::encode_checkpoint(s, {{"k", std::string(2 << 20, 'x')}}),
+                    Catch::Contains("at most 1048576"));
+  // A repeated key written by someone else, with a CRC-32 that matches: refused on reading.
+  auto twice = io::encode_checkpoint(s, {{"a", "1"}, {"b", "2"}});
+  twice[36 + 4] = 'a';
+  const std::uint32_t crc = crc_of(twice, 36, 36 + 8);
+  for (int i = 0; i < 4; ++i)
+    twice[44 + i] = static_cast<unsigned char>(crc >> (8 * i));
+  CHECK_THROWS_WITH(io::decode_checkpoint(twice, "twice.kat"),
+                    Catch::Contains("metadata 'a' is given twice"));
+}
+
+TEST_CASE("checkpoint: a directory or a FIFO or a device is not a regular file", "[checkpoint]") {
+  TempDir dir;
+  CHECK_THROWS_AS(io::load_checkpoint(dir.path), IOError);
+  CHECK_THROWS_WITH(io::load_checkpoint(dir.path),
+                    Catch::Contains(dir.path) &&
+                        Catch::Contains("not a regular file (it is a directory)"));
+  const std::string fifo = dir.path + "/fifo.kat";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // Opened without waiting for a writer, then refused.
+  CHECK_THROWS_WITH(io::load_checkpoint(fifo),
+                    Catch::Contains("not a regular file (it is a FIFO)"));
+  CHECK_THROWS_WITH(io::read_checkpoint_header("/dev/zero"),
+                    Catch::Contains("\"/dev/zero\"") &&
+                        Catch::Contains("not a regular file (it is a character device)"));
+  ::unlink(fifo.c_str());
+  // A zero-length file is a truncated one.
+  write_file(dir.path + "/empty.kat", {});
+  CHECK_THROWS_WITH(io::load_checkpoint(dir.path + "/empty.kat"),
+                    Catch::Contains("empty.kat") && Catch::Contains("truncated"));
+}
+
+TEST_CASE("checkpoint: a directory orders and prunes by the step stored in the files and only "
+          "its run's",
+          "[checkpoint]") {
+  TempDir dir;
+  io::CheckpointDirectory ckpt(dir.path, 100);
+  ckpt.set_run("run-a");
+  for (std::int64_t step : {10, 20, 30}) {
+    StateDict s;
+    s.set("step", step);
+    ckpt.save(step, s);
+  }
+  // Names that lie: the file of step 10 is renamed to a step far beyond the others.
+  const std::string liar = dir.path + "/checkpoint-000000099999.kat";
+  REQUIRE(::rename(ckpt.path(10).c_str(), liar.c_str()) == 0);
+  CHECK(ckpt.steps() == std::vector<std::int64_t>{10, 20, 30});
+  CHECK(ckpt.latest() == std::int64_t(30));
+  CHECK(ckpt.find(10) == std::optional<std::string>(liar));
+  CHECK(io::load_checkpoint(*ckpt.find(30)).get<std::int64_t>("step") == 30);
+
+  // Another run's checkpoint, a newer one, and a format-1 file: neither listed nor deleted.
+  io::CheckpointDirectory other(dir.path, 1);
+  other.set_run("run-b");
+  StateDict s;
+  s.set("step", std::int64_t(50));
+  other.save(50, s);
+  const std::string old = dir.path + "/checkpoint-000000000001.kat";
+  {
+    auto v1 = io::encode_checkpoint(s);
+    v1.erase(v1.begin() + 24, v1.begin() + 40); // drop M, the header CRC and the metadata CRC
+    v1[8] = 1;
+    const std::uint32_t crc = crc_of(v1, 0, 24);
+    v1.insert(v1.begin() + 24,
+              {static_cast<unsigned char>(crc), static_cast<unsigned char>(crc >> 8),
+               static_cast<unsigned char>(crc >> 16), static_cast<unsigned char>(crc >> 24)});
+    // The footer's file size: 12 bytes less.
+    const std::size_t footer = v1.size() - 20;
+    for (int i = 0; i < 8; ++i)
+      v1[footer + 8 + i] = static_cast<unsigned char>((footer + 20) >> (8 * i));
+    const std::uint32_t fcrc = crc_of(v1, footer, footer + 16);
+    for (int i = 0; i < 4; ++i)
+      v1[footer + 16 + i] = static_cast<unsigned char>(fcrc >> (8 * i));
+    write_file(old, v1);
+    REQUIRE(io::load_checkpoint(old).get<std::int64_t>("step") == 50);
+  }
+  CHECK(ckpt.latest() == std::int64_t(30));
+  CHECK(other.steps() == std::vector<std::int64_t>{50});
+
+  io::CheckpointDirectory keep2(dir.path, 2);
+  keep2.set_run("run-a");
+  StateDict t;
+  t.set("step", std::int64_t(40));
+  keep2.save(40, t); // prunes run-a's to steps 30 and 40: the liar (step 10) and step 20 go
+  CHECK(dir.files() ==
+        std::vector<std::string>{"checkpoint-000000000001.kat", "checkpoint-000000000030.kat",
+                                 "checkpoint-000000000040.kat", "checkpoint-000000000050.kat"});
+  const auto all = keep2.scan();
+  REQUIRE(all.size() == 4);
+  CHECK(!all[0].usable()); // the format-1 file
+  CHECK_THAT(all[0].error, Catch::Contains("format version 1"));
+  CHECK(all[3].run == "run-b");
+  CHECK(all[3].step == 50);
+
+  // A Checkpointer refuses to guess between two runs' checkpoints.
+  train::ProcessGroup alone;
+  train::Checkpointer<float, Mem> checkpointer(dir.path, 0, 3, alone);
+  CHECK_THROWS_WITH(checkpointer.latest(),
+                    Catch::Contains(dir.path + " holds checkpoints of 2 runs (run-a, run-b)"));
+  ::unlink((dir.path + "/checkpoint-000000000050.kat").c_str());
+  CHECK(checkpointer.latest() == dir.path + "/checkpoint-000000000040.kat");
+  checkpointer.set_run({"run-a", {}});
+  REQUIRE(checkpointer.foreign().size() == 1); // the format-1 file
+  CHECK(checkpointer.foreign()[0].name == "checkpoint-000000000001.kat");
+}
+
+TEST_CASE("checkpoint: a resumed run's metrics writer appends without a second header",
+          "[checkpoint]") {
+  TempDir dir;
+  const std::string csv = dir.path + "/m.csv";
+  std::ofstream(csv) << "epoch,wall_seconds,samples_per_second,train_loss,test_loss,"
+                        "test_accuracy,lr\n1,1,1,1,1,1,1\n";
+  {
+    // The writer needs a trainer to be called with, any will do.
+    nn::Sequential<float, Mem> model(FeatureShape{2});
+    model.add<nn::Dense>(2, 2);
+    model.compile(Space(), 1);
+    optim::SGD<float, Mem> sgd(model.parameter_count());
+    data::Dataset d;
+    d.shape = FeatureShape{2};
+    d.classes = 2;
+    d.images = {1, 2};
+    d.labels = {0};
+    data::DataLoader<float, Mem> loader(d, 1, false, 0);
+    train::Trainer<float, Mem> trainer(model, sgd, loader);
+    train::MetricsWriter<float, Mem> w(csv, {}, true);
+    train::EpochSummary e;
+    e.epoch = 2;
+    w.on_epoch_end(trainer, e);
+  }
+  std::ifstream in(csv);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(all == "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr\n"
+               "1,1,1,1,1,1,1\n"
+               "2,0.000000,0.0,0.000000,0.000000,0.000000,0\n");
+  // Another set of columns cannot continue the file.
+  CHECK_THROWS_WITH((train::MetricsWriter<float, Mem>(csv, {"kfac_seconds"}, true)),
+                    Catch::Contains("cannot append to") && Catch::Contains(",lr,kfac_seconds'"));
 }
 
 TEST_CASE("checkpoint: a writer killed at any moment leaves the newest complete checkpoint",

@@ -1,6 +1,7 @@
 #pragma once
 /// @file
-/// @brief A callback that saves crash-safe checkpoints of a Trainer's run, and resuming.
+/// @brief A callback that saves crash-safe checkpoints of a Trainer's run, tied to the run's
+/// identity, and resuming.
 
 #include "kat/core/error.hpp"
 #include "kat/io/checkpoint.hpp"
@@ -8,18 +9,46 @@
 #include "kat/train/process_group.hpp"
 #include "kat/train/trainer.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kat::train {
 
+/// A run's identity, stored in every checkpoint's metadata: its id (metadata "run") and its
+/// configuration, key-value text pairs stored as "config.<key>" (kat_train stores its parsed
+/// command-line options there and compares them on resume).
+struct RunIdentity {
+  std::string id;                                            ///< "" for an anonymous run
+  std::vector<std::pair<std::string, std::string>> config{}; ///< keys: [A-Za-z0-9_.-]
+};
+
+/// The identity stored in a checkpoint's header (metadata "run" and "config.*").
+inline RunIdentity stored_identity(const kat::io::CheckpointHeader &header) {
+  RunIdentity r;
+  r.id = header.find("run").value_or("");
+  for (const auto &[key, value] : header.metadata) {
+    if (key.compare(0, 7, "config.") == 0) {
+      r.config.emplace_back(key.substr(7), value);
+    }
+  }
+  return r;
+}
+
 /// Saves the Trainer's whole state (Trainer::state_dict()) with kat::io::CheckpointDirectory:
 /// one file per process and checkpoint, written to a temporary file, synced and renamed, so a
-/// crash never leaves a partial checkpoint under a checkpoint's name; the newest `keep` are
-/// kept. With `every` = N > 0 it saves after every N-th optimizer step and after the last
-/// epoch; with 0, after every epoch. On several processes old files are deleted only once
-/// every process holds the new step (one barrier per save).
+/// crash never leaves a partial checkpoint under a checkpoint's name; the newest `keep` of this
+/// run (set_run()) are kept, by the step stored in each file. With `every` = N > 0 it saves
+/// after every N-th optimizer step and after the last epoch; with 0, after every epoch. On
+/// several processes old files are deleted only once every process holds the new step (one
+/// barrier per save).
+///
+/// Each file's metadata hold the run id ("run"), "step", "rank", "ranks", the trainer's
+/// position ("epoch", "batch": where the resumed run continues) and the run's configuration
+/// ("config.<key>"), all readable without the state (kat::io::read_checkpoint_header()).
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Checkpointer : public Callback<Scalar, MemorySpace> {
 public:
@@ -42,12 +71,55 @@ public:
   std::string name() const override { return "checkpointer"; }
   const kat::io::CheckpointDirectory &directory() const { return dir_; }
 
-  /// The newest checkpoint every process holds (a process killed while saving may lack the
-  /// newest one). Collective.
+  /// The run whose checkpoints this writes and prunes (by default an anonymous one, id "").
+  /// Give every process the same identity; a resumed run gives the id its checkpoint holds.
+  /// @throws ValueError if the id holds a newline or a NUL, or a configuration key is not
+  ///   1 to 121 of [A-Za-z0-9_.-] (the key is checked by the next save).
+  void set_run(RunIdentity run) {
+    dir_.set_run(run.id);
+    run_ = std::move(run);
+  }
+  const RunIdentity &run() const { return run_; }
+
+  /// The checkpoints in the directory, of any rank, that are not this run's (another run id,
+  /// or a file whose header is unusable), for a run to refuse a directory it would share.
+  std::vector<kat::io::CheckpointFile> foreign() const {
+    std::vector<kat::io::CheckpointFile> out;
+    for (auto &f : dir_.scan()) {
+      if (!f.usable() || f.run != run_.id) {
+        out.push_back(std::move(f));
+      }
+    }
+    return out;
+  }
+
+  /// The newest checkpoint (by stored step) every process holds, of the one run whose
+  /// checkpoints for this process count the directory holds (a process killed while saving may
+  /// lack the newest one). Call it before set_run() to find the run to resume. Collective.
   /// @throws ValueError if there is none for this number of processes, naming the directory
-  ///   and the process counts whose checkpoints it does hold.
+  ///   and the process counts whose checkpoints it does hold; if the directory holds this
+  ///   rank's checkpoints of several runs, naming them.
   std::string latest() const {
-    const std::int64_t step = group_->min(dir_.latest().value_or(-1));
+    std::vector<kat::io::CheckpointFile> mine;
+    std::vector<std::string> runs;
+    for (auto &f : dir_.scan()) {
+      if (f.usable() && f.rank == dir_.rank() && f.ranks == dir_.ranks()) {
+        if (std::find(runs.begin(), runs.end(), f.run) == runs.end()) {
+          runs.push_back(f.run);
+        }
+        mine.push_back(std::move(f));
+      }
+    }
+    if (runs.size() > 1) {
+      std::string list;
+      for (const auto &r : runs) {
+        list += (list.empty() ? "" : ", ") + (r.empty() ? std::string("(anonymous)") : r);
+      }
+      throw ValueError(kat::detail::concat("kat::train::Checkpointer::latest: ", dir_.directory(),
+                                           " holds checkpoints of ", runs.size(), " runs (", list,
+                                           "): resume one by its file, or move the others away"));
+    }
+    const std::int64_t step = group_->min(mine.empty() ? -1 : mine.back().step);
     if (step < 0) {
       std::string held;
       for (const int r : dir_.rank_counts()) {
@@ -58,13 +130,26 @@ public:
           " rank(s) in every rank's view of ", dir_.directory(),
           held.empty() ? std::string() : " (it holds checkpoints of " + held + " rank(s))"));
     }
-    return dir_.path(step);
+    for (const auto &f : mine) {
+      if (f.step == step) {
+        return f.path;
+      }
+    }
+    throw ValueError(kat::detail::concat("kat::train::Checkpointer::latest: rank ", dir_.rank(),
+                                         " holds no checkpoint of step ", step, " in ",
+                                         dir_.directory(), ", the newest step every rank holds"));
   }
 
   /// Saves the trainer's state as its current step. Collective on several processes.
   void save(const trainer_type &trainer) {
     const bool alone = group_->size() == 1;
-    dir_.save(trainer.position().step, trainer.state_dict(), alone);
+    const Position &p = trainer.position();
+    kat::io::CheckpointMetadata metadata{{"epoch", std::to_string(p.epoch)},
+                                         {"batch", std::to_string(p.batch)}};
+    for (const auto &[key, value] : run_.config) {
+      metadata.emplace_back("config." + key, value);
+    }
+    dir_.save(p.step, trainer.state_dict(), alone, metadata);
     if (!alone) {
       group_->barrier();
       dir_.prune();
@@ -90,12 +175,14 @@ private:
   kat::io::CheckpointDirectory dir_;
   std::int64_t every_;
   const ProcessGroup *group_;
+  RunIdentity run_;
 };
 
 /// Restores `trainer` from the checkpoint file `path` (kat::io::load_checkpoint, then
 /// Trainer::load_state_dict, whose messages start with the path), so that fit() continues the
 /// saved run bit for bit.
-/// @throws IOError, StateError or ValueError naming the file and what is wrong with it.
+/// @throws IOError, FormatError, StateError or ValueError naming the file and what is wrong
+///   with it.
 template <class Scalar, class MemorySpace>
 void resume(Trainer<Scalar, MemorySpace> &trainer, const std::string &path) {
   trainer.load_state_dict(kat::io::load_checkpoint(path), path);

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,9 +28,13 @@ namespace kat::train {
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class MetricsWriter : public Callback<Scalar, MemorySpace> {
 public:
-  /// @throws ValueError if the name has another extension; IOError naming the file if it
-  ///   cannot be opened or the CSV header cannot be written.
-  explicit MetricsWriter(const std::string &path, std::vector<std::string> extra_columns = {})
+  /// @param append  keep the file's lines and add to them (a resumed run); a CSV file's
+  ///   header must then be the one this writer writes, and is not written again
+  /// @throws ValueError if the name has another extension, or if appending to a CSV file with
+  ///   another header (both named); IOError naming the file if it cannot be opened or the CSV
+  ///   header cannot be written.
+  explicit MetricsWriter(const std::string &path, std::vector<std::string> extra_columns = {},
+                         bool append = false)
       : extra_(std::move(extra_columns)) {
     if (path.empty()) {
       return;
@@ -45,18 +50,28 @@ public:
                        "got '" +
                        path + "'");
     }
-    out_.reset(std::fopen(path.c_str(), "w"));
+    std::string header =
+        "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr";
+    for (const auto &c : extra_) {
+      header += ',' + c;
+    }
+    bool empty = true;
+    if (append) {
+      std::ifstream in(path);
+      std::string first;
+      empty = !std::getline(in, first);
+      if (csv_ && !empty && first != header) {
+        throw ValueError("kat::train::MetricsWriter: cannot append to '" + path +
+                         "': its header is '" + first + "', this run writes '" + header + "'");
+      }
+    }
+    out_.reset(std::fopen(path.c_str(), append ? "a" : "w"));
     if (!out_) {
       throw IOError("kat::train::MetricsWriter: cannot open '" + path +
                     "' for writing: " + std::strerror(errno));
     }
     path_ = path;
-    if (csv_) {
-      std::string header =
-          "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr";
-      for (const auto &c : extra_) {
-        header += ',' + c;
-      }
+    if (csv_ && empty) {
       write(header + '\n');
     }
   }

@@ -8,7 +8,9 @@
 #                                        DIR (default build/gpu) with what the GPU machine lacks
 #   scripts/gpu_tests.sh build [DIR]     info, Kokkos, Kokkos Kernels, configure and build KAT
 #   scripts/gpu_tests.sh test [DIR]      run kat_tests, then kat_train (needs the GPU)
-#   scripts/gpu_tests.sh [all] [DIR]     build, then test
+#   scripts/gpu_tests.sh compare [DIR]   KAT against PyTorch on the GPU (run_compare below), with
+#                                        the binaries built here or carried
+#   scripts/gpu_tests.sh [all] [DIR]     build, then test (and compare, with KAT_COMPARE_RESERVE)
 #
 # DIR (or KAT_GPU_DIR) holds, after `prepare` (about 40 MB; 53 MB with the prebuilt binaries):
 #   kokkos-src.tar.gz  packages/kokkos and packages/kokkos-kernels 3.4.1 from Debian's
@@ -53,9 +55,11 @@
 #   run(command="KAT_GPU_BUDGET=560 KAT_GPU_SOURCE=snapshot bash scripts/gpu_tests.sh all build/gpu",
 #       carry=["build/gpu"], timeout_s=600)
 # On an H200 machine (16 cores; nvcc 13.0, g++ 13.3, CMake 4.4.3, ninja 1.13; 2026-11-26):
-# Kokkos and Kokkos Kernels 27 s, configure 6 s, kat_tests and kat_train 204 s (32 jobs), the
-# 264 test cases about 6 s, four one-epoch kat_train runs 6 s: 252 s in all. The logs (at most
-# 8 files) go to $OUT, else to WORK/logs; the last lines printed are the summary.
+# Kokkos and Kokkos Kernels 33 s, configure 10 s, kat_train 122 s (32 jobs; train/sparse.cpp
+# alone 122 s), kat_tests more than the 179 s that were left (its longest units 105-132 s);
+# the 345 test cases 12 s, the 20 one-epoch kat_train runs 72 s. Then, on the same warm machine,
+# `scripts/gpu_tests.sh compare build/gpu` (KAT against PyTorch, six model/optimizer pairs) 137 s.
+# The logs (at most 8 files) go to $OUT, else to WORK/logs; the last lines printed are the summary.
 #
 #   KAT_GPU_WORK    build folder (default build/gpu-build): Kokkos, Kokkos Kernels, KAT
 #   KAT_GPU_BUDGET  seconds the whole run may take (default 0: no limit); the tests and the
@@ -73,6 +77,11 @@
 #   KAT_GPU_BUILD_RESERVE  with KAT_GPU_BUDGET: seconds kept for the tests when the build of
 #                   KAT starts (default 200); the build is stopped there
 #   KAT_GPU_TESTS   Catch2 test spec of the cases to run (default ~[mpi]: all but the MPI ones)
+#   KAT_COMPARE     model:optimizer pairs to compare (default: mlp:sgd cnn:sgd mlp:kfac cnn:kfac
+#                   resnet:sgd vit:adam); KAT_COMPARE_ROUNDS alternations (default 1);
+#                   KAT_COMPARE_RESERVE (all) seconds kept for it from the tests and the trainer;
+#                   KAT_PYTHON the Python with PyTorch (default python3); KAT_COMPARE_DEVICE
+#                   PyTorch's device (default cuda; cpu for a dry run of the script)
 #   CUDA_HOME       CUDA toolkit (default: where nvcc is, else /usr/local/cuda)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -327,6 +336,7 @@ configure_kat() {
     -DZLIB_ROOT="$d" -DBLA_VENDOR=Generic \
     -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=OFF \
     -DKAT_ENABLE_CUSOLVER="$cusolver" -DKAT_DISCOVER_TESTS=OFF \
+    -DKAT_ENABLE_ONEDNN=OFF -DKAT_OPENMP_BLAS_DIR= \
     -DKAT_UNITY_BUILD="${KAT_UNITY_BUILD:-OFF}" -DKAT_TEST_DATA_DIR="$dir/data/fashion-mnist" \
     ${KAT_GPU_CMAKE_ARGS:-}
   grep -E '^(LAPACK_|BLAS_|ZLIB_LIB|CUDAToolkit_|Catch2_DIR|CLI11)' "$work/kat/CMakeCache.txt" || true

@@ -1,12 +1,13 @@
-// fuzz_checkpoint: KAT's checkpoint reader (kat::io::decode_checkpoint, what load_checkpoint
-// runs on a file's bytes) on arbitrary bytes. The seeds (fuzz/corpus/checkpoint) are tiny
-// checkpoints written by kat::io::save_checkpoint.
+// fuzz_checkpoint: KAT's checkpoint reader (kat::io::parse_checkpoint, the in-memory entry
+// point that load_checkpoint's file reader shares) on arbitrary bytes. The seeds
+// (fuzz/corpus/checkpoint) are tiny checkpoints written by kat::io::save_checkpoint.
 //
 // Beyond not crashing, an accepted input must be what the format (docs/checkpoints.md, the
 // file comment of kat/io/checkpoint.hpp) allows: every entry of a known dtype, rank <= 8,
 // and exactly product(shape) x dtype size bytes, the product computed without wrapping; and
 // since the format has one encoding of a state, encoding the state again must give the input
-// byte for byte.
+// byte for byte (for the current format, version 2; a version-1 input is read but written
+// back as version 2).
 #include "common.hpp"
 
 #include "kat/io/checkpoint.hpp"
@@ -19,14 +20,15 @@
 namespace {
 
 // The one place that hands the bytes to the reader.
-kat::StateDict parse(const std::uint8_t *data, std::size_t size) {
-  return kat::io::decode_checkpoint(std::vector<unsigned char>(data, data + size), "fuzz-input");
+kat::io::Checkpoint parse(const std::uint8_t *data, std::size_t size) {
+  return kat::io::parse_checkpoint(data, size, "fuzz-input");
 }
 
 kat_fuzz::Counts counts("fuzz_checkpoint");
 
-void check(const kat::StateDict &state, const std::uint8_t *data, std::size_t size) {
+void check(const kat::io::Checkpoint &c, const std::uint8_t *data, std::size_t size) {
   using kat_fuzz::finding;
+  const kat::StateDict &state = c.state;
   for (const auto &[name, e] : state.entries()) {
     const std::size_t element = kat::dtype_size(e.dtype);
     if (element == 0) {
@@ -53,7 +55,14 @@ void check(const kat::StateDict &state, const std::uint8_t *data, std::size_t si
               name.c_str(), e.bytes.size(), e.shape.size());
     }
   }
-  const std::vector<unsigned char> again = kat::io::encode_checkpoint(state);
+  if (c.header.file_size != size) {
+    finding("accepted with a file size of %llu for %zu bytes",
+            static_cast<unsigned long long>(c.header.file_size), size);
+  }
+  if (c.header.version != kat::io::checkpoint_version) {
+    return;
+  }
+  const std::vector<unsigned char> again = kat::io::encode_checkpoint(state, c.header.metadata);
   if (again.size() != size || std::memcmp(again.data(), data, size) != 0) {
     finding("the accepted state encodes to %zu bytes that differ from the %zu input bytes",
             again.size(), size);
@@ -64,9 +73,9 @@ void check(const kat::StateDict &state, const std::uint8_t *data, std::size_t si
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t *data, std::size_t size) {
   try {
-    const kat::StateDict state = parse(data, size);
+    const kat::io::Checkpoint c = parse(data, size);
     ++counts.accepted;
-    check(state, data, size);
+    check(c, data, size);
   } catch (const std::exception &) { // kat::Error derives from it: an expected rejection
     ++counts.rejected;
   }

@@ -133,15 +133,18 @@ const auto component = register_component<Optimizer>(20);
 } // namespace
 
 std::vector<Opt> adam_options() {
-  return {{"lr", "Learning rate [default: 0.05 for sgd and kfac, 0.001 for adam/adamw]"},
-          {"weight-decay",
-           "L2 penalty (sgd, adam) or decoupled decay (adamw) [default: 0, adamw 0.01]"}};
+  using Range = kat::train::OptionRange;
+  return {Opt{"lr", "Learning rate [default: 0.05 for sgd and kfac, 0.001 for adam/adamw]"}.within(
+              Range::at_least(0)),
+          Opt{"weight-decay",
+              "L2 penalty (sgd, adam) or decoupled decay (adamw) [default: 0, adamw 0.01]"}
+              .within(Range::at_least(0))};
 }
 
 std::vector<Opt> sgd_options() {
   const auto lr_wd = adam_options();
   return {lr_wd[0],
-          {"momentum", "SGD momentum", "0.9"},
+          Opt{"momentum", "SGD momentum", "0.9"}.within(kat::train::OptionRange::half_open(0, 1)),
           {"nesterov", "Nesterov momentum (sgd)", "", {}, true},
           lr_wd[1]};
 }

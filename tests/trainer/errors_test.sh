@@ -123,4 +123,9 @@ printf '\0\0\10\1\0\0\0\1\0' >"$work/liar/train-labels-idx1-ubyte"
 printf '\0\0\10\3\0\0\352\140\0\0\0\34\0\0\0\34' >"$work/liar/train-images-idx3-ubyte"
 expect 1 "claims 60000 x 28 x 28 = 47040000 data bytes (47040016 bytes with its 16-byte header), the file holds 16 bytes" \
   --data-dir "$work/liar" --epochs 1
+# The base optimizers' options have ranges too.
+expect 2 "--lr: must be a number >= 0, got '-0.1'" "${base[@]}" --lr -0.1
+expect 2 "--momentum: must be a number in [0, 1), got '1'" "${base[@]}" --momentum 1
+expect 2 "--weight-decay: must be a number >= 0, got '-1'" "${base[@]}" --optimizer adam \
+  --weight-decay -1
 exit $failed

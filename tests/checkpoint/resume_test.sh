@@ -29,8 +29,13 @@ state_of() {
   tail -c +$((36 + m + 4 + 1)) "$1" | head -c $((size - 36 - m - 4 - 20))
 }
 same_state() { cmp -s <(state_of "$1") <(state_of "$2") || fail "$3: the states differ"; }
-# Metrics rows without the timing columns (wall_seconds, samples_per_second).
-rows() { cut -d, -f1,4- "$1"; }
+# Metrics rows without the timing columns: wall_seconds, samples_per_second and any extra column
+# that measures time (sparse training's mask_update_s, ...), found by their header.
+rows() {
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; ++i) keep[i] = ($i !~ /second|_s$/) }
+    { line = ""; for (i = 1; i <= NF; ++i) if (keep[i]) line = line (line == "" ? "" : ",") $i
+      print line }' "$1"
+}
 same_rows() {
   [ "$(rows "$1")" = "$(rows "$2")" ] || fail "$3: metrics differ: $(diff <(rows "$1") <(rows "$2"))"
 }

@@ -660,14 +660,7 @@ public:
   [[nodiscard]] Request isend(const ExecSpace &space, const View &view, int dest, int tag) {
     static_check<ExecSpace, View, false>();
     ScopedRegion region("kat::distributed::isend");
-    using T = typename View::non_const_value_type;
-    const char *what = "isend";
-    require_peer(what, "dest", dest, tag, view);
-    return start_in_place(what, space, view, true, false, stats_.send, dest,
-                          [&](const T *data, MPI_Request *request) {
-                            return MPI_Isend(data, count(view), detail::mpi_datatype<T>(), dest,
-                                             tag, comm_, request);
-                          });
+    return point_to_point<true>(space, view, dest, tag);
   }
 
   /// Non-blocking receive into `view` from rank `source` with `tag` (MPI_Irecv); the message
@@ -680,14 +673,7 @@ public:
   [[nodiscard]] Request irecv(const ExecSpace &space, const View &view, int source, int tag) {
     static_check<ExecSpace, View, true>();
     ScopedRegion region("kat::distributed::irecv");
-    using T = typename View::non_const_value_type;
-    const char *what = "irecv";
-    require_peer(what, "source", source, tag, view);
-    return start_in_place(what, space, view, false, true, stats_.recv, source,
-                          [&](T *data, MPI_Request *request) {
-                            return MPI_Irecv(data, count(view), detail::mpi_datatype<T>(), source,
-                                             tag, comm_, request);
-                          });
+    return point_to_point<false>(space, view, source, tag);
   }
 
 private:
@@ -1068,6 +1054,25 @@ private:
     return make_request(
         op, request, [space, in, out, source, target]() { copy_back(space, out, target); },
         not_before);
+  }
+
+  /// isend (`Send`: `view` goes to `peer`) or irecv (`view` is filled from `peer`): the local
+  /// checks, then start_in_place with the peer.
+  template <bool Send, class ExecSpace, class View>
+  Request point_to_point(const ExecSpace &space, const View &view, int peer, int tag) {
+    using T = typename View::non_const_value_type;
+    const char *what = Send ? "isend" : "irecv";
+    require_peer(what, Send ? "dest" : "source", peer, tag, view);
+    return start_in_place(what, space, view, Send, !Send, Send ? stats_.send : stats_.recv, peer,
+                          [&](auto *data, MPI_Request *request) {
+                            if constexpr (Send) {
+                              return MPI_Isend(data, count(view), detail::mpi_datatype<T>(), peer,
+                                               tag, comm_, request);
+                            } else {
+                              return MPI_Irecv(data, count(view), detail::mpi_datatype<T>(), peer,
+                                               tag, comm_, request);
+                            }
+                          });
   }
 
   template <class ExecSpace, class View>

@@ -502,9 +502,7 @@ public:
             std::enable_if_t<Kokkos::is_view<OutView>::value, int> = 0>
   void allreduce(const ExecSpace &space, const InView &in, const OutView &out,
                  ReduceOp op = ReduceOp::sum) {
-    static_check<ExecSpace, InView, false>();
-    static_check<ExecSpace, OutView, true>();
-    same_scalar<InView, OutView>();
+    static_check_pair<ExecSpace, InView, OutView>();
     ScopedRegion region("kat::distributed::allreduce");
     allreduce_out_of_place("allreduce", space, in, out, op);
   }
@@ -524,9 +522,7 @@ public:
   /// Out of place: out = mean over ranks of `in`; shapes as the out-of-place allreduce.
   template <class ExecSpace, class InView, class OutView>
   void average(const ExecSpace &space, const InView &in, const OutView &out) {
-    static_check<ExecSpace, InView, false>();
-    static_check<ExecSpace, OutView, true>();
-    same_scalar<InView, OutView>();
+    static_check_pair<ExecSpace, InView, OutView>();
     static_assert(std::is_floating_point_v<typename OutView::non_const_value_type>,
                   "kat::distributed::Communicator::average: needs floating-point views");
     ScopedRegion region("kat::distributed::average");
@@ -546,15 +542,9 @@ public:
     const char *op = "broadcast";
     agree(op, view.size(), root, view_error(op, "view", view));
     const bool is_root = rank_ == root;
-    auto buffer = stage(space, view, is_root);
-    space.fence();
-    const auto t0 = Clock::now();
-    check(op, MPI_Bcast(buffer.data, count(view), detail::mpi_datatype<T>(), root, comm_));
-    add(stats_.broadcast, view.size() * sizeof(T));
-    cross_link(view.size() * sizeof(T), t0);
-    if (!is_root) {
-      unstage(space, view, buffer);
-    }
+    run_in_place(op, space, view, is_root, !is_root, stats_.broadcast, [&](T *data) {
+      return MPI_Bcast(data, count(view), detail::mpi_datatype<T>(), root, comm_);
+    });
   }
 
   /// Gathers every rank's n-element `in` into `out` (size() x n elements) on every rank, rank
@@ -564,31 +554,15 @@ public:
   /// contiguous; MPIError.
   template <class ExecSpace, class InView, class OutView>
   void allgather(const ExecSpace &space, const InView &in, const OutView &out) {
-    static_check<ExecSpace, InView, false>();
-    static_check<ExecSpace, OutView, true>();
-    same_scalar<InView, OutView>();
+    static_check_pair<ExecSpace, InView, OutView>();
     ScopedRegion region("kat::distributed::allgather");
     using T = typename OutView::non_const_value_type;
     const char *op = "allgather";
-    std::string error = view_error(op, "in", in);
-    if (error.empty()) {
-      error = view_error(op, "out", out);
-    }
-    if (error.empty() && out.size() != std::size_t(size_) * in.size()) {
-      error = kat::detail::concat(name(op), ": out on ", rank_text(), " must have size() * ",
-                                  "in.size() = ", size_, " * ", in.size(), " = ",
-                                  std::size_t(size_) * in.size(), " elements, got ", out.size());
-    }
-    agree(op, in.size(), 0, error);
-    auto source = stage(space, in, true);
-    auto target = stage(space, out, false);
-    space.fence();
-    const MPI_Datatype type = detail::mpi_datatype<T>();
-    const auto t0 = Clock::now();
-    check(op, MPI_Allgather(source.data, count(in), type, target.data, count(in), type, comm_));
-    add(stats_.allgather, in.size() * sizeof(T));
-    cross_link(in.size() * sizeof(T), t0);
-    unstage(space, out, target);
+    agree(op, in.size(), 0, blocks_error(op, in, out, true));
+    run_pair(op, space, in, out, stats_.allgather, [&](const T *source, T *target) {
+      const MPI_Datatype type = detail::mpi_datatype<T>();
+      return MPI_Allgather(source, count(in), type, target, count(in), type, comm_);
+    });
   }
 
   /// Equal-block reduce-scatter (MPI_Reduce_scatter_block): `in` has size() x m elements on
@@ -599,32 +573,15 @@ public:
   template <class ExecSpace, class InView, class OutView>
   void reduce_scatter(const ExecSpace &space, const InView &in, const OutView &out,
                       ReduceOp op = ReduceOp::sum) {
-    static_check<ExecSpace, InView, false>();
-    static_check<ExecSpace, OutView, true>();
-    same_scalar<InView, OutView>();
+    static_check_pair<ExecSpace, InView, OutView>();
     ScopedRegion region("kat::distributed::reduce_scatter");
     using T = typename OutView::non_const_value_type;
     const char *what = "reduce_scatter";
-    std::string error = view_error(what, "in", in);
-    if (error.empty()) {
-      error = view_error(what, "out", out);
-    }
-    if (error.empty() && in.size() != std::size_t(size_) * out.size()) {
-      error = kat::detail::concat(name(what), ": in on ", rank_text(), " must have size() * ",
-                                  "out.size() = ", size_, " * ", out.size(), " = ",
-                                  std::size_t(size_) * out.size(), " elements, got ", in.size());
-    }
-    agree(what, in.size(), 0, error);
-    auto source = stage(space, in, true);
-    auto target = stage(space, out, false);
-    space.fence();
-    const MPI_Op reduce = mpi_op<T>(what, op);
-    const auto t0 = Clock::now();
-    check(what, MPI_Reduce_scatter_block(source.data, target.data, count(out),
-                                         detail::mpi_datatype<T>(), reduce, comm_));
-    add(stats_.reduce_scatter, in.size() * sizeof(T));
-    cross_link(in.size() * sizeof(T), t0);
-    unstage(space, out, target);
+    agree(what, in.size(), 0, blocks_error(what, in, out, false));
+    run_pair(what, space, in, out, stats_.reduce_scatter, [&](const T *source, T *target) {
+      return MPI_Reduce_scatter_block(source, target, count(out), detail::mpi_datatype<T>(),
+                                      mpi_op<T>(what, op), comm_);
+    });
   }
 
   /// Blocks until every rank has called it (MPI_Barrier).
@@ -650,18 +607,11 @@ public:
     using T = typename View::non_const_value_type;
     const char *what = "iallreduce";
     agree(what, inout.size(), 0, view_error(what, "inout", inout));
-    auto buffer = stage(space, inout, true);
-    space.fence();
-    MPI_Request request = MPI_REQUEST_NULL;
-    const MPI_Op reduce = mpi_op<T>(what, op);
-    const auto t0 = Clock::now();
-    check(what, MPI_Iallreduce(MPI_IN_PLACE, buffer.data, count(inout), detail::mpi_datatype<T>(),
-                               reduce, comm_, &request));
-    add(stats_.iallreduce, inout.size() * sizeof(T));
-    count_copy_back(inout, buffer);
-    return make_request(
-        what, request, [space, inout, buffer]() { copy_back(space, inout, buffer); },
-        over_link(inout.size() * sizeof(T), t0));
+    return start_in_place(
+        what, space, inout, true, true, stats_.iallreduce, -1, [&](T *data, MPI_Request *request) {
+          return MPI_Iallreduce(MPI_IN_PLACE, data, count(inout), detail::mpi_datatype<T>(),
+                                mpi_op<T>(what, op), comm_, request);
+        });
   }
 
   /// Non-blocking out-of-place allreduce; shapes as the blocking form (`in` and `out` must not
@@ -670,27 +620,16 @@ public:
             std::enable_if_t<Kokkos::is_view<OutView>::value, int> = 0>
   [[nodiscard]] Request iallreduce(const ExecSpace &space, const InView &in, const OutView &out,
                                    ReduceOp op = ReduceOp::sum) {
-    static_check<ExecSpace, InView, false>();
-    static_check<ExecSpace, OutView, true>();
-    same_scalar<InView, OutView>();
+    static_check_pair<ExecSpace, InView, OutView>();
     ScopedRegion region("kat::distributed::iallreduce");
     using T = typename OutView::non_const_value_type;
     const char *what = "iallreduce";
     agree(what, in.size(), 0, pair_error(what, in, out));
-    auto source = stage(space, in, true);
-    auto target = stage(space, out, false);
-    space.fence();
-    MPI_Request request = MPI_REQUEST_NULL;
-    const MPI_Op reduce = mpi_op<T>(what, op);
-    const auto t0 = Clock::now();
-    check(what, MPI_Iallreduce(source.data, target.data, count(in), detail::mpi_datatype<T>(),
-                               reduce, comm_, &request));
-    add(stats_.iallreduce, in.size() * sizeof(T));
-    count_copy_back(out, target);
-    // `in` and `source` are captured only to keep MPI's input alive until completion.
-    return make_request(
-        what, request, [space, in, out, source, target]() { copy_back(space, out, target); },
-        over_link(in.size() * sizeof(T), t0));
+    return start_pair(what, space, in, out, stats_.iallreduce,
+                      [&](const T *source, T *target, MPI_Request *request) {
+                        return MPI_Iallreduce(source, target, count(in), detail::mpi_datatype<T>(),
+                                              mpi_op<T>(what, op), comm_, request);
+                      });
   }
 
   /// Non-blocking broadcast (MPI_Ibcast); arguments as broadcast().
@@ -702,24 +641,11 @@ public:
     const char *what = "ibroadcast";
     agree(what, view.size(), root, view_error(what, "view", view));
     const bool is_root = rank_ == root;
-    auto buffer = stage(space, view, is_root);
-    space.fence();
-    MPI_Request request = MPI_REQUEST_NULL;
-    const auto t0 = Clock::now();
-    check(what,
-          MPI_Ibcast(buffer.data, count(view), detail::mpi_datatype<T>(), root, comm_, &request));
-    add(stats_.ibroadcast, view.size() * sizeof(T));
-    if (!is_root) {
-      count_copy_back(view, buffer);
-    }
-    return make_request(
-        what, request,
-        [space, view, buffer, is_root]() {
-          if (!is_root) {
-            copy_back(space, view, buffer);
-          }
-        },
-        over_link(view.size() * sizeof(T), t0));
+    return start_in_place(what, space, view, is_root, !is_root, stats_.ibroadcast, -1,
+                          [&](T *data, MPI_Request *request) {
+                            return MPI_Ibcast(data, count(view), detail::mpi_datatype<T>(), root,
+                                              comm_, request);
+                          });
   }
 
   // --- point-to-point ----------------------------------------------------------------
@@ -734,19 +660,7 @@ public:
   [[nodiscard]] Request isend(const ExecSpace &space, const View &view, int dest, int tag) {
     static_check<ExecSpace, View, false>();
     ScopedRegion region("kat::distributed::isend");
-    using T = typename View::non_const_value_type;
-    const char *what = "isend";
-    require_peer(what, "dest", dest, tag, view);
-    auto buffer = stage(space, view, true);
-    space.fence();
-    MPI_Request request = MPI_REQUEST_NULL;
-    const auto t0 = Clock::now();
-    check(what, MPI_Isend(buffer.data, count(view), detail::mpi_datatype<T>(), dest, tag, comm_,
-                          &request));
-    add(stats_.send, view.size() * sizeof(T));
-    // `view` and `buffer` are captured to keep MPI's input alive until completion.
-    return make_request(
-        what, request, [view, buffer]() {}, over_link(view.size() * sizeof(T), t0, dest));
+    return point_to_point<true>(space, view, dest, tag);
   }
 
   /// Non-blocking receive into `view` from rank `source` with `tag` (MPI_Irecv); the message
@@ -759,20 +673,7 @@ public:
   [[nodiscard]] Request irecv(const ExecSpace &space, const View &view, int source, int tag) {
     static_check<ExecSpace, View, true>();
     ScopedRegion region("kat::distributed::irecv");
-    using T = typename View::non_const_value_type;
-    const char *what = "irecv";
-    require_peer(what, "source", source, tag, view);
-    auto buffer = stage(space, view, false);
-    space.fence();
-    MPI_Request request = MPI_REQUEST_NULL;
-    const auto t0 = Clock::now();
-    check(what, MPI_Irecv(buffer.data, count(view), detail::mpi_datatype<T>(), source, tag, comm_,
-                          &request));
-    add(stats_.recv, view.size() * sizeof(T));
-    count_copy_back(view, buffer);
-    return make_request(
-        what, request, [space, view, buffer]() { copy_back(space, view, buffer); },
-        over_link(view.size() * sizeof(T), t0, source));
+    return point_to_point<false>(space, view, source, tag);
   }
 
 private:
@@ -897,7 +798,11 @@ private:
                   "kat::distributed: the output view of a collective must not be const");
   }
 
-  template <class InView, class OutView> static constexpr void same_scalar() {
+  /// static_check() of an input and an output view of the same scalar type.
+  template <class ExecSpace, class InView, class OutView>
+  static constexpr void static_check_pair() {
+    static_check<ExecSpace, InView, false>();
+    static_check<ExecSpace, OutView, true>();
     static_assert(std::is_same_v<typename InView::non_const_value_type,
                                  typename OutView::non_const_value_type>,
                   "kat::distributed: in and out must have the same scalar type");
@@ -918,12 +823,33 @@ private:
     return {};
   }
 
+  /// Empty if MPI can take both `in` and `out` as buffers on this rank, else the first reason.
+  template <class InView, class OutView>
+  std::string views_error(const char *op, const InView &in, const OutView &out) const {
+    std::string error = view_error(op, "in", in);
+    return error.empty() ? view_error(op, "out", out) : error;
+  }
+
+  /// views_error(), then whether the gathered view (`out` of allgather when `out_gathered`,
+  /// else `in` of reduce_scatter) has size() times the other's elements.
+  template <class InView, class OutView>
+  std::string blocks_error(const char *op, const InView &in, const OutView &out,
+                           bool out_gathered) const {
+    std::string error = views_error(op, in, out);
+    const std::size_t block = out_gathered ? in.size() : out.size();
+    const std::size_t got = out_gathered ? out.size() : in.size();
+    if (error.empty() && got != std::size_t(size_) * block) {
+      error = kat::detail::concat(name(op), ": ", out_gathered ? "out" : "in", " on ", rank_text(),
+                                  " must have size() * ", out_gathered ? "in" : "out",
+                                  ".size() = ", size_, " * ", block, " = ",
+                                  std::size_t(size_) * block, " elements, got ", got);
+    }
+    return error;
+  }
+
   template <class InView, class OutView>
   std::string pair_error(const char *op, const InView &in, const OutView &out) const {
-    std::string error = view_error(op, "in", in);
-    if (error.empty()) {
-      error = view_error(op, "out", out);
-    }
+    std::string error = views_error(op, in, out);
     if (error.empty() && out.size() != in.size()) {
       error =
           kat::detail::concat(name(op), ": out on ", rank_text(),
@@ -1019,15 +945,10 @@ private:
                           ReduceOp reduce) {
     using T = typename View::non_const_value_type;
     agree(op, inout.size(), 0, view_error(op, "inout", inout));
-    auto buffer = stage(space, inout, true);
-    space.fence();
-    const MPI_Op mpi_reduce = mpi_op<T>(op, reduce);
-    const auto t0 = Clock::now();
-    check(op, MPI_Allreduce(MPI_IN_PLACE, buffer.data, count(inout), detail::mpi_datatype<T>(),
-                            mpi_reduce, comm_));
-    add(stats_.allreduce, inout.size() * sizeof(T));
-    cross_link(inout.size() * sizeof(T), t0);
-    unstage(space, inout, buffer);
+    run_in_place(op, space, inout, true, true, stats_.allreduce, [&](T *data) {
+      return MPI_Allreduce(MPI_IN_PLACE, data, count(inout), detail::mpi_datatype<T>(),
+                           mpi_op<T>(op, reduce), comm_);
+    });
   }
 
   template <class ExecSpace, class InView, class OutView>
@@ -1040,16 +961,118 @@ private:
       return;
     }
     agree(op, in.size(), 0, pair_error(op, in, out));
+    run_pair(op, space, in, out, stats_.allreduce, [&](const T *source, T *target) {
+      return MPI_Allreduce(source, target, count(in), detail::mpi_datatype<T>(),
+                           mpi_op<T>(op, reduce), comm_);
+    });
+  }
+
+  // --- the staged call every operation makes ----------------------------------------
+  // Each operation checks its arguments (agree() or require_peer()), then goes through one of
+  // run_in_place / run_pair (blocking) or start_in_place / start_pair (non-blocking): stage
+  // the views, issue() the MPI call, then copy staged results back (blocking) or hand the
+  // buffers to a Request that copies them back on completion (non-blocking).
+
+  /// The steps every operation takes once its arguments are checked and its buffers staged:
+  /// fences `space` (MPI reads what it produced), makes the MPI call (`call()` returns MPI's
+  /// code; MPIError if it is not MPI_SUCCESS), counts `bytes` in `counter`, and returns when
+  /// the emulated link lets the operation end (over_link(); `peer` < 0: over all ranks).
+  template <class ExecSpace, class Call>
+  Clock::time_point issue(const char *op, const ExecSpace &space, CollectiveCounter &counter,
+                          std::size_t bytes, int peer, Call &&call) {
+    space.fence();
+    const auto t0 = Clock::now();
+    check(op, call());
+    add(counter, bytes);
+    return over_link(bytes, t0, peer);
+  }
+
+  template <class View> static std::size_t bytes_of(const View &v) {
+    return v.size() * sizeof(typename View::non_const_value_type);
+  }
+
+  /// A blocking call on one buffer: `view`, or its host copy (which gets the view's data when
+  /// `copy_in`, and is copied back when `copy_out`). `call(data)` makes the MPI call on the
+  /// pointer MPI works on; counts bytes_of(view) in `counter`.
+  template <class ExecSpace, class View, class Call>
+  void run_in_place(const char *op, const ExecSpace &space, const View &view, bool copy_in,
+                    bool copy_out, CollectiveCounter &counter, Call &&call) {
+    auto buffer = stage(space, view, copy_in);
+    std::this_thread::sleep_until(
+        issue(op, space, counter, bytes_of(view), -1, [&] { return call(buffer.data); }));
+    if (copy_out) {
+      unstage(space, view, buffer);
+    }
+  }
+
+  /// A blocking call from `in` to `out` (each staged as needed; `out` copied back);
+  /// `call(source, target)` makes the MPI call; counts bytes_of(in) in `counter`.
+  template <class ExecSpace, class InView, class OutView, class Call>
+  void run_pair(const char *op, const ExecSpace &space, const InView &in, const OutView &out,
+                CollectiveCounter &counter, Call &&call) {
     auto source = stage(space, in, true);
     auto target = stage(space, out, false);
-    space.fence();
-    const MPI_Op mpi_reduce = mpi_op<T>(op, reduce);
-    const auto t0 = Clock::now();
-    check(op, MPI_Allreduce(source.data, target.data, count(in), detail::mpi_datatype<T>(),
-                            mpi_reduce, comm_));
-    add(stats_.allreduce, in.size() * sizeof(T));
-    cross_link(in.size() * sizeof(T), t0);
+    std::this_thread::sleep_until(issue(op, space, counter, bytes_of(in), -1,
+                                        [&] { return call(source.data, target.data); }));
     unstage(space, out, target);
+  }
+
+  /// The non-blocking run_in_place: `call(data, request)` starts the MPI operation with peer
+  /// `peer` (< 0: a collective); the Request keeps `view` and the buffer alive and copies the
+  /// buffer back on completion when `copy_out` (counted now, as the bytes are known now).
+  template <class ExecSpace, class View, class Call>
+  Request start_in_place(const char *op, const ExecSpace &space, const View &view, bool copy_in,
+                         bool copy_out, CollectiveCounter &counter, int peer, Call &&call) {
+    auto buffer = stage(space, view, copy_in);
+    MPI_Request request = MPI_REQUEST_NULL;
+    const auto not_before = issue(op, space, counter, bytes_of(view), peer,
+                                  [&] { return call(buffer.data, &request); });
+    if (copy_out) {
+      count_copy_back(view, buffer);
+    }
+    return make_request(
+        op, request,
+        [space, view, buffer, copy_out]() {
+          if (copy_out) {
+            copy_back(space, view, buffer);
+          }
+        },
+        not_before);
+  }
+
+  /// The non-blocking run_pair: `call(source, target, request)` starts the MPI operation.
+  template <class ExecSpace, class InView, class OutView, class Call>
+  Request start_pair(const char *op, const ExecSpace &space, const InView &in, const OutView &out,
+                     CollectiveCounter &counter, Call &&call) {
+    auto source = stage(space, in, true);
+    auto target = stage(space, out, false);
+    MPI_Request request = MPI_REQUEST_NULL;
+    const auto not_before = issue(op, space, counter, bytes_of(in), -1,
+                                  [&] { return call(source.data, target.data, &request); });
+    count_copy_back(out, target);
+    // `in` and `source` are captured only to keep MPI's input alive until completion.
+    return make_request(
+        op, request, [space, in, out, source, target]() { copy_back(space, out, target); },
+        not_before);
+  }
+
+  /// isend (`Send`: `view` goes to `peer`) or irecv (`view` is filled from `peer`): the local
+  /// checks, then start_in_place with the peer.
+  template <bool Send, class ExecSpace, class View>
+  Request point_to_point(const ExecSpace &space, const View &view, int peer, int tag) {
+    using T = typename View::non_const_value_type;
+    const char *what = Send ? "isend" : "irecv";
+    require_peer(what, Send ? "dest" : "source", peer, tag, view);
+    return start_in_place(what, space, view, Send, !Send, Send ? stats_.send : stats_.recv, peer,
+                          [&](auto *data, MPI_Request *request) {
+                            if constexpr (Send) {
+                              return MPI_Isend(data, count(view), detail::mpi_datatype<T>(), peer,
+                                               tag, comm_, request);
+                            } else {
+                              return MPI_Irecv(data, count(view), detail::mpi_datatype<T>(), peer,
+                                               tag, comm_, request);
+                            }
+                          });
   }
 
   template <class ExecSpace, class View>

@@ -16,6 +16,7 @@
 #include "kat/distributed/kfac/detail/decomposition_agreement.hpp"
 #include "kat/distributed/kfac/detail/factored_guard.hpp"
 #include "kat/distributed/kfac/detail/gradient_broadcast.hpp"
+#include "kat/distributed/kfac/detail/strategy_common.hpp"
 #include "kat/precond/kfac_strategy.hpp"
 
 #include <algorithm>
@@ -113,11 +114,7 @@ public:
   DPKFAC(const DPKFAC &) = delete;
   DPKFAC &operator=(const DPKFAC &) = delete;
   /// Restores the KFAC's local strategy (if this one is still set).
-  ~DPKFAC() override {
-    if (&kfac_.strategy() == this) {
-      kfac_.set_strategy(nullptr);
-    }
-  }
+  ~DPKFAC() override { detail::release_strategy(kfac_, this); }
 
   /// "DP-KFAC".
   std::string name() const override { return "DP-KFAC"; }
@@ -167,7 +164,7 @@ public:
 
   /// The agreement's all-reduce payload of one decomposition step: 2L · sizeof(std::int32_t)
   /// (DPKFACStats::decomposition_agreement; no decomposition failed).
-  std::size_t bytes_per_agreement() const { return 2 * kfac_.size() * sizeof(std::int32_t); }
+  std::size_t bytes_per_agreement() const { return detail::agreement_bytes(kfac_); }
 
   /// The owning rank of each registered layer.
   const std::vector<int> &owners() const { return owners_; }
@@ -227,11 +224,7 @@ public:
   /// Σ over the registered layers of out·(in+1), times sizeof(Scalar) with
   /// model_precision_broadcast, sizeof(InverseScalar) without.
   static std::size_t bytes_per_step(const KFACType &kfac, const Options &options = Options()) {
-    std::size_t entries = 0;
-    for (std::size_t i = 0; i < kfac.size(); ++i) {
-      entries += kfac.factor_a(i).dim() * kfac.factor_g(i).dim();
-    }
-    return entries *
+    return detail::gradient_entries(kfac) *
            (options.model_precision_broadcast ? sizeof(scalar_type) : sizeof(inverse_scalar_type));
   }
   /// bytes_per_step of this KFAC and options.
@@ -247,11 +240,8 @@ private:
       ++stats_.steps;
     }
     const int root = owners_.at(layer);
-    const CollectiveCounter before = comm_.stats().broadcast;
-    gradients_.broadcast(space, comm_, p, root);
-    const CollectiveCounter after = comm_.stats().broadcast;
-    stats_.broadcast.calls += after.calls - before.calls;
-    stats_.broadcast.bytes += after.bytes - before.bytes;
+    detail::count_broadcasts(comm_, stats_.broadcast,
+                             [&] { gradients_.broadcast(space, comm_, p, root); });
   }
 
   Communicator &comm_;

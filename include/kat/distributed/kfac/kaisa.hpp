@@ -20,6 +20,7 @@
 #include "kat/distributed/comm/communicator.hpp"
 #include "kat/distributed/kfac/detail/decomposition_agreement.hpp"
 #include "kat/distributed/kfac/detail/gradient_broadcast.hpp"
+#include "kat/distributed/kfac/detail/strategy_common.hpp"
 #include "kat/distributed/kfac/dkfac.hpp"
 #include "kat/distributed/kfac/packed_symmetric.hpp"
 #include "kat/precond/kfac.hpp"
@@ -209,11 +210,7 @@ public:
   KAISA(const KAISA &) = delete;
   KAISA &operator=(const KAISA &) = delete;
   /// Restores the KFAC's local strategy (if this one is still set).
-  ~KAISA() override {
-    if (&kfac_.strategy() == this) {
-      kfac_.set_strategy(nullptr);
-    }
-  }
+  ~KAISA() override { detail::release_strategy(kfac_, this); }
 
   /// "KAISA COMM-OPT", "KAISA MEM-OPT" or "KAISA HYBRID-OPT".
   std::string name() const override {
@@ -486,15 +483,11 @@ public:
   std::size_t bytes_per_step() const {
     if (mode_ == Mode::comm_opt)
       return 0;
-    std::size_t entries = 0;
-    for (std::size_t i = 0; i < kfac_.size(); ++i) {
-      entries += kfac_.factor_a(i).dim() * kfac_.factor_g(i).dim();
-    }
-    return gradients_.template bytes<inverse_scalar_type>(entries);
+    return gradients_.template bytes<inverse_scalar_type>(detail::gradient_entries(kfac_));
   }
   /// The agreement's all-reduce payload of one decomposition step: 2L · sizeof(std::int32_t)
   /// (KAISAStats::decomposition_agreement; no decomposition failed).
-  std::size_t bytes_per_agreement() const { return 2 * kfac_.size() * sizeof(std::int32_t); }
+  std::size_t bytes_per_agreement() const { return detail::agreement_bytes(kfac_); }
   /// The factor all-reduce payload of one factor update (DKFAC::bytes_per_factor_update).
   std::size_t bytes_per_factor_update() const { return dkfac_.bytes_per_factor_update(); }
 
@@ -511,14 +504,6 @@ private:
   Communicator &worker_comm() { return worker_comm_ ? *worker_comm_ : comm_; }
   /// The receiver group's communicator (MEM-OPT: the whole one).
   Communicator &receiver_comm() { return receiver_comm_ ? *receiver_comm_ : comm_; }
-
-  template <class F> static void counted(Communicator &comm, CollectiveCounter &counter, F &&f) {
-    const CollectiveCounter before = comm.stats().broadcast;
-    f();
-    const CollectiveCounter after = comm.stats().broadcast;
-    counter.calls += after.calls - before.calls;
-    counter.bytes += after.bytes - before.bytes;
-  }
 
   /// Called on every rank for every factor KFAC decomposed successfully (all ranks own all
   /// layers); only the ranks of the layer's worker group take part. The root's rank in the
@@ -540,7 +525,7 @@ private:
     const int root = owner - group * grad_workers_;
     const bool sends = owner == comm_.rank();
     Communicator &c = worker_comm();
-    counted(c, stats_.decomposition_broadcast, [&] {
+    detail::count_broadcasts(c, stats_.decomposition_broadcast, [&] {
       if (kfac_.options().compute_method == precond::ComputeMethod::eigen) {
         const auto buffers =
             sends ? std::make_pair(f.eigenvectors(), f.eigenvalues()) : f.receive_eigen();
@@ -582,8 +567,8 @@ private:
       ++stats_.steps;
     }
     Communicator &c = receiver_comm();
-    counted(c, stats_.gradient_broadcast,
-            [&] { gradients_.broadcast(space, c, p, layer_groups_.at(layer)); });
+    detail::count_broadcasts(c, stats_.gradient_broadcast,
+                             [&] { gradients_.broadcast(space, c, p, layer_groups_.at(layer)); });
   }
 
   Communicator &comm_;

@@ -72,6 +72,31 @@ attention_square_block(Scalar *base, const AttentionGeometry &g, std::size_t n, 
       Kokkos::LayoutStride(g.positions, stride, g.positions, stride * g.positions));
 }
 
+/// The (sample n, head h) pair of one batched-GEMM team (team league_rank() = n + N·h) and
+/// its blocks: the one team-block builder of every batched-GEMM pass.
+template <class MemorySpace> struct AttentionPair {
+  const AttentionGeometry &g;
+  std::size_t n, h;
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION AttentionPair(const Member &team, const AttentionGeometry &geometry)
+      : g(geometry), n(team.league_rank() % geometry.batch),
+        h(team.league_rank() / geometry.batch) {}
+
+  /// The P x dh block of the head's channels in part `part` of a token matrix at `base`: 0
+  /// for Q (and for y, dy and their R-images, which hold one part), 1 for K, 2 for V.
+  template <class Scalar>
+  KOKKOS_INLINE_FUNCTION AttentionBlock<Scalar, MemorySpace> token(Scalar *base,
+                                                                   std::size_t part) const {
+    return attention_token_block<MemorySpace>(base, g, n, part * g.model_dim() + h * g.head_dim);
+  }
+  /// The pair's P x P block in a buffer laid out as the probabilities.
+  template <class Scalar>
+  KOKKOS_INLINE_FUNCTION AttentionBlock<Scalar, MemorySpace> square(Scalar *base) const {
+    return attention_square_block<MemorySpace>(base, g, n, h);
+  }
+};
+
 using AttentionNoTrans = KokkosBatched::Trans::NoTranspose;
 using AttentionTrans = KokkosBatched::Trans::Transpose;
 /// Blocked (register tiles of 2 x 2 on GPUs, 4 x 4 on hosts) rather than Unblocked: faster at
@@ -89,6 +114,34 @@ KOKKOS_INLINE_FUNCTION void attention_team_gemm(const Member &team, Scalar alpha
   team.team_barrier();
 }
 
+/// Row by row of a pair's P x P blocks: w = A ⊙ (w − rowsum(w ⊙ A)), the softmax's Jacobian
+/// (symmetric) applied to w in place, then a team barrier. dS from dA in the backward, R{A}
+/// from R{S} in forward_r (masked entries have A = 0, so they stay 0).
+template <class Member, class ABlock, class WBlock>
+KOKKOS_INLINE_FUNCTION void attention_softmax_jvp(const Member &team, std::size_t P,
+                                                  const ABlock &ap, const WBlock &w) {
+  using Scalar = typename WBlock::non_const_value_type;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
+    Scalar r = 0;
+    for (std::size_t c = 0; c < P; ++c) {
+      r += w(t, c) * ap(t, c);
+    }
+    for (std::size_t c = 0; c < P; ++c) {
+      w(t, c) = ap(t, c) * (w(t, c) - r);
+    }
+  });
+  team.team_barrier();
+}
+
+/// Runs a batched-GEMM functor: one team per (sample, head) pair.
+template <class ExecSpace, class Functor>
+void attention_gemm_launch(const char *label, const ExecSpace &space, const AttentionGeometry &g,
+                           const Functor &functor) {
+  Kokkos::parallel_for(
+      label, Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
+      functor);
+}
+
 /// The forward of attention_gemm_forward for the (sample, head) pair of the team.
 template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemmForward {
   AttentionGeometry g;
@@ -99,13 +152,11 @@ template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemm
 
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto s = attention_square_block<MemorySpace>(a, g, n, h);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, q, k, Scalar(0), s);
+    const AttentionPair<MemorySpace> pair(team, g);
+    const std::size_t P = g.positions;
+    const auto s = pair.square(a);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(x, 0),
+                                                          pair.token(x, 1), Scalar(0), s);
     // Numerically stable softmax over the keys of each query t: subtract the row max.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       const std::size_t end = attention_row_end(g, t);
@@ -128,8 +179,8 @@ template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemm
       }
     });
     team.team_barrier();
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(
-        team, Scalar(1), s, v, Scalar(0), attention_token_block<MemorySpace>(y, g, n, c0));
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), s, pair.token(x, 2),
+                                                            Scalar(0), pair.token(y, 0));
   }
 };
 
@@ -138,10 +189,8 @@ template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemm
 template <class ExecSpace, class MemorySpace, class Scalar>
 void attention_gemm_forward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
                             const Scalar *x, Scalar *y, Scalar *a) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::forward (batched GEMM)",
-                       policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
-                       AttentionGemmForward<ExecSpace, MemorySpace, Scalar>{g, scale, x, y, a});
+  attention_gemm_launch("kat::nn::ScaledDotProductAttention::forward (batched GEMM)", space, g,
+                        AttentionGemmForward<ExecSpace, MemorySpace, Scalar>{g, scale, x, y, a});
 }
 
 /// The backward of attention_gemm_backward for the (sample, head) pair of the team.
@@ -156,32 +205,18 @@ template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemm
 
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto d_o = attention_token_block<MemorySpace>(dy, g, n, c0);
-    const auto ap = attention_square_block<MemorySpace>(a, g, n, h);
-    const auto ds = attention_square_block<MemorySpace>(work, g, n, h);
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(
-        team, Scalar(1), ap, d_o, Scalar(0),
-        attention_token_block<MemorySpace>(dx, g, n, 2 * D + c0));
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, v, Scalar(0), ds);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      Scalar r = 0;
-      for (std::size_t c = 0; c < P; ++c) {
-        r += ds(t, c) * ap(t, c);
-      }
-      for (std::size_t c = 0; c < P; ++c) {
-        ds(t, c) = ap(t, c) * (ds(t, c) - r);
-      }
-    });
-    team.team_barrier();
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(
-        team, scale, ds, k, Scalar(0), attention_token_block<MemorySpace>(dx, g, n, c0));
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(
-        team, scale, ds, q, Scalar(0), attention_token_block<MemorySpace>(dx, g, n, D + c0));
+    const AttentionPair<MemorySpace> pair(team, g);
+    const auto d_o = pair.token(dy, 0);
+    const auto ap = pair.square(a), ds = pair.square(work);
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), ap, d_o, Scalar(0),
+                                                          pair.token(dx, 2));
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, pair.token(x, 2),
+                                                          Scalar(0), ds);
+    attention_softmax_jvp(team, g.positions, ap, ds);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, ds, pair.token(x, 1),
+                                                            Scalar(0), pair.token(dx, 0));
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, ds, pair.token(x, 0),
+                                                          Scalar(0), pair.token(dx, 1));
   }
 };
 
@@ -191,10 +226,8 @@ template <class ExecSpace, class MemorySpace, class Scalar>
 void attention_gemm_backward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
                              const Scalar *x, const Scalar *a, const Scalar *dy, Scalar *dx,
                              Scalar *work) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::backward (batched GEMM)",
-      policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
+  attention_gemm_launch(
+      "kat::nn::ScaledDotProductAttention::backward (batched GEMM)", space, g,
       AttentionGemmBackward<ExecSpace, MemorySpace, Scalar>{g, scale, x, a, dy, dx, work});
 }
 
@@ -210,32 +243,18 @@ template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemm
 
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto rq = attention_token_block<MemorySpace>(rx, g, n, c0);
-    const auto rk = attention_token_block<MemorySpace>(rx, g, n, D + c0);
-    const auto rv = attention_token_block<MemorySpace>(rx, g, n, 2 * D + c0);
-    const auto ap = attention_square_block<MemorySpace>(a, g, n, h);
-    const auto rs = attention_square_block<MemorySpace>(ra, g, n, h);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, rq, k, Scalar(0), rs);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, q, rk, Scalar(1), rs);
-    // Masked entries have A = 0, so R{A} = 0 there too.
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      Scalar r = 0;
-      for (std::size_t c = 0; c < P; ++c) {
-        r += ap(t, c) * rs(t, c);
-      }
-      for (std::size_t c = 0; c < P; ++c) {
-        rs(t, c) = ap(t, c) * (rs(t, c) - r);
-      }
-    });
-    team.team_barrier();
-    const auto ro = attention_token_block<MemorySpace>(ry, g, n, c0);
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), rs, v, Scalar(0), ro);
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), ap, rv, Scalar(1), ro);
+    const AttentionPair<MemorySpace> pair(team, g);
+    const auto ap = pair.square(a), rs = pair.square(ra);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(rx, 0),
+                                                          pair.token(x, 1), Scalar(0), rs);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(x, 0),
+                                                          pair.token(rx, 1), Scalar(1), rs);
+    attention_softmax_jvp(team, g.positions, ap, rs);
+    const auto ro = pair.token(ry, 0);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), rs, pair.token(x, 2),
+                                                            Scalar(0), ro);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), ap, pair.token(rx, 2),
+                                                            Scalar(1), ro);
   }
 };
 
@@ -245,10 +264,8 @@ template <class ExecSpace, class MemorySpace, class Scalar>
 void attention_gemm_forward_r(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
                               const Scalar *x, const Scalar *rx, const Scalar *a, Scalar *ra,
                               Scalar *ry) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::forward_r (batched GEMM)",
-      policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
+  attention_gemm_launch(
+      "kat::nn::ScaledDotProductAttention::forward_r (batched GEMM)", space, g,
       AttentionGemmForwardR<ExecSpace, MemorySpace, Scalar>{g, scale, x, rx, a, ra, ry});
 }
 
@@ -268,21 +285,13 @@ template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemm
 
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto rq = attention_token_block<MemorySpace>(rx, g, n, c0);
-    const auto rk = attention_token_block<MemorySpace>(rx, g, n, D + c0);
-    const auto rv = attention_token_block<MemorySpace>(rx, g, n, 2 * D + c0);
-    const auto d_o = attention_token_block<MemorySpace>(dy, g, n, c0);
-    const auto rdo = attention_token_block<MemorySpace>(rdy, g, n, c0);
-    const auto ap = attention_square_block<MemorySpace>(a, g, n, h);
-    const auto rap = attention_square_block<MemorySpace>(ra, g, n, h);
-    const auto ds = attention_square_block<MemorySpace>(work, g, n, h);
-    const auto rds = attention_square_block<MemorySpace>(rwork, g, n, h);
-    const auto rdv = attention_token_block<MemorySpace>(rdx, g, n, 2 * D + c0);
+    const AttentionPair<MemorySpace> pair(team, g);
+    const std::size_t P = g.positions;
+    const auto v = pair.token(x, 2), rv = pair.token(rx, 2);
+    const auto d_o = pair.token(dy, 0), rdo = pair.token(rdy, 0);
+    const auto ap = pair.square(a), rap = pair.square(ra);
+    const auto ds = pair.square(work), rds = pair.square(rwork);
+    const auto rdv = pair.token(rdx, 2);
     attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), rap, d_o, Scalar(0),
                                                           rdv);
     attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), ap, rdo, Scalar(1), rdv);
@@ -302,8 +311,9 @@ template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemm
       }
     });
     team.team_barrier();
-    const auto rdq = attention_token_block<MemorySpace>(rdx, g, n, c0);
-    const auto rdk = attention_token_block<MemorySpace>(rdx, g, n, D + c0);
+    const auto q = pair.token(x, 0), k = pair.token(x, 1);
+    const auto rq = pair.token(rx, 0), rk = pair.token(rx, 1);
+    const auto rdq = pair.token(rdx, 0), rdk = pair.token(rdx, 1);
     attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, rds, k, Scalar(0), rdq);
     attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, ds, rk, Scalar(1), rdq);
     attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, rds, q, Scalar(0), rdk);
@@ -322,11 +332,9 @@ void attention_gemm_backward_r(const ExecSpace &space, const AttentionGeometry &
                                const Scalar *x, const Scalar *rx, const Scalar *a, const Scalar *ra,
                                const Scalar *dy, const Scalar *rdy, Scalar *rdx, Scalar *work,
                                Scalar *rwork) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::backward_r (batched GEMM)",
-                       policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
-                       AttentionGemmBackwardR<ExecSpace, MemorySpace, Scalar>{
-                           g, scale, x, rx, a, ra, dy, rdy, rdx, work, rwork});
+  attention_gemm_launch("kat::nn::ScaledDotProductAttention::backward_r (batched GEMM)", space, g,
+                        AttentionGemmBackwardR<ExecSpace, MemorySpace, Scalar>{
+                            g, scale, x, rx, a, ra, dy, rdy, rdx, work, rwork});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -356,10 +364,21 @@ KOKKOS_INLINE_FUNCTION void attention_lanes(const Member &team, int lanes, const
   Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, lanes), f);
 }
 
-/// Where one team's block is: head h, samples [n0, n0 + lanes).
+/// Where one team's block is: head h, samples [n0, n0 + lanes); the team-block builder of
+/// every batch-lanes pass.
 struct AttentionLaneBlock {
   std::size_t h, n0;
   int lanes;
+
+  /// Offset of the block's first sample at position 0 in the head's channels of part `part`
+  /// of a token matrix: 0 for Q (and for y, dy and their R-images), 1 for K, 2 for V.
+  KOKKOS_INLINE_FUNCTION std::size_t token(const AttentionGeometry &g, std::size_t part) const {
+    return g.token(n0, 0, part * g.model_dim() + h * g.head_dim);
+  }
+  /// Offset of A[0, 0] of the block's first sample and head in the probabilities' layout.
+  KOKKOS_INLINE_FUNCTION std::size_t prob(const AttentionGeometry &g) const {
+    return g.prob(n0, h, 0, 0);
+  }
 };
 
 template <class Member>
@@ -373,13 +392,19 @@ KOKKOS_INLINE_FUNCTION AttentionLaneBlock attention_lane_block_of(const Member &
   return {h, n0, left < std::size_t(block) ? int(left) : block};
 }
 
-template <class ExecSpace>
-Kokkos::TeamPolicy<ExecSpace> attention_lane_policy(const ExecSpace &space,
-                                                    const AttentionGeometry &g, int block) {
+/// Runs a batch-lanes functor (which has a member `int block`, set here to
+/// attention_lane_block()): one team per (head, block of samples).
+template <class ExecSpace, class Functor>
+void attention_lanes_launch(const char *label, const ExecSpace &space, const AttentionGeometry &g,
+                            Functor functor) {
+  const int block = attention_lane_block<ExecSpace>();
+  functor.block = block;
   const std::size_t blocks = (g.batch + block - 1) / block;
   const bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
-  return Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(g.heads * blocks), Kokkos::AUTO,
-                                       host ? 1 : block);
+  Kokkos::parallel_for(label,
+                       Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(g.heads * blocks),
+                                                     Kokkos::AUTO, host ? 1 : block),
+                       functor);
 }
 
 /// A and O of attention_lanes_forward for the team's head and block of samples.
@@ -394,13 +419,10 @@ template <class ExecSpace, class Scalar> struct AttentionLanesForward {
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
     const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const Scalar *q = x + g.token(blk.n0, 0, c0);
-    const Scalar *k = x + g.token(blk.n0, 0, D + c0);
-    const Scalar *v = x + g.token(blk.n0, 0, 2 * D + c0);
-    Scalar *o = y + g.token(blk.n0, 0, c0);
-    Scalar *ap = a + g.prob(blk.n0, blk.h, 0, 0);
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const Scalar *q = x + blk.token(g, 0), *k = x + blk.token(g, 1), *v = x + blk.token(g, 2);
+    Scalar *o = y + blk.token(g, 0);
+    Scalar *ap = a + blk.prob(g);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], m[attention_max_lanes];
       const std::size_t end = attention_row_end(g, t);
@@ -459,10 +481,8 @@ template <class ExecSpace, class Scalar> struct AttentionLanesForward {
 template <class ExecSpace, class Scalar>
 void attention_lanes_forward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
                              const Scalar *x, Scalar *y, Scalar *a) {
-  const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::forward (batch lanes)",
-                       attention_lane_policy(space, g, block),
-                       AttentionLanesForward<ExecSpace, Scalar>{g, scale, x, y, a, block});
+  attention_lanes_launch("kat::nn::ScaledDotProductAttention::forward (batch lanes)", space, g,
+                         AttentionLanesForward<ExecSpace, Scalar>{g, scale, x, y, a, 0});
 }
 
 /// dx of attention_lanes_backward for the team's head and block of samples.
@@ -479,17 +499,12 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackward {
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
     const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const Scalar *q = x + g.token(blk.n0, 0, c0);
-    const Scalar *k = x + g.token(blk.n0, 0, D + c0);
-    const Scalar *v = x + g.token(blk.n0, 0, 2 * D + c0);
-    const Scalar *d_o = dy + g.token(blk.n0, 0, c0);
-    Scalar *dq = dx + g.token(blk.n0, 0, c0);
-    Scalar *dk = dx + g.token(blk.n0, 0, D + c0);
-    Scalar *dv = dx + g.token(blk.n0, 0, 2 * D + c0);
-    const Scalar *ap = a + g.prob(blk.n0, blk.h, 0, 0);
-    Scalar *wp = work + g.prob(blk.n0, blk.h, 0, 0);
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const Scalar *q = x + blk.token(g, 0), *k = x + blk.token(g, 1), *v = x + blk.token(g, 2);
+    const Scalar *d_o = dy + blk.token(g, 0);
+    Scalar *dq = dx + blk.token(g, 0), *dk = dx + blk.token(g, 1), *dv = dx + blk.token(g, 2);
+    const Scalar *ap = a + blk.prob(g);
+    Scalar *wp = work + blk.prob(g);
     // Query rows: dA = dO Vᵀ, dS = A ⊙ (dA − rowsum(dA ⊙ A)) into work, dQ = dS K/√dh.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], r[attention_max_lanes];
@@ -560,11 +575,9 @@ template <class ExecSpace, class Scalar>
 void attention_lanes_backward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
                               const Scalar *x, const Scalar *a, const Scalar *dy, Scalar *dx,
                               Scalar *work) {
-  const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::backward (batch lanes)",
-      attention_lane_policy(space, g, block),
-      AttentionLanesBackward<ExecSpace, Scalar>{g, scale, x, a, dy, dx, work, block});
+  attention_lanes_launch(
+      "kat::nn::ScaledDotProductAttention::backward (batch lanes)", space, g,
+      AttentionLanesBackward<ExecSpace, Scalar>{g, scale, x, a, dy, dx, work, 0});
 }
 
 /// R{A} and R{O} of attention_lanes_forward_r for the team's head and block of samples.
@@ -581,13 +594,11 @@ template <class ExecSpace, class Scalar> struct AttentionLanesForwardR {
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
     const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const std::size_t qo = g.token(blk.n0, 0, c0), ko = g.token(blk.n0, 0, D + c0),
-                      vo = g.token(blk.n0, 0, 2 * D + c0);
-    const Scalar *ap = a + g.prob(blk.n0, blk.h, 0, 0);
-    Scalar *rap = ra + g.prob(blk.n0, blk.h, 0, 0);
-    Scalar *ro = ry + g.token(blk.n0, 0, c0);
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const std::size_t qo = blk.token(g, 0), ko = blk.token(g, 1), vo = blk.token(g, 2);
+    const Scalar *ap = a + blk.prob(g);
+    Scalar *rap = ra + blk.prob(g);
+    Scalar *ro = ry + qo;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], r[attention_max_lanes];
       const std::size_t end = attention_row_end(g, t);
@@ -639,11 +650,8 @@ template <class ExecSpace, class Scalar>
 void attention_lanes_forward_r(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
                                const Scalar *x, const Scalar *rx, const Scalar *a, Scalar *ra,
                                Scalar *ry) {
-  const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::forward_r (batch lanes)",
-      attention_lane_policy(space, g, block),
-      AttentionLanesForwardR<ExecSpace, Scalar>{g, scale, x, rx, a, ra, ry, block});
+  attention_lanes_launch("kat::nn::ScaledDotProductAttention::forward_r (batch lanes)", space, g,
+                         AttentionLanesForwardR<ExecSpace, Scalar>{g, scale, x, rx, a, ra, ry, 0});
 }
 
 /// R{dx} of attention_lanes_backward_r for the team's head and block of samples.
@@ -664,11 +672,9 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackwardR {
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
     const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const std::size_t qo = g.token(blk.n0, 0, c0), ko = g.token(blk.n0, 0, D + c0),
-                      vo = g.token(blk.n0, 0, 2 * D + c0), oo = g.token(blk.n0, 0, c0);
-    const std::size_t po = g.prob(blk.n0, blk.h, 0, 0);
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const std::size_t qo = blk.token(g, 0), ko = blk.token(g, 1), vo = blk.token(g, 2), oo = qo;
+    const std::size_t po = blk.prob(g);
     // Query rows: dA, R{dA}, then dS (into work), R{dS} (into rwork) and R{dQ}.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], racc[attention_max_lanes];
@@ -762,11 +768,9 @@ void attention_lanes_backward_r(const ExecSpace &space, const AttentionGeometry 
                                 const Scalar *x, const Scalar *rx, const Scalar *a,
                                 const Scalar *ra, const Scalar *dy, const Scalar *rdy, Scalar *rdx,
                                 Scalar *work, Scalar *rwork) {
-  const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::backward_r (batch lanes)",
-                       attention_lane_policy(space, g, block),
-                       AttentionLanesBackwardR<ExecSpace, Scalar>{g, scale, x, rx, a, ra, dy, rdy,
-                                                                  rdx, work, rwork, block});
+  attention_lanes_launch("kat::nn::ScaledDotProductAttention::backward_r (batch lanes)", space, g,
+                         AttentionLanesBackwardR<ExecSpace, Scalar>{g, scale, x, rx, a, ra, dy, rdy,
+                                                                    rdx, work, rwork, 0});
 }
 
 } // namespace detail

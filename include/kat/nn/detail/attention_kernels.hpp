@@ -204,8 +204,9 @@ template <class Scalar> struct AttentionArgs {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The four passes, each as both kernel families: gemm() for a batched-GEMM team, lanes() for
-// a batch-lanes team.
+// The four passes, each as both kernel families: gemm(team, p, pair) for the (sample, head)
+// pair of a batched-GEMM team, lanes(team, p, blk) for the head and block of samples of a
+// batch-lanes team.
 // ---------------------------------------------------------------------------------------------
 
 /// Forward: S = Q Kᵀ/√dh into A, its row softmax in place (entries s > t are 0 when causal),
@@ -213,12 +214,11 @@ template <class Scalar> struct AttentionArgs {
 struct AttentionForwardPass {
   static constexpr const char *label = "kat::nn::ScaledDotProductAttention::forward";
 
-  /// The pass for the (sample, head) pair of a batched-GEMM team.
-  template <class MemorySpace, class Member, class Scalar>
-  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p) {
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
-    const AttentionPair<MemorySpace> pair(team, g);
     const std::size_t P = g.positions;
     const auto s = pair.square(p.a);
     attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(p.x, 0),
@@ -249,7 +249,6 @@ struct AttentionForwardPass {
                                                             Scalar(0), pair.token(p.out, 0));
   }
 
-  /// The pass for the head and block of samples of a batch-lanes team.
   template <class Member, class Scalar>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock &blk) {
@@ -319,12 +318,11 @@ struct AttentionForwardPass {
 struct AttentionBackwardPass {
   static constexpr const char *label = "kat::nn::ScaledDotProductAttention::backward";
 
-  /// The pass for the (sample, head) pair of a batched-GEMM team.
-  template <class MemorySpace, class Member, class Scalar>
-  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p) {
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
-    const AttentionPair<MemorySpace> pair(team, g);
     const auto d_o = pair.token(p.dy, 0);
     const auto ap = pair.square(p.a), ds = pair.square(p.work);
     attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), ap, d_o, Scalar(0),
@@ -338,7 +336,6 @@ struct AttentionBackwardPass {
                                                           Scalar(0), pair.token(p.out, 1));
   }
 
-  /// The pass for the head and block of samples of a batch-lanes team.
   template <class Member, class Scalar>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock &blk) {
@@ -422,12 +419,11 @@ struct AttentionBackwardPass {
 struct AttentionForwardRPass {
   static constexpr const char *label = "kat::nn::ScaledDotProductAttention::forward_r";
 
-  /// The pass for the (sample, head) pair of a batched-GEMM team.
-  template <class MemorySpace, class Member, class Scalar>
-  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p) {
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
-    const AttentionPair<MemorySpace> pair(team, g);
     const auto ap = pair.square(p.a), rs = pair.square(p.ra);
     attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(p.rx, 0),
                                                           pair.token(p.x, 1), Scalar(0), rs);
@@ -441,7 +437,6 @@ struct AttentionForwardRPass {
                                                             pair.token(p.rx, 2), Scalar(1), ro);
   }
 
-  /// The pass for the head and block of samples of a batch-lanes team.
   template <class Member, class Scalar>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock &blk) {
@@ -509,12 +504,11 @@ struct AttentionForwardRPass {
 struct AttentionBackwardRPass {
   static constexpr const char *label = "kat::nn::ScaledDotProductAttention::backward_r";
 
-  /// The pass for the (sample, head) pair of a batched-GEMM team.
-  template <class MemorySpace, class Member, class Scalar>
-  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p) {
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
-    const AttentionPair<MemorySpace> pair(team, g);
     const std::size_t P = g.positions;
     const auto v = pair.token(p.x, 2), rv = pair.token(p.rx, 2);
     const auto d_o = pair.token(p.dy, 0), rdo = pair.token(p.rdy, 0);
@@ -549,7 +543,6 @@ struct AttentionBackwardRPass {
     attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, ds, rq, Scalar(1), rdk);
   }
 
-  /// The pass for the head and block of samples of a batch-lanes team.
   template <class Member, class Scalar>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock &blk) {
@@ -652,7 +645,7 @@ template <class Pass, class ExecSpace, class MemorySpace, class Scalar> struct A
 
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    Pass::template gemm<MemorySpace>(team, p);
+    Pass::gemm(team, p, AttentionPair<MemorySpace>(team, p.g));
   }
 };
 

@@ -155,13 +155,7 @@ public:
     const std::size_t p = geometry_.positions;
     probabilities_ = vector_type(attention_.matrix(geometry_.pairs() * p * p, 1).data(),
                                  geometry_.pairs() * p * p);
-    if (uses_batched_gemm()) {
-      detail::attention_gemm_forward<execution_space, MemorySpace>(
-          space, geometry_, scale(), x.data(), y.data(), probabilities_.data());
-    } else {
-      detail::attention_lanes_forward(space, geometry_, scale(), x.data(), y.data(),
-                                      probabilities_.data());
-    }
+    run<detail::AttentionForwardPass>(space, pass_args(y)); // x_ is x by now
   }
 
   /// dx from dy (N x D·P), in the q|k|v layout of x; skipped when dx has extent 0.
@@ -180,15 +174,10 @@ public:
     if (geometry_.batch == 0) {
       return;
     }
-    const std::size_t count = probabilities_.extent(0);
-    Scalar *work = work_.matrix(count, 1).data();
-    if (uses_batched_gemm()) {
-      detail::attention_gemm_backward<execution_space, MemorySpace>(
-          space, geometry_, scale(), x_.data(), probabilities_.data(), dy.data(), dx.data(), work);
-    } else {
-      detail::attention_lanes_backward(space, geometry_, scale(), x_.data(), probabilities_.data(),
-                                       dy.data(), dx.data(), work);
-    }
+    detail::AttentionArgs<Scalar> args = pass_args(dx);
+    args.dy = dy.data();
+    args.work = work_.matrix(probabilities_.extent(0), 1).data();
+    run<detail::AttentionBackwardPass>(space, args);
   }
 
   /// R-operator (see Layer): parameter-free, so R{y} depends on R{x} only.
@@ -229,14 +218,7 @@ public:
     }
     const std::size_t count = probabilities_.extent(0);
     r_probabilities_ = vector_type(r_attention_.matrix(count, 1).data(), count);
-    if (uses_batched_gemm()) {
-      detail::attention_gemm_forward_r<execution_space, MemorySpace>(
-          space, geometry_, scale(), x_.data(), rx_.data(), probabilities_.data(),
-          r_probabilities_.data(), ry.data());
-    } else {
-      detail::attention_lanes_forward_r(space, geometry_, scale(), x_.data(), rx_.data(),
-                                        probabilities_.data(), r_probabilities_.data(), ry.data());
-    }
+    run<detail::AttentionForwardRPass>(space, pass_args(ry));
   }
 
   /// rdx = R{dx} (N x 3D·P; skipped when extent 0) for dy and rdy = R{dy} (N x D·P), after
@@ -261,17 +243,12 @@ public:
       return;
     }
     const std::size_t count = probabilities_.extent(0);
-    Scalar *work = work_.matrix(count, 1).data();
-    Scalar *rwork = r_work_.matrix(count, 1).data();
-    if (uses_batched_gemm()) {
-      detail::attention_gemm_backward_r<execution_space, MemorySpace>(
-          space, geometry_, scale(), x_.data(), rx_.data(), probabilities_.data(),
-          r_probabilities_.data(), dy.data(), rdy.data(), rdx.data(), work, rwork);
-    } else {
-      detail::attention_lanes_backward_r(space, geometry_, scale(), x_.data(), rx_.data(),
-                                         probabilities_.data(), r_probabilities_.data(), dy.data(),
-                                         rdy.data(), rdx.data(), work, rwork);
-    }
+    detail::AttentionArgs<Scalar> args = pass_args(rdx);
+    args.dy = dy.data();
+    args.rdy = rdy.data();
+    args.work = work_.matrix(count, 1).data();
+    args.rwork = r_work_.matrix(count, 1).data();
+    run<detail::AttentionBackwardRPass>(space, args);
   }
 
   /// The attention probabilities A of the last forward(), N·heads·P·P values: A[t, s] of
@@ -298,6 +275,24 @@ public:
 
 private:
   Scalar scale() const { return Scalar(1) / static_cast<Scalar>(std::sqrt(double(head_dim_))); }
+
+  /// The buffers every pass may read (geometry, scale, x, R{x}, A, R{A}) and its output.
+  detail::AttentionArgs<Scalar> pass_args(const matrix_type &out) const {
+    detail::AttentionArgs<Scalar> args;
+    args.g = geometry_;
+    args.scale = scale();
+    args.x = x_.data();
+    args.rx = rx_.data();
+    args.a = probabilities_.data();
+    args.ra = r_probabilities_.data();
+    args.out = out.data();
+    return args;
+  }
+  /// Runs pass Pass with the kernels uses_batched_gemm() chooses.
+  template <class Pass>
+  void run(const execution_space &space, const detail::AttentionArgs<Scalar> &args) const {
+    detail::attention_run<Pass, MemorySpace>(space, args, uses_batched_gemm());
+  }
   std::size_t out_columns() const { return model_dim() * geometry_.positions; }
 
   static void require_contiguous(const char *where, const char *what, const matrix_type &m) {

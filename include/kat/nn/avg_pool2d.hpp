@@ -21,13 +21,9 @@ template <class ExecSpace, class MatrixView>
 void avg_pool2d_forward(const ExecSpace &space, const Pool2dGeometry &g, const MatrixView &x,
                         const MatrixView &y) {
   using Scalar = typename MatrixView::non_const_value_type;
-  const std::size_t n = x.extent(0);
   const Scalar area = static_cast<Scalar>(g.kernel_h * g.kernel_w);
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for("kat::nn::AvgPool2d::forward",
-                       policy(space, g.channels * g.out_width, Kokkos::AUTO,
-                              detail::batch_vector_length<ExecSpace>()),
-                       AvgPool2dForward<ExecSpace, MatrixView>{g, n, area, x, y});
+  pool2d_launch("kat::nn::AvgPool2d::forward", space, g.channels * g.out_width,
+                AvgPool2dForward<ExecSpace, MatrixView>{g, x.extent(0), area, x, y});
 }
 
 /// dx = the transpose of avg_pool2d_forward applied to dy (AvgPool2d::backward, also its
@@ -36,13 +32,9 @@ template <class ExecSpace, class MatrixView>
 void avg_pool2d_backward(const ExecSpace &space, const Pool2dGeometry &g, const MatrixView &dy,
                          const MatrixView &dx) {
   using Scalar = typename MatrixView::non_const_value_type;
-  const std::size_t n = dx.extent(0);
   const Scalar area = static_cast<Scalar>(g.kernel_h * g.kernel_w);
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::AvgPool2d::backward",
-      policy(space, g.channels * g.width, Kokkos::AUTO, detail::batch_vector_length<ExecSpace>()),
-      AvgPool2dBackward<ExecSpace, MatrixView>{g, n, area, dy, dx});
+  pool2d_launch("kat::nn::AvgPool2d::backward", space, g.channels * g.width,
+                AvgPool2dBackward<ExecSpace, MatrixView>{g, dx.extent(0), area, dy, dx});
 }
 
 } // namespace detail
@@ -76,68 +68,27 @@ public:
   /// @throws ValueError on a value outside those ranges.
   AvgPool2d(std::array<int, 2> kernel, std::array<int, 2> stride,
             std::array<int, 2> padding = {0, 0})
-      : base("AvgPool2d", kernel, stride, padding) {}
+      : base("AvgPool2d", false, kernel, stride, padding) {}
 
   /// Square window; `stride` 0 means stride = kernel (PyTorch's default).
   /// @throws ValueError as above.
   explicit AvgPool2d(int kernel, int stride = 0, int padding = 0)
-      : base("AvgPool2d", kernel, stride, padding) {}
+      : base("AvgPool2d", false, kernel, stride, padding) {}
 
-  /// y = window sums / (k_h · k_w); x: N x (C·H·W), y: N x (C·H_out·W_out).
-  /// @throws Error if output_shape() has not seen an input shape; ShapeError on other extents.
-  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
-    ScopedRegion region("kat::nn::AvgPool2d::forward");
-    const detail::Pool2dGeometry g = this->begin_forward(x, y);
-    if (this->dnn_forward(space, x, y, false)) {
-      return;
-    }
+private:
+  // The passes are detail::Pool2dBase's. Average pooling is linear, so R{y} = avgpool(R{x})
+  // and R{dx} = the backward of R{dy}.
+  void pool_forward(const execution_space &space, const detail::Pool2dGeometry &g,
+                    const matrix_type &x, const matrix_type &y) override {
     detail::avg_pool2d_forward(space, g, x, y);
   }
-
-  /// dx(n, c, h, w) = Σ dy(n, c, oh, ow) / (k_h · k_w) over the windows covering (h, w); an
-  /// empty dx skips the work.
-  /// @throws Error before the first forward(); ShapeError if dy or dx do not match it.
-  void backward(const execution_space &space, const matrix_type &dy,
-                const matrix_type &dx) override {
-    ScopedRegion region("kat::nn::AvgPool2d::backward");
-    this->check_backward(dy, dx);
-    if (this->dnn_backward(space, dy, dx)) {
-      return;
-    }
-    if (dx.extent(0) == 0) {
-      return;
-    }
+  void pool_backward(const execution_space &space, const matrix_type &dy,
+                     const matrix_type &dx) override {
     detail::avg_pool2d_backward(space, this->forward_geometry_, dy, dx);
   }
-
-  /// R-operator (see Layer). Average pooling is linear and has no parameters:
-  /// R{y} = avgpool(R{x}) and R{dx} = backward applied to R{dy} (no dy term).
-  bool supports_r_operator() const override { return true; }
-
-  /// ry = avgpool(rx) (rx of extent 0: ry = 0), after forward().
-  /// @throws Error before the first forward(); ShapeError if rx or ry do not match it.
-  void forward_r(const execution_space &space, const matrix_type &rx,
-                 const matrix_type &ry) override {
-    ScopedRegion region("kat::nn::AvgPool2d::forward_r");
-    this->require_kat_forward("forward_r");
-    if (!this->check_forward_r(rx, ry)) {
-      Kokkos::deep_copy(space, ry, Scalar(0));
-      return;
-    }
+  void pool_forward_r(const execution_space &space, const matrix_type &rx,
+                      const matrix_type &ry) override {
     detail::avg_pool2d_forward(space, this->forward_geometry_, rx, ry);
-  }
-
-  /// rdx = the backward of rdy (skipped when rdx is empty); dy is not needed.
-  /// @throws Error before the first forward(); ShapeError if rdy or rdx do not match it.
-  void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
-                  const matrix_type &rdx) override {
-    ScopedRegion region("kat::nn::AvgPool2d::backward_r");
-    this->require_kat_forward("backward_r");
-    this->check_backward(rdy, rdx, "backward_r");
-    if (rdx.extent(0) == 0) {
-      return;
-    }
-    detail::avg_pool2d_backward(space, this->forward_geometry_, rdy, rdx);
   }
 };
 

@@ -27,12 +27,17 @@ namespace detail {
 template <class ExecSpace, class MatrixView, class IndexView>
 void max_pool2d_backward(const ExecSpace &space, const Pool2dGeometry &g, const IndexView &argmax,
                          const MatrixView &dy, const MatrixView &dx) {
-  const std::size_t n = dx.extent(0);
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::MaxPool2d::backward",
-      policy(space, g.channels * g.width, Kokkos::AUTO, detail::batch_vector_length<ExecSpace>()),
-      MaxPool2dBackward<ExecSpace, MatrixView, IndexView>{g, n, argmax, dy, dx});
+  pool2d_launch(
+      "kat::nn::MaxPool2d::backward", space, g.channels * g.width,
+      MaxPool2dBackward<ExecSpace, MatrixView, IndexView>{g, dx.extent(0), argmax, dy, dx});
+}
+
+/// y = the maximum over each window of x, and argmax the first position of it (MaxPool2d::forward).
+template <class ExecSpace, class MatrixView, class IndexView>
+void max_pool2d_forward(const ExecSpace &space, const Pool2dGeometry &g, const IndexView &argmax,
+                        const MatrixView &x, const MatrixView &y) {
+  pool2d_launch("kat::nn::MaxPool2d::forward", space, g.channels * g.out_width,
+                MaxPool2dForward<ExecSpace, MatrixView, IndexView>{g, x.extent(0), argmax, x, y});
 }
 
 /// ry(n, c, oh, ow) = rx(n, c, h, w) at the recorded argmax (h, w) of each window: max pooling
@@ -87,86 +92,34 @@ public:
   /// @throws ValueError on a value outside those ranges.
   MaxPool2d(std::array<int, 2> kernel, std::array<int, 2> stride,
             std::array<int, 2> padding = {0, 0})
-      : base("MaxPool2d", kernel, stride, padding) {}
+      : base("MaxPool2d", true, kernel, stride, padding) {}
 
   /// Square window; `stride` 0 means stride = kernel (PyTorch's default).
   /// @throws ValueError as above.
   explicit MaxPool2d(int kernel, int stride = 0, int padding = 0)
-      : base("MaxPool2d", kernel, stride, padding) {}
-
-  /// y = max over each window; x: N x (C·H·W), y: N x (C·H_out·W_out).
-  /// @throws Error if output_shape() has not seen an input shape; ShapeError on other extents.
-  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
-    ScopedRegion region("kat::nn::MaxPool2d::forward");
-    const detail::Pool2dGeometry g = this->begin_forward(x, y);
-    if (this->dnn_forward(space, x, y, true)) {
-      return;
-    }
-    const std::size_t n = x.extent(0);
-    argmax_view_ = argmax_.matrix(n, g.out_size());
-    const auto argmax = argmax_view_;
-    using policy = Kokkos::TeamPolicy<execution_space>;
-    Kokkos::parallel_for(
-        "kat::nn::MaxPool2d::forward",
-        policy(space, g.channels * g.out_width, Kokkos::AUTO,
-               detail::batch_vector_length<execution_space>()),
-        detail::MaxPool2dForward<execution_space, matrix_type, Matrix<std::int32_t, MemorySpace>>{
-            g, n, argmax, x, y});
-  }
-
-  /// dx(n, c, h, w) = Σ dy(n, c, oh, ow) over the windows whose argmax is (h, w); an empty dx
-  /// skips the work.
-  /// @throws Error before the first forward(); ShapeError if dy or dx do not match it.
-  void backward(const execution_space &space, const matrix_type &dy,
-                const matrix_type &dx) override {
-    ScopedRegion region("kat::nn::MaxPool2d::backward");
-    this->check_backward(dy, dx);
-    if (this->dnn_backward(space, dy, dx)) {
-      return;
-    }
-    if (dx.extent(0) == 0) {
-      return;
-    }
-    detail::max_pool2d_backward(space, this->forward_geometry_, argmax_view_, dy, dx);
-  }
-
-  /// R-operator (see Layer). With each window's argmax fixed, max pooling is linear and has
-  /// no parameters: R{y} = R{x} at the argmax of the last forward, and R{dx} = backward
-  /// applied to R{dy} (no dy term). Exact wherever the argmax is unique (almost everywhere).
-  bool supports_r_operator() const override { return true; }
-
-  /// ry(n, c, oh, ow) = rx(n, c, argmax of the window) (rx of extent 0: ry = 0), after
-  /// forward().
-  /// @throws Error before the first forward(); ShapeError if rx or ry do not match it.
-  void forward_r(const execution_space &space, const matrix_type &rx,
-                 const matrix_type &ry) override {
-    ScopedRegion region("kat::nn::MaxPool2d::forward_r");
-    this->require_kat_forward("forward_r");
-    if (!this->check_forward_r(rx, ry)) {
-      Kokkos::deep_copy(space, ry, Scalar(0));
-      return;
-    }
-    detail::max_pool2d_gather(space, this->forward_geometry_, argmax_view_, rx, ry);
-  }
-
-  /// rdx = the backward of rdy through the recorded argmax (skipped when rdx is empty); dy is
-  /// not needed.
-  /// @throws Error before the first forward(); ShapeError if rdy or rdx do not match it.
-  void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
-                  const matrix_type &rdx) override {
-    ScopedRegion region("kat::nn::MaxPool2d::backward_r");
-    this->require_kat_forward("backward_r");
-    this->check_backward(rdy, rdx, "backward_r");
-    if (rdx.extent(0) == 0) {
-      return;
-    }
-    detail::max_pool2d_backward(space, this->forward_geometry_, argmax_view_, rdy, rdx);
-  }
+      : base("MaxPool2d", true, kernel, stride, padding) {}
 
   /// Allocations of the argmax buffer so far; constant once the largest batch has been seen.
   std::size_t workspace_allocations() const { return argmax_.allocations(); }
 
 private:
+  // The passes are detail::Pool2dBase's. With each window's argmax fixed, max pooling is
+  // linear: R{y} = R{x} at the argmax of the last forward (exact wherever the argmax is
+  // unique, almost everywhere), and R{dx} = the backward of R{dy} through it.
+  void pool_forward(const execution_space &space, const detail::Pool2dGeometry &g,
+                    const matrix_type &x, const matrix_type &y) override {
+    argmax_view_ = argmax_.matrix(x.extent(0), g.out_size());
+    detail::max_pool2d_forward(space, g, argmax_view_, x, y);
+  }
+  void pool_backward(const execution_space &space, const matrix_type &dy,
+                     const matrix_type &dx) override {
+    detail::max_pool2d_backward(space, this->forward_geometry_, argmax_view_, dy, dx);
+  }
+  void pool_forward_r(const execution_space &space, const matrix_type &rx,
+                      const matrix_type &ry) override {
+    detail::max_pool2d_gather(space, this->forward_geometry_, argmax_view_, rx, ry);
+  }
+
   Workspace<std::int32_t, MemorySpace> argmax_{"kat::nn::MaxPool2d::argmax"};
   Matrix<std::int32_t, MemorySpace> argmax_view_;
 };

@@ -10,6 +10,7 @@
 #include <KokkosBatched_Gemm_Decl.hpp>
 
 #include <cstddef>
+#include <string>
 
 namespace kat::nn {
 
@@ -72,6 +73,31 @@ attention_square_block(Scalar *base, const AttentionGeometry &g, std::size_t n, 
       Kokkos::LayoutStride(g.positions, stride, g.positions, stride * g.positions));
 }
 
+/// The (sample n, head h) pair of one batched-GEMM team (team league_rank() = n + N·h) and
+/// its blocks: the one team-block builder of every batched-GEMM pass.
+template <class MemorySpace> struct AttentionPair {
+  const AttentionGeometry &g;
+  std::size_t n, h;
+
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION AttentionPair(const Member &team, const AttentionGeometry &geometry)
+      : g(geometry), n(team.league_rank() % geometry.batch),
+        h(team.league_rank() / geometry.batch) {}
+
+  /// The P x dh block of the head's channels in part `part` of a token matrix at `base`: 0
+  /// for Q (and for y, dy and their R-images, which hold one part), 1 for K, 2 for V.
+  template <class Scalar>
+  KOKKOS_INLINE_FUNCTION AttentionBlock<Scalar, MemorySpace> token(Scalar *base,
+                                                                   std::size_t part) const {
+    return attention_token_block<MemorySpace>(base, g, n, part * g.model_dim() + h * g.head_dim);
+  }
+  /// The pair's P x P block in a buffer laid out as the probabilities.
+  template <class Scalar>
+  KOKKOS_INLINE_FUNCTION AttentionBlock<Scalar, MemorySpace> square(Scalar *base) const {
+    return attention_square_block<MemorySpace>(base, g, n, h);
+  }
+};
+
 using AttentionNoTrans = KokkosBatched::Trans::NoTranspose;
 using AttentionTrans = KokkosBatched::Trans::Transpose;
 /// Blocked (register tiles of 2 x 2 on GPUs, 4 x 4 on hosts) rather than Unblocked: faster at
@@ -89,244 +115,23 @@ KOKKOS_INLINE_FUNCTION void attention_team_gemm(const Member &team, Scalar alpha
   team.team_barrier();
 }
 
-/// The forward of attention_gemm_forward for the (sample, head) pair of the team.
-template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemmForward {
-  AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  Scalar *y;
-  Scalar *a;
-
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto s = attention_square_block<MemorySpace>(a, g, n, h);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, q, k, Scalar(0), s);
-    // Numerically stable softmax over the keys of each query t: subtract the row max.
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      const std::size_t end = attention_row_end(g, t);
-      Scalar m = s(t, 0);
-      for (std::size_t c = 1; c < end; ++c) {
-        m = s(t, c) > m ? s(t, c) : m;
-      }
-      Scalar sum = 0;
-      for (std::size_t c = 0; c < end; ++c) {
-        const Scalar e = math::exp(s(t, c) - m);
-        s(t, c) = e;
-        sum += e;
-      }
-      const Scalar inv = Scalar(1) / sum;
-      for (std::size_t c = 0; c < end; ++c) {
-        s(t, c) *= inv;
-      }
-      for (std::size_t c = end; c < P; ++c) {
-        s(t, c) = Scalar(0);
-      }
-    });
-    team.team_barrier();
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(
-        team, Scalar(1), s, v, Scalar(0), attention_token_block<MemorySpace>(y, g, n, c0));
-  }
-};
-
-/// Forward: per pair, S = Q Kᵀ/√dh into `a`, its row softmax in place (entries s > t are 0
-/// when causal), then O = A V into y.
-template <class ExecSpace, class MemorySpace, class Scalar>
-void attention_gemm_forward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                            const Scalar *x, Scalar *y, Scalar *a) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::forward (batched GEMM)",
-                       policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
-                       AttentionGemmForward<ExecSpace, MemorySpace, Scalar>{g, scale, x, y, a});
-}
-
-/// The backward of attention_gemm_backward for the (sample, head) pair of the team.
-template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemmBackward {
-  AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  const Scalar *a;
-  const Scalar *dy;
-  Scalar *dx;
-  Scalar *work;
-
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto d_o = attention_token_block<MemorySpace>(dy, g, n, c0);
-    const auto ap = attention_square_block<MemorySpace>(a, g, n, h);
-    const auto ds = attention_square_block<MemorySpace>(work, g, n, h);
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(
-        team, Scalar(1), ap, d_o, Scalar(0),
-        attention_token_block<MemorySpace>(dx, g, n, 2 * D + c0));
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, v, Scalar(0), ds);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      Scalar r = 0;
-      for (std::size_t c = 0; c < P; ++c) {
-        r += ds(t, c) * ap(t, c);
-      }
-      for (std::size_t c = 0; c < P; ++c) {
-        ds(t, c) = ap(t, c) * (ds(t, c) - r);
-      }
-    });
-    team.team_barrier();
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(
-        team, scale, ds, k, Scalar(0), attention_token_block<MemorySpace>(dx, g, n, c0));
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(
-        team, scale, ds, q, Scalar(0), attention_token_block<MemorySpace>(dx, g, n, D + c0));
-  }
-};
-
-/// Backward: per pair, dV = Aᵀ dO, dA = dO Vᵀ (into `work`), dS = A ⊙ (dA − rowsum(dA ⊙ A))
-/// in place, dQ = dS K/√dh, dK = dSᵀ Q/√dh, into dx in the q|k|v layout.
-template <class ExecSpace, class MemorySpace, class Scalar>
-void attention_gemm_backward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                             const Scalar *x, const Scalar *a, const Scalar *dy, Scalar *dx,
-                             Scalar *work) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::backward (batched GEMM)",
-      policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
-      AttentionGemmBackward<ExecSpace, MemorySpace, Scalar>{g, scale, x, a, dy, dx, work});
-}
-
-/// R{A} and R{O} of attention_gemm_forward_r for the (sample, head) pair of the team.
-template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemmForwardR {
-  AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  const Scalar *rx;
-  const Scalar *a;
-  Scalar *ra;
-  Scalar *ry;
-
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto rq = attention_token_block<MemorySpace>(rx, g, n, c0);
-    const auto rk = attention_token_block<MemorySpace>(rx, g, n, D + c0);
-    const auto rv = attention_token_block<MemorySpace>(rx, g, n, 2 * D + c0);
-    const auto ap = attention_square_block<MemorySpace>(a, g, n, h);
-    const auto rs = attention_square_block<MemorySpace>(ra, g, n, h);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, rq, k, Scalar(0), rs);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, q, rk, Scalar(1), rs);
-    // Masked entries have A = 0, so R{A} = 0 there too.
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      Scalar r = 0;
-      for (std::size_t c = 0; c < P; ++c) {
-        r += ap(t, c) * rs(t, c);
-      }
-      for (std::size_t c = 0; c < P; ++c) {
-        rs(t, c) = ap(t, c) * (rs(t, c) - r);
-      }
-    });
-    team.team_barrier();
-    const auto ro = attention_token_block<MemorySpace>(ry, g, n, c0);
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), rs, v, Scalar(0), ro);
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), ap, rv, Scalar(1), ro);
-  }
-};
-
-/// R-operator of the forward: per pair, R{S} = (R{Q}Kᵀ + Q R{K}ᵀ)/√dh, R{A} = A ⊙ (R{S} −
-/// rowsum(A ⊙ R{S})) into `ra`, R{O} = R{A} V + A R{V} into ry.
-template <class ExecSpace, class MemorySpace, class Scalar>
-void attention_gemm_forward_r(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                              const Scalar *x, const Scalar *rx, const Scalar *a, Scalar *ra,
-                              Scalar *ry) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::forward_r (batched GEMM)",
-      policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
-      AttentionGemmForwardR<ExecSpace, MemorySpace, Scalar>{g, scale, x, rx, a, ra, ry});
-}
-
-/// R{dx} of attention_gemm_backward_r for the (sample, head) pair of the team.
-template <class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemmBackwardR {
-  AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  const Scalar *rx;
-  const Scalar *a;
-  const Scalar *ra;
-  const Scalar *dy;
-  const Scalar *rdy;
-  Scalar *rdx;
-  Scalar *work;
-  Scalar *rwork;
-
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const std::size_t n = team.league_rank() % g.batch, h = team.league_rank() / g.batch;
-    const std::size_t D = g.model_dim(), c0 = h * g.head_dim, P = g.positions;
-    const auto q = attention_token_block<MemorySpace>(x, g, n, c0);
-    const auto k = attention_token_block<MemorySpace>(x, g, n, D + c0);
-    const auto v = attention_token_block<MemorySpace>(x, g, n, 2 * D + c0);
-    const auto rq = attention_token_block<MemorySpace>(rx, g, n, c0);
-    const auto rk = attention_token_block<MemorySpace>(rx, g, n, D + c0);
-    const auto rv = attention_token_block<MemorySpace>(rx, g, n, 2 * D + c0);
-    const auto d_o = attention_token_block<MemorySpace>(dy, g, n, c0);
-    const auto rdo = attention_token_block<MemorySpace>(rdy, g, n, c0);
-    const auto ap = attention_square_block<MemorySpace>(a, g, n, h);
-    const auto rap = attention_square_block<MemorySpace>(ra, g, n, h);
-    const auto ds = attention_square_block<MemorySpace>(work, g, n, h);
-    const auto rds = attention_square_block<MemorySpace>(rwork, g, n, h);
-    const auto rdv = attention_token_block<MemorySpace>(rdx, g, n, 2 * D + c0);
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), rap, d_o, Scalar(0),
-                                                          rdv);
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), ap, rdo, Scalar(1), rdv);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, v, Scalar(0), ds);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), rdo, v, Scalar(0), rds);
-    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, rv, Scalar(1), rds);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      Scalar r = 0, rr = 0;
-      for (std::size_t c = 0; c < P; ++c) {
-        r += ds(t, c) * ap(t, c);
-        rr += rds(t, c) * ap(t, c) + ds(t, c) * rap(t, c);
-      }
-      for (std::size_t c = 0; c < P; ++c) {
-        const Scalar da = ds(t, c);
-        ds(t, c) = ap(t, c) * (da - r);
-        rds(t, c) = rap(t, c) * (da - r) + ap(t, c) * (rds(t, c) - rr);
-      }
-    });
-    team.team_barrier();
-    const auto rdq = attention_token_block<MemorySpace>(rdx, g, n, c0);
-    const auto rdk = attention_token_block<MemorySpace>(rdx, g, n, D + c0);
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, rds, k, Scalar(0), rdq);
-    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, ds, rk, Scalar(1), rdq);
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, rds, q, Scalar(0), rdk);
-    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, ds, rq, Scalar(1), rdk);
-  }
-};
-
-/// R-operator of the backward (the product rule on each backward formula): per pair,
-///   R{dV} = R{A}ᵀ dO + Aᵀ R{dO},   R{dA} = R{dO} Vᵀ + dO R{V}ᵀ,
-///   R{dS} = R{A} ⊙ (dA − r) + A ⊙ (R{dA} − R{r}),  r = rowsum(dA ⊙ A),
-///           R{r} = rowsum(R{dA} ⊙ A + dA ⊙ R{A}),
-///   R{dQ} = (R{dS} K + dS R{K})/√dh,   R{dK} = (R{dS}ᵀ Q + dSᵀ R{Q})/√dh,
-/// into rdx; dA and dS go through `work`, R{dA} and R{dS} through `rwork`.
-template <class ExecSpace, class MemorySpace, class Scalar>
-void attention_gemm_backward_r(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                               const Scalar *x, const Scalar *rx, const Scalar *a, const Scalar *ra,
-                               const Scalar *dy, const Scalar *rdy, Scalar *rdx, Scalar *work,
-                               Scalar *rwork) {
-  using policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::backward_r (batched GEMM)",
-                       policy(space, static_cast<int>(g.pairs()), Kokkos::AUTO),
-                       AttentionGemmBackwardR<ExecSpace, MemorySpace, Scalar>{
-                           g, scale, x, rx, a, ra, dy, rdy, rdx, work, rwork});
+/// Row by row of a pair's P x P blocks: w = A ⊙ (w − rowsum(w ⊙ A)), the softmax's Jacobian
+/// (symmetric) applied to w in place, then a team barrier. dS from dA in the backward, R{A}
+/// from R{S} in forward_r (masked entries have A = 0, so they stay 0).
+template <class Member, class ABlock, class WBlock>
+KOKKOS_INLINE_FUNCTION void attention_softmax_jvp(const Member &team, std::size_t P,
+                                                  const ABlock &ap, const WBlock &w) {
+  using Scalar = typename WBlock::non_const_value_type;
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
+    Scalar r = 0;
+    for (std::size_t c = 0; c < P; ++c) {
+      r += w(t, c) * ap(t, c);
+    }
+    for (std::size_t c = 0; c < P; ++c) {
+      w(t, c) = ap(t, c) * (w(t, c) - r);
+    }
+  });
+  team.team_barrier();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -356,10 +161,21 @@ KOKKOS_INLINE_FUNCTION void attention_lanes(const Member &team, int lanes, const
   Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, lanes), f);
 }
 
-/// Where one team's block is: head h, samples [n0, n0 + lanes).
+/// Where one team's block is: head h, samples [n0, n0 + lanes); the team-block builder of
+/// every batch-lanes pass.
 struct AttentionLaneBlock {
   std::size_t h, n0;
   int lanes;
+
+  /// Offset of the block's first sample at position 0 in the head's channels of part `part`
+  /// of a token matrix: 0 for Q (and for y, dy and their R-images), 1 for K, 2 for V.
+  KOKKOS_INLINE_FUNCTION std::size_t token(const AttentionGeometry &g, std::size_t part) const {
+    return g.token(n0, 0, part * g.model_dim() + h * g.head_dim);
+  }
+  /// Offset of A[0, 0] of the block's first sample and head in the probabilities' layout.
+  KOKKOS_INLINE_FUNCTION std::size_t prob(const AttentionGeometry &g) const {
+    return g.prob(n0, h, 0, 0);
+  }
 };
 
 template <class Member>
@@ -373,34 +189,75 @@ KOKKOS_INLINE_FUNCTION AttentionLaneBlock attention_lane_block_of(const Member &
   return {h, n0, left < std::size_t(block) ? int(left) : block};
 }
 
-template <class ExecSpace>
-Kokkos::TeamPolicy<ExecSpace> attention_lane_policy(const ExecSpace &space,
-                                                    const AttentionGeometry &g, int block) {
-  const std::size_t blocks = (g.batch + block - 1) / block;
-  const bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
-  return Kokkos::TeamPolicy<ExecSpace>(space, static_cast<int>(g.heads * blocks), Kokkos::AUTO,
-                                       host ? 1 : block);
-}
-
-/// A and O of attention_lanes_forward for the team's head and block of samples.
-template <class ExecSpace, class Scalar> struct AttentionLanesForward {
+/// The buffers and constants of one attention pass (one struct for all four, so the kernels
+/// and their launch are shared): each pass reads and writes the ones its doc names.
+template <class Scalar> struct AttentionArgs {
   AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  Scalar *y;
-  Scalar *a;
-  int block;
+  Scalar scale = 0;                           ///< 1/√dh
+  const Scalar *x = nullptr;                  ///< N x 3D·P, q|k|v
+  const Scalar *rx = nullptr;                 ///< R{x}
+  Scalar *a = nullptr;                        ///< the probabilities A (forward writes them)
+  Scalar *ra = nullptr;                       ///< R{A} (forward_r writes them)
+  const Scalar *dy = nullptr, *rdy = nullptr; ///< dy and R{dy}, N x D·P
+  Scalar *out = nullptr;                      ///< y, dx, R{y} or R{dx}
+  Scalar *work = nullptr, *rwork = nullptr;   ///< A-sized scratch: dA/dS and R{dA}/R{dS}
+};
 
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const Scalar *q = x + g.token(blk.n0, 0, c0);
-    const Scalar *k = x + g.token(blk.n0, 0, D + c0);
-    const Scalar *v = x + g.token(blk.n0, 0, 2 * D + c0);
-    Scalar *o = y + g.token(blk.n0, 0, c0);
-    Scalar *ap = a + g.prob(blk.n0, blk.h, 0, 0);
+// ---------------------------------------------------------------------------------------------
+// The four passes, each as both kernel families: gemm(team, p, pair) for the (sample, head)
+// pair of a batched-GEMM team, lanes(team, p, blk) for the head and block of samples of a
+// batch-lanes team.
+// ---------------------------------------------------------------------------------------------
+
+/// Forward: S = Q Kᵀ/√dh into A, its row softmax in place (entries s > t are 0 when causal),
+/// then O = A V into `out` (y). Reads x; writes a and out.
+struct AttentionForwardPass {
+  static constexpr const char *label = "kat::nn::ScaledDotProductAttention::forward";
+
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const std::size_t P = g.positions;
+    const auto s = pair.square(p.a);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(p.x, 0),
+                                                          pair.token(p.x, 1), Scalar(0), s);
+    // Numerically stable softmax over the keys of each query t: subtract the row max.
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
+      const std::size_t end = attention_row_end(g, t);
+      Scalar m = s(t, 0);
+      for (std::size_t c = 1; c < end; ++c) {
+        m = s(t, c) > m ? s(t, c) : m;
+      }
+      Scalar sum = 0;
+      for (std::size_t c = 0; c < end; ++c) {
+        const Scalar e = math::exp(s(t, c) - m);
+        s(t, c) = e;
+        sum += e;
+      }
+      const Scalar inv = Scalar(1) / sum;
+      for (std::size_t c = 0; c < end; ++c) {
+        s(t, c) *= inv;
+      }
+      for (std::size_t c = end; c < P; ++c) {
+        s(t, c) = Scalar(0);
+      }
+    });
+    team.team_barrier();
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), s, pair.token(p.x, 2),
+                                                            Scalar(0), pair.token(p.out, 0));
+  }
+
+  template <class Member, class Scalar>
+  KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
+                                           const AttentionLaneBlock &blk) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const Scalar *q = p.x + blk.token(g, 0), *k = p.x + blk.token(g, 1), *v = p.x + blk.token(g, 2);
+    Scalar *o = p.out + blk.token(g, 0);
+    Scalar *ap = p.a + blk.prob(g);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], m[attention_max_lanes];
       const std::size_t end = attention_row_end(g, t);
@@ -456,40 +313,41 @@ template <class ExecSpace, class Scalar> struct AttentionLanesForward {
   }
 };
 
-template <class ExecSpace, class Scalar>
-void attention_lanes_forward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                             const Scalar *x, Scalar *y, Scalar *a) {
-  const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::forward (batch lanes)",
-                       attention_lane_policy(space, g, block),
-                       AttentionLanesForward<ExecSpace, Scalar>{g, scale, x, y, a, block});
-}
+/// Backward: dV = Aᵀ dO, dA = dO Vᵀ (into `work`), dS = A ⊙ (dA − rowsum(dA ⊙ A)) in place,
+/// dQ = dS K/√dh, dK = dSᵀ Q/√dh, into `out` (dx) in the q|k|v layout. Reads x, a, dy.
+struct AttentionBackwardPass {
+  static constexpr const char *label = "kat::nn::ScaledDotProductAttention::backward";
 
-/// dx of attention_lanes_backward for the team's head and block of samples.
-template <class ExecSpace, class Scalar> struct AttentionLanesBackward {
-  AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  const Scalar *a;
-  const Scalar *dy;
-  Scalar *dx;
-  Scalar *work;
-  int block;
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const auto d_o = pair.token(p.dy, 0);
+    const auto ap = pair.square(p.a), ds = pair.square(p.work);
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), ap, d_o, Scalar(0),
+                                                          pair.token(p.out, 2));
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, pair.token(p.x, 2),
+                                                          Scalar(0), ds);
+    attention_softmax_jvp(team, g.positions, ap, ds);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, ds, pair.token(p.x, 1),
+                                                            Scalar(0), pair.token(p.out, 0));
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, ds, pair.token(p.x, 0),
+                                                          Scalar(0), pair.token(p.out, 1));
+  }
 
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const Scalar *q = x + g.token(blk.n0, 0, c0);
-    const Scalar *k = x + g.token(blk.n0, 0, D + c0);
-    const Scalar *v = x + g.token(blk.n0, 0, 2 * D + c0);
-    const Scalar *d_o = dy + g.token(blk.n0, 0, c0);
-    Scalar *dq = dx + g.token(blk.n0, 0, c0);
-    Scalar *dk = dx + g.token(blk.n0, 0, D + c0);
-    Scalar *dv = dx + g.token(blk.n0, 0, 2 * D + c0);
-    const Scalar *ap = a + g.prob(blk.n0, blk.h, 0, 0);
-    Scalar *wp = work + g.prob(blk.n0, blk.h, 0, 0);
+  template <class Member, class Scalar>
+  KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
+                                           const AttentionLaneBlock &blk) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const Scalar *q = p.x + blk.token(g, 0), *k = p.x + blk.token(g, 1), *v = p.x + blk.token(g, 2);
+    const Scalar *d_o = p.dy + blk.token(g, 0);
+    Scalar *dq = p.out + blk.token(g, 0), *dk = p.out + blk.token(g, 1),
+           *dv = p.out + blk.token(g, 2);
+    const Scalar *ap = p.a + blk.prob(g);
+    Scalar *wp = p.work + blk.prob(g);
     // Query rows: dA = dO Vᵀ, dS = A ⊙ (dA − rowsum(dA ⊙ A)) into work, dQ = dS K/√dh.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], r[attention_max_lanes];
@@ -556,38 +414,39 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackward {
   }
 };
 
-template <class ExecSpace, class Scalar>
-void attention_lanes_backward(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                              const Scalar *x, const Scalar *a, const Scalar *dy, Scalar *dx,
-                              Scalar *work) {
-  const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::backward (batch lanes)",
-      attention_lane_policy(space, g, block),
-      AttentionLanesBackward<ExecSpace, Scalar>{g, scale, x, a, dy, dx, work, block});
-}
+/// R-operator of the forward: R{S} = (R{Q}Kᵀ + Q R{K}ᵀ)/√dh, R{A} = A ⊙ (R{S} −
+/// rowsum(A ⊙ R{S})) into `ra`, R{O} = R{A} V + A R{V} into `out` (R{y}). Reads x, rx, a.
+struct AttentionForwardRPass {
+  static constexpr const char *label = "kat::nn::ScaledDotProductAttention::forward_r";
 
-/// R{A} and R{O} of attention_lanes_forward_r for the team's head and block of samples.
-template <class ExecSpace, class Scalar> struct AttentionLanesForwardR {
-  AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  const Scalar *rx;
-  const Scalar *a;
-  Scalar *ra;
-  Scalar *ry;
-  int block;
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const auto ap = pair.square(p.a), rs = pair.square(p.ra);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(p.rx, 0),
+                                                          pair.token(p.x, 1), Scalar(0), rs);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, scale, pair.token(p.x, 0),
+                                                          pair.token(p.rx, 1), Scalar(1), rs);
+    attention_softmax_jvp(team, g.positions, ap, rs);
+    const auto ro = pair.token(p.out, 0);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), rs, pair.token(p.x, 2),
+                                                            Scalar(0), ro);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, Scalar(1), ap,
+                                                            pair.token(p.rx, 2), Scalar(1), ro);
+  }
 
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const std::size_t qo = g.token(blk.n0, 0, c0), ko = g.token(blk.n0, 0, D + c0),
-                      vo = g.token(blk.n0, 0, 2 * D + c0);
-    const Scalar *ap = a + g.prob(blk.n0, blk.h, 0, 0);
-    Scalar *rap = ra + g.prob(blk.n0, blk.h, 0, 0);
-    Scalar *ro = ry + g.token(blk.n0, 0, c0);
+  template <class Member, class Scalar>
+  KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
+                                           const AttentionLaneBlock &blk) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const std::size_t qo = blk.token(g, 0), ko = blk.token(g, 1), vo = blk.token(g, 2);
+    const Scalar *ap = p.a + blk.prob(g);
+    Scalar *rap = p.ra + blk.prob(g);
+    Scalar *ro = p.out + qo;
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], r[attention_max_lanes];
       const std::size_t end = attention_row_end(g, t);
@@ -597,8 +456,8 @@ template <class ExecSpace, class Scalar> struct AttentionLanesForwardR {
         attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
         for (std::size_t j = 0; j < dh; ++j) {
           const std::size_t tj = N * t + NP * j, sj = N * s + NP * j;
-          const Scalar *qj = x + qo + tj, *rqj = rx + qo + tj;
-          const Scalar *kj = x + ko + sj, *rkj = rx + ko + sj;
+          const Scalar *qj = p.x + qo + tj, *rqj = p.rx + qo + tj;
+          const Scalar *kj = p.x + ko + sj, *rkj = p.rx + ko + sj;
           attention_lanes(team, blk.lanes,
                           [&](const int l) { acc[l] += rqj[l] * kj[l] + qj[l] * rkj[l]; });
         }
@@ -624,7 +483,7 @@ template <class ExecSpace, class Scalar> struct AttentionLanesForwardR {
         attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
         for (std::size_t s = 0; s < end; ++s) {
           const Scalar *as = ap + NH * (t + P * s), *ras = rap + NH * (t + P * s);
-          const Scalar *vj = x + vo + N * s + NP * j, *rvj = rx + vo + N * s + NP * j;
+          const Scalar *vj = p.x + vo + N * s + NP * j, *rvj = p.rx + vo + N * s + NP * j;
           attention_lanes(team, blk.lanes,
                           [&](const int l) { acc[l] += ras[l] * vj[l] + as[l] * rvj[l]; });
         }
@@ -635,40 +494,63 @@ template <class ExecSpace, class Scalar> struct AttentionLanesForwardR {
   }
 };
 
-template <class ExecSpace, class Scalar>
-void attention_lanes_forward_r(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                               const Scalar *x, const Scalar *rx, const Scalar *a, Scalar *ra,
-                               Scalar *ry) {
-  const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for(
-      "kat::nn::ScaledDotProductAttention::forward_r (batch lanes)",
-      attention_lane_policy(space, g, block),
-      AttentionLanesForwardR<ExecSpace, Scalar>{g, scale, x, rx, a, ra, ry, block});
-}
+/// R-operator of the backward (the product rule on each backward formula):
+///   R{dV} = R{A}ᵀ dO + Aᵀ R{dO},   R{dA} = R{dO} Vᵀ + dO R{V}ᵀ,
+///   R{dS} = R{A} ⊙ (dA − r) + A ⊙ (R{dA} − R{r}),  r = rowsum(dA ⊙ A),
+///           R{r} = rowsum(R{dA} ⊙ A + dA ⊙ R{A}),
+///   R{dQ} = (R{dS} K + dS R{K})/√dh,   R{dK} = (R{dS}ᵀ Q + dSᵀ R{Q})/√dh,
+/// into `out` (R{dx}); dA and dS go through `work`, R{dA} and R{dS} through `rwork`. Reads x,
+/// rx, a, ra, dy, rdy.
+struct AttentionBackwardRPass {
+  static constexpr const char *label = "kat::nn::ScaledDotProductAttention::backward_r";
 
-/// R{dx} of attention_lanes_backward_r for the team's head and block of samples.
-template <class ExecSpace, class Scalar> struct AttentionLanesBackwardR {
-  AttentionGeometry g;
-  Scalar scale;
-  const Scalar *x;
-  const Scalar *rx;
-  const Scalar *a;
-  const Scalar *ra;
-  const Scalar *dy;
-  const Scalar *rdy;
-  Scalar *rdx;
-  Scalar *work;
-  Scalar *rwork;
-  int block;
+  template <class Member, class Scalar, class MemorySpace>
+  KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
+                                          const AttentionPair<MemorySpace> &pair) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const std::size_t P = g.positions;
+    const auto v = pair.token(p.x, 2), rv = pair.token(p.rx, 2);
+    const auto d_o = pair.token(p.dy, 0), rdo = pair.token(p.rdy, 0);
+    const auto ap = pair.square(p.a), rap = pair.square(p.ra);
+    const auto ds = pair.square(p.work), rds = pair.square(p.rwork);
+    const auto rdv = pair.token(p.out, 2);
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), rap, d_o, Scalar(0),
+                                                          rdv);
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, Scalar(1), ap, rdo, Scalar(1), rdv);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, v, Scalar(0), ds);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), rdo, v, Scalar(0), rds);
+    attention_team_gemm<AttentionNoTrans, AttentionTrans>(team, Scalar(1), d_o, rv, Scalar(1), rds);
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
+      Scalar r = 0, rr = 0;
+      for (std::size_t c = 0; c < P; ++c) {
+        r += ds(t, c) * ap(t, c);
+        rr += rds(t, c) * ap(t, c) + ds(t, c) * rap(t, c);
+      }
+      for (std::size_t c = 0; c < P; ++c) {
+        const Scalar da = ds(t, c);
+        ds(t, c) = ap(t, c) * (da - r);
+        rds(t, c) = rap(t, c) * (da - r) + ap(t, c) * (rds(t, c) - rr);
+      }
+    });
+    team.team_barrier();
+    const auto q = pair.token(p.x, 0), k = pair.token(p.x, 1);
+    const auto rq = pair.token(p.rx, 0), rk = pair.token(p.rx, 1);
+    const auto rdq = pair.token(p.out, 0), rdk = pair.token(p.out, 1);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, rds, k, Scalar(0), rdq);
+    attention_team_gemm<AttentionNoTrans, AttentionNoTrans>(team, scale, ds, rk, Scalar(1), rdq);
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, rds, q, Scalar(0), rdk);
+    attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, ds, rq, Scalar(1), rdk);
+  }
 
-  KOKKOS_INLINE_FUNCTION void
-  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const AttentionLaneBlock blk = attention_lane_block_of(team, g, block);
-    const std::size_t D = g.model_dim(), dh = g.head_dim, P = g.positions, N = g.batch;
-    const std::size_t c0 = blk.h * dh, NP = N * P, NH = N * g.heads;
-    const std::size_t qo = g.token(blk.n0, 0, c0), ko = g.token(blk.n0, 0, D + c0),
-                      vo = g.token(blk.n0, 0, 2 * D + c0), oo = g.token(blk.n0, 0, c0);
-    const std::size_t po = g.prob(blk.n0, blk.h, 0, 0);
+  template <class Member, class Scalar>
+  KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
+                                           const AttentionLaneBlock &blk) {
+    const AttentionGeometry &g = p.g;
+    const Scalar scale = p.scale;
+    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+    const std::size_t qo = blk.token(g, 0), ko = blk.token(g, 1), vo = blk.token(g, 2), oo = qo;
+    const std::size_t po = blk.prob(g);
     // Query rows: dA, R{dA}, then dS (into work), R{dS} (into rwork) and R{dQ}.
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
       Scalar acc[attention_max_lanes], racc[attention_max_lanes];
@@ -685,16 +567,16 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackwardR {
         });
         for (std::size_t j = 0; j < dh; ++j) {
           const std::size_t tj = N * t + NP * j, sj = N * s + NP * j;
-          const Scalar *doj = dy + oo + tj, *rdoj = rdy + oo + tj;
-          const Scalar *vj = x + vo + sj, *rvj = rx + vo + sj;
+          const Scalar *doj = p.dy + oo + tj, *rdoj = p.rdy + oo + tj;
+          const Scalar *vj = p.x + vo + sj, *rvj = p.rx + vo + sj;
           attention_lanes(team, blk.lanes, [&](const int l) {
             acc[l] += doj[l] * vj[l];
             racc[l] += rdoj[l] * vj[l] + doj[l] * rvj[l];
           });
         }
         const std::size_t ts = po + NH * (t + P * s);
-        const Scalar *as = a + ts, *ras = ra + ts;
-        Scalar *ws = work + ts, *rws = rwork + ts;
+        const Scalar *as = p.a + ts, *ras = p.ra + ts;
+        Scalar *ws = p.work + ts, *rws = p.rwork + ts;
         attention_lanes(team, blk.lanes, [&](const int l) {
           ws[l] = acc[l];
           rws[l] = racc[l];
@@ -704,8 +586,8 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackwardR {
       }
       for (std::size_t s = 0; s < end; ++s) {
         const std::size_t ts = po + NH * (t + P * s);
-        const Scalar *as = a + ts, *ras = ra + ts;
-        Scalar *ws = work + ts, *rws = rwork + ts;
+        const Scalar *as = p.a + ts, *ras = p.ra + ts;
+        Scalar *ws = p.work + ts, *rws = p.rwork + ts;
         attention_lanes(team, blk.lanes, [&](const int l) {
           const Scalar da = ws[l];
           ws[l] = as[l] * (da - r[l]);
@@ -717,12 +599,12 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackwardR {
         attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
         for (std::size_t s = 0; s < end; ++s) {
           const std::size_t ts = po + NH * (t + P * s), sj = N * s + NP * j;
-          const Scalar *ws = work + ts, *rws = rwork + ts;
-          const Scalar *kj = x + ko + sj, *rkj = rx + ko + sj;
+          const Scalar *ws = p.work + ts, *rws = p.rwork + ts;
+          const Scalar *kj = p.x + ko + sj, *rkj = p.rx + ko + sj;
           attention_lanes(team, blk.lanes,
                           [&](const int l) { acc[l] += rws[l] * kj[l] + ws[l] * rkj[l]; });
         }
-        Scalar *rdqj = rdx + qo + N * t + NP * j;
+        Scalar *rdqj = p.out + qo + N * t + NP * j;
         attention_lanes(team, blk.lanes, [&](const int l) { rdqj[l] = acc[l] * scale; });
       }
     });
@@ -738,16 +620,16 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackwardR {
         });
         for (std::size_t t = begin; t < P; ++t) {
           const std::size_t ts = po + NH * (t + P * s), tj = N * t + NP * j;
-          const Scalar *as = a + ts, *ras = ra + ts, *ws = work + ts, *rws = rwork + ts;
-          const Scalar *doj = dy + oo + tj, *rdoj = rdy + oo + tj;
-          const Scalar *qj = x + qo + tj, *rqj = rx + qo + tj;
+          const Scalar *as = p.a + ts, *ras = p.ra + ts, *ws = p.work + ts, *rws = p.rwork + ts;
+          const Scalar *doj = p.dy + oo + tj, *rdoj = p.rdy + oo + tj;
+          const Scalar *qj = p.x + qo + tj, *rqj = p.rx + qo + tj;
           attention_lanes(team, blk.lanes, [&](const int l) {
             acc[l] += ras[l] * doj[l] + as[l] * rdoj[l];
             acc2[l] += rws[l] * qj[l] + ws[l] * rqj[l];
           });
         }
-        Scalar *rdvj = rdx + vo + N * s + NP * j;
-        Scalar *rdkj = rdx + ko + N * s + NP * j;
+        Scalar *rdvj = p.out + vo + N * s + NP * j;
+        Scalar *rdkj = p.out + ko + N * s + NP * j;
         attention_lanes(team, blk.lanes, [&](const int l) {
           rdvj[l] = acc[l];
           rdkj[l] = acc2[l] * scale;
@@ -757,16 +639,46 @@ template <class ExecSpace, class Scalar> struct AttentionLanesBackwardR {
   }
 };
 
-template <class ExecSpace, class Scalar>
-void attention_lanes_backward_r(const ExecSpace &space, const AttentionGeometry &g, Scalar scale,
-                                const Scalar *x, const Scalar *rx, const Scalar *a,
-                                const Scalar *ra, const Scalar *dy, const Scalar *rdy, Scalar *rdx,
-                                Scalar *work, Scalar *rwork) {
+/// Pass::gemm for the (sample, head) pair of the team: team league_rank() = n + N·h.
+template <class Pass, class ExecSpace, class MemorySpace, class Scalar> struct AttentionGemmKernel {
+  AttentionArgs<Scalar> p;
+
+  KOKKOS_INLINE_FUNCTION void
+  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
+    Pass::gemm(team, p, AttentionPair<MemorySpace>(team, p.g));
+  }
+};
+
+/// Pass::lanes for the team's head and block of `block` samples.
+template <class Pass, class ExecSpace, class Scalar> struct AttentionLanesKernel {
+  AttentionArgs<Scalar> p;
+  int block;
+
+  KOKKOS_INLINE_FUNCTION void
+  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
+    Pass::lanes(team, p, attention_lane_block_of(team, p.g, block));
+  }
+};
+
+/// Runs attention pass Pass (AttentionForwardPass, ...) on p: with the batched GEMMs, one team
+/// per (sample, head) pair; else with batch lanes, one team per (head, block of
+/// attention_lane_block() samples).
+template <class Pass, class MemorySpace, class ExecSpace, class Scalar>
+void attention_run(const ExecSpace &space, const AttentionArgs<Scalar> &p, bool batched_gemm) {
+  using policy = Kokkos::TeamPolicy<ExecSpace>;
+  if (batched_gemm) {
+    Kokkos::parallel_for(std::string(Pass::label) + " (batched GEMM)",
+                         policy(space, static_cast<int>(p.g.pairs()), Kokkos::AUTO),
+                         AttentionGemmKernel<Pass, ExecSpace, MemorySpace, Scalar>{p});
+    return;
+  }
   const int block = attention_lane_block<ExecSpace>();
-  Kokkos::parallel_for("kat::nn::ScaledDotProductAttention::backward_r (batch lanes)",
-                       attention_lane_policy(space, g, block),
-                       AttentionLanesBackwardR<ExecSpace, Scalar>{g, scale, x, rx, a, ra, dy, rdy,
-                                                                  rdx, work, rwork, block});
+  const std::size_t blocks = (p.g.batch + block - 1) / block;
+  const bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+  Kokkos::parallel_for(
+      std::string(Pass::label) + " (batch lanes)",
+      policy(space, static_cast<int>(p.g.heads * blocks), Kokkos::AUTO, host ? 1 : block),
+      AttentionLanesKernel<Pass, ExecSpace, Scalar>{p, block});
 }
 
 } // namespace detail

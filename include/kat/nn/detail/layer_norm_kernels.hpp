@@ -72,6 +72,26 @@ KOKKOS_INLINE_FUNCTION LayerNormBlock layer_norm_block_of(std::size_t item, std:
   return {r0, rows - r0 < B ? rows - r0 : B};
 }
 
+/// Runs Kernel<Accum, Scalar, B>{d, args...} on each block of B = layer_norm_block() rows.
+template <template <class, class, std::size_t> class Kernel, class Accum, class ExecSpace,
+          class Scalar, class... Args>
+void layer_norm_launch_blocks(const char *label, const ExecSpace &space,
+                              const LayerNormRows<Scalar> &d, const Args &...args) {
+  constexpr std::size_t B = layer_norm_block<ExecSpace>();
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, (d.rows + B - 1) / B),
+                       Kernel<Accum, Scalar, B>{d, args...});
+}
+
+/// Runs Kernel<Accum, ExecSpace, Scalar>{d, args...} with `league` teams of `team_size`.
+template <template <class, class, class> class Kernel, class Accum, class ExecSpace, class Scalar,
+          class TeamSize, class... Args>
+void layer_norm_launch_teams(const char *label, const ExecSpace &space, std::size_t league,
+                             TeamSize team_size, const LayerNormRows<Scalar> &d,
+                             const Args &...args) {
+  Kokkos::parallel_for(label, Kokkos::TeamPolicy<ExecSpace>(space, league, team_size),
+                       Kernel<Accum, ExecSpace, Scalar>{d, args...});
+}
+
 /// The row statistics and y of layer_norm_forward_blocks, for the block of rows `item`.
 template <class Accum, class Scalar, std::size_t B> struct LayerNormForwardBlocks {
   LayerNormRows<Scalar> d;
@@ -125,11 +145,8 @@ template <class Accum, class Scalar, std::size_t B> struct LayerNormForwardBlock
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_forward_blocks(const ExecSpace &space, const LayerNormRows<Scalar> &d, double eps,
                                Scalar *y) {
-  constexpr std::size_t B = layer_norm_block<ExecSpace>();
-  const Accum e = static_cast<Accum>(eps);
-  Kokkos::parallel_for("kat::nn::LayerNorm::forward",
-                       Kokkos::RangePolicy<ExecSpace>(space, 0, (d.rows + B - 1) / B),
-                       LayerNormForwardBlocks<Accum, Scalar, B>{d, e, y});
+  layer_norm_launch_blocks<LayerNormForwardBlocks, Accum>("kat::nn::LayerNorm::forward", space, d,
+                                                          static_cast<Accum>(eps), y);
 }
 
 /// dx of layer_norm_backward_input_blocks, for the block of rows `item`.
@@ -182,10 +199,8 @@ template <class Accum, class Scalar, std::size_t B> struct LayerNormBackwardInpu
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_backward_input_blocks(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                                       const Scalar *dy, Scalar *dx) {
-  constexpr std::size_t B = layer_norm_block<ExecSpace>();
-  Kokkos::parallel_for("kat::nn::LayerNorm::backward_input",
-                       Kokkos::RangePolicy<ExecSpace>(space, 0, (d.rows + B - 1) / B),
-                       LayerNormBackwardInputBlocks<Accum, Scalar, B>{d, dy, dx});
+  layer_norm_launch_blocks<LayerNormBackwardInputBlocks, Accum>(
+      "kat::nn::LayerNorm::backward_input", space, d, dy, dx);
 }
 
 /// Threads per team of the team-per-row kernels: on a GPU a multiple of a warp (and of a HIP
@@ -241,11 +256,9 @@ template <class Accum, class ExecSpace, class Scalar> struct LayerNormForwardTea
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_forward_teams(const ExecSpace &space, const LayerNormRows<Scalar> &d, double eps,
                               Scalar *y) {
-  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
-  const Accum e = static_cast<Accum>(eps);
-  Kokkos::parallel_for("kat::nn::LayerNorm::forward",
-                       team_policy(space, d.rows, layer_norm_team_size<ExecSpace>(d.features)),
-                       LayerNormForwardTeams<Accum, ExecSpace, Scalar>{d, e, y});
+  layer_norm_launch_teams<LayerNormForwardTeams, Accum>(
+      "kat::nn::LayerNorm::forward", space, d.rows, layer_norm_team_size<ExecSpace>(d.features), d,
+      static_cast<Accum>(eps), y);
 }
 
 /// dx of layer_norm_backward_input_teams, for the row of the team.
@@ -284,10 +297,9 @@ template <class Accum, class ExecSpace, class Scalar> struct LayerNormBackwardIn
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_backward_input_teams(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                                      const Scalar *dy, Scalar *dx) {
-  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for("kat::nn::LayerNorm::backward_input",
-                       team_policy(space, d.rows, layer_norm_team_size<ExecSpace>(d.features)),
-                       LayerNormBackwardInputTeams<Accum, ExecSpace, Scalar>{d, dy, dx});
+  layer_norm_launch_teams<LayerNormBackwardInputTeams, Accum>(
+      "kat::nn::LayerNorm::backward_input", space, d.rows,
+      layer_norm_team_size<ExecSpace>(d.features), d, dy, dx);
 }
 
 /// y = LayerNorm(x) and the row statistics: blocks of rows on a host, a team per row on a GPU.
@@ -346,10 +358,9 @@ template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_backward_parameters(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                                     const Scalar *dy, Scalar *dgamma, Scalar *dbeta,
                                     bool accumulate) {
-  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::LayerNorm::backward_parameters", team_policy(space, d.features, Kokkos::AUTO),
-      LayerNormBackwardParameters<Accum, ExecSpace, Scalar>{d, dy, dgamma, dbeta, accumulate});
+  layer_norm_launch_teams<LayerNormBackwardParameters, Accum>(
+      "kat::nn::LayerNorm::backward_parameters", space, d.features, Kokkos::AUTO, d, dy, dgamma,
+      dbeta, accumulate);
 }
 
 /// R{y} and the row sums of layer_norm_forward_r, for the block of rows `item`.
@@ -409,10 +420,8 @@ template <class Accum, class Scalar, std::size_t B> struct LayerNormForwardR {
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_forward_r(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                           const LayerNormDirection<Scalar> &v, Scalar *ry) {
-  constexpr std::size_t B = layer_norm_block<ExecSpace>();
-  Kokkos::parallel_for("kat::nn::LayerNorm::forward_r",
-                       Kokkos::RangePolicy<ExecSpace>(space, 0, (d.rows + B - 1) / B),
-                       LayerNormForwardR<Accum, Scalar, B>{d, v, ry});
+  layer_norm_launch_blocks<LayerNormForwardR, Accum>("kat::nn::LayerNorm::forward_r", space, d, v,
+                                                     ry);
 }
 
 /// R{dx} of layer_norm_backward_r_input, for the block of rows `item`.
@@ -494,10 +503,8 @@ template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_backward_r_input(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                                  const LayerNormDirection<Scalar> &v, const Scalar *dy,
                                  const Scalar *rdy, Scalar *rdx) {
-  constexpr std::size_t B = layer_norm_block<ExecSpace>();
-  Kokkos::parallel_for("kat::nn::LayerNorm::backward_r_input",
-                       Kokkos::RangePolicy<ExecSpace>(space, 0, (d.rows + B - 1) / B),
-                       LayerNormBackwardRInput<Accum, Scalar, B>{d, v, dy, rdy, rdx});
+  layer_norm_launch_blocks<LayerNormBackwardRInput, Accum>("kat::nn::LayerNorm::backward_r_input",
+                                                           space, d, v, dy, rdy, rdx);
 }
 
 /// R{dγ} and R{dβ} of layer_norm_backward_r_parameters, for the feature of the team.
@@ -536,10 +543,9 @@ template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_backward_r_parameters(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                                       const LayerNormDirection<Scalar> &v, const Scalar *dy,
                                       const Scalar *rdy, Scalar *hv_gamma, Scalar *hv_beta) {
-  using team_policy = Kokkos::TeamPolicy<ExecSpace>;
-  Kokkos::parallel_for(
-      "kat::nn::LayerNorm::backward_r_parameters", team_policy(space, d.features, Kokkos::AUTO),
-      LayerNormBackwardRParameters<Accum, ExecSpace, Scalar>{d, v, dy, rdy, hv_gamma, hv_beta});
+  layer_norm_launch_teams<LayerNormBackwardRParameters, Accum>(
+      "kat::nn::LayerNorm::backward_r_parameters", space, d.features, Kokkos::AUTO, d, v, dy, rdy,
+      hv_gamma, hv_beta);
 }
 
 } // namespace detail

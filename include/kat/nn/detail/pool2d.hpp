@@ -60,6 +60,90 @@ KOKKOS_INLINE_FUNCTION void pool_covering_range(int i, int k, int s, int p, int 
   }
 }
 
+/// Column of input element (c, h, w) in a batch matrix: h + H·(w + W·c).
+KOKKOS_INLINE_FUNCTION std::size_t pool_input_column(const Pool2dGeometry &g, int c, int h, int w) {
+  return static_cast<std::size_t>(h) +
+         static_cast<std::size_t>(g.height) *
+             (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
+}
+
+/// Column of output element (c, oh, ow) in a batch matrix: oh + H_out·(ow + W_out·c).
+KOKKOS_INLINE_FUNCTION std::size_t pool_output_column(const Pool2dGeometry &g, int c, int oh,
+                                                      int ow) {
+  return static_cast<std::size_t>(oh) +
+         static_cast<std::size_t>(g.out_height) *
+             (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
+}
+
+/// The window walk of the pooling forwards, for a team per (c, ow) (league rank c·W_out + ow):
+/// for each output (c, oh, ow) of the team's threads, at column j, calls
+/// kernel.element(team, j, col, index, first) for each input element of its window in
+/// row-major order (h outer, so ties keep PyTorch's first maximum; col its column, index =
+/// h + H·w its place in the input plane, first for the first one), then kernel.finish(team, j).
+/// Every window holds a real input (padding <= kernel / 2), so each output gets a `first`.
+template <class Member, class Kernel>
+KOKKOS_INLINE_FUNCTION void pool2d_forward_windows(const Member &team, const Kernel &kernel) {
+  const Pool2dGeometry &g = kernel.g;
+  const int c = team.league_rank() / g.out_width;
+  const int ow = team.league_rank() % g.out_width;
+  int w_begin, w_end;
+  detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
+    int h_begin, h_end;
+    detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin, h_end);
+    const std::size_t j = pool_output_column(g, c, oh, ow);
+    bool first = true;
+    for (int h = h_begin; h < h_end; ++h) {
+      for (int w = w_begin; w < w_end; ++w) {
+        kernel.element(team, j, pool_input_column(g, c, h, w), h + g.height * w, first);
+        first = false;
+      }
+    }
+    kernel.finish(team, j);
+  });
+}
+
+/// The gather of the pooling backwards, for a team per (c, w) (league rank c·W + w): for each
+/// input element (c, h, w) of the team's threads, at column col, calls
+/// kernel.element(team, col, o, self, first) for each output o whose window covers it, in a
+/// fixed order (ow outer; self = h + H·w, first for the first one, which overwrites dx), so
+/// each dx element is one thread's: deterministic, no atomics. An element no window covers
+/// (past the last one) gets dx = 0.
+template <class Member, class Kernel>
+KOKKOS_INLINE_FUNCTION void pool2d_backward_windows(const Member &team, const Kernel &kernel) {
+  using Scalar = typename Kernel::Scalar;
+  const Pool2dGeometry &g = kernel.g;
+  const int c = team.league_rank() / g.width;
+  const int w = team.league_rank() % g.width;
+  int ow_lo, ow_hi;
+  detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
+  Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
+    int oh_lo, oh_hi;
+    detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo, oh_hi);
+    const std::size_t col = pool_input_column(g, c, h, w);
+    bool first = true;
+    for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+      for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+        kernel.element(team, col, pool_output_column(g, c, oh, ow), h + g.height * w, first);
+        first = false;
+      }
+    }
+    if (first) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, kernel.n),
+                           [&](const std::size_t e) { kernel.dx(e, col) = Scalar(0); });
+    }
+  });
+}
+
+/// Runs a pooling functor on `teams` teams, vector lanes over the batch.
+template <class ExecSpace, class Functor>
+void pool2d_launch(const char *label, const ExecSpace &space, int teams, const Functor &functor) {
+  Kokkos::parallel_for(label,
+                       Kokkos::TeamPolicy<ExecSpace>(space, teams, Kokkos::AUTO,
+                                                     detail::batch_vector_length<ExecSpace>()),
+                       functor);
+}
+
 // The kernels of MaxPool2d and AvgPool2d as named functors, not extended lambdas: nvcc's wrapper
 // of an extended lambda in a header is merged across translation units while its function
 // pointers are not, which crashed MaxPool2d on the host (docs/backends.md).
@@ -74,47 +158,25 @@ template <class ExecSpace, class MatrixView, class IndexView> struct MaxPool2dBa
   MatrixView dy;
   MatrixView dx;
 
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void element(const Member &team, std::size_t col, std::size_t o, int self,
+                                      bool first) const {
+    if (first) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+        const Scalar d = dy(e, o); // unconditional load: vectorizes
+        dx(e, col) = argmax(e, o) == self ? d : Scalar(0);
+      });
+      return;
+    }
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+      const Scalar d = dy(e, o);
+      dx(e, col) += argmax(e, o) == self ? d : Scalar(0);
+    });
+  }
+
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const int c = team.league_rank() / g.width;
-    const int w = team.league_rank() % g.width;
-    int ow_lo, ow_hi;
-    detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
-      int oh_lo, oh_hi;
-      detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo, oh_hi);
-      const int self = h + g.height * w;
-      const std::size_t col =
-          static_cast<std::size_t>(self) +
-          static_cast<std::size_t>(g.height) * static_cast<std::size_t>(g.width) * c;
-      // Gather, in a fixed order, dy of the covering windows that chose this element;
-      // the first one overwrites dx, so no separate zeroing pass.
-      bool first = true;
-      for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-        for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-          const std::size_t o =
-              static_cast<std::size_t>(oh) +
-              static_cast<std::size_t>(g.out_height) *
-                  (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-          if (first) {
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-              const Scalar d = dy(e, o); // unconditional load: vectorizes
-              dx(e, col) = argmax(e, o) == self ? d : Scalar(0);
-            });
-            first = false;
-            continue;
-          }
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-            const Scalar d = dy(e, o);
-            dx(e, col) += argmax(e, o) == self ? d : Scalar(0);
-          });
-        }
-      }
-      if (first) { // no window covers this element (it lies past the last one)
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                             [&](const std::size_t e) { dx(e, col) = Scalar(0); });
-      }
-    });
+    pool2d_backward_windows(team, *this);
   }
 };
 
@@ -132,7 +194,8 @@ template <class MatrixView, class IndexView> struct MaxPool2dGather {
 };
 
 /// y = the maximum over each window and argmax its first position, for a team per (c, ow)
-/// (MaxPool2d::forward).
+/// (max_pool2d_forward). The running maximum lives in y and argmax: one pass over the batch
+/// per window element.
 template <class ExecSpace, class MatrixView, class IndexView> struct MaxPool2dForward {
   using Scalar = typename MatrixView::non_const_value_type;
   Pool2dGeometry g;
@@ -141,53 +204,36 @@ template <class ExecSpace, class MatrixView, class IndexView> struct MaxPool2dFo
   MatrixView x;
   MatrixView y;
 
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void element(const Member &team, std::size_t j, std::size_t col, int index,
+                                      bool first) const {
+    if (first) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+        y(e, j) = x(e, col);
+        argmax(e, j) = index;
+      });
+      return;
+    }
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
+      // Unconditional loads and selects, so host compilers vectorize.
+      const Scalar v = x(e, col);
+      const Scalar best = y(e, j);
+      const std::int32_t best_index = argmax(e, j);
+      const bool take = v > best || v != v; // NaN wins and propagates
+      y(e, j) = take ? v : best;
+      argmax(e, j) = take ? index : best_index;
+    });
+  }
+  template <class Member> KOKKOS_INLINE_FUNCTION void finish(const Member &, std::size_t) const {}
+
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const int c = team.league_rank() / g.out_width;
-    const int ow = team.league_rank() % g.out_width;
-    int w_begin, w_end;
-    detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
-      int h_begin, h_end;
-      detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin, h_end);
-      const std::size_t j =
-          static_cast<std::size_t>(oh) +
-          static_cast<std::size_t>(g.out_height) *
-              (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-      // Row-major scan (h outer) so ties keep PyTorch's first maximum. The running
-      // maximum lives in y and argmax: one pass over the batch per window element.
-      bool first = true;
-      for (int h = h_begin; h < h_end; ++h) {
-        for (int w = w_begin; w < w_end; ++w) {
-          const int index = h + g.height * w;
-          const std::size_t col =
-              static_cast<std::size_t>(h) +
-              static_cast<std::size_t>(g.height) *
-                  (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
-          if (first) {
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-              y(e, j) = x(e, col);
-              argmax(e, j) = index;
-            });
-            first = false;
-            continue;
-          }
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n), [&](const std::size_t e) {
-            // Unconditional loads and selects, so host compilers vectorize.
-            const Scalar v = x(e, col);
-            const Scalar best = y(e, j);
-            const std::int32_t best_index = argmax(e, j);
-            const bool take = v > best || v != v; // NaN wins and propagates
-            y(e, j) = take ? v : best;
-            argmax(e, j) = take ? index : best_index;
-          });
-        }
-      }
-    });
+    pool2d_forward_windows(team, *this);
   }
 };
 
-/// y = window sums / (k_h · k_w), for a team per (c, ow) (avg_pool2d_forward).
+/// y = window sums / (k_h · k_w), for a team per (c, ow) (avg_pool2d_forward): sum in
+/// row-major order, then divide, as PyTorch.
 template <class ExecSpace, class MatrixView> struct AvgPool2dForward {
   using Scalar = typename MatrixView::non_const_value_type;
   Pool2dGeometry g;
@@ -196,46 +242,32 @@ template <class ExecSpace, class MatrixView> struct AvgPool2dForward {
   MatrixView x;
   MatrixView y;
 
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void element(const Member &team, std::size_t j, std::size_t col, int,
+                                      bool first) const {
+    if (first) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                           [&](const std::size_t e) { y(e, j) = x(e, col); });
+      return;
+    }
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                         [&](const std::size_t e) { y(e, j) += x(e, col); });
+  }
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void finish(const Member &team, std::size_t j) const {
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                         [&](const std::size_t e) { y(e, j) /= area; });
+  }
+
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const int c = team.league_rank() / g.out_width;
-    const int ow = team.league_rank() % g.out_width;
-    int w_begin, w_end;
-    detail::pool_window_range(ow, g.kernel_w, g.stride_w, g.pad_w, g.width, w_begin, w_end);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.out_height), [&](const int oh) {
-      int h_begin, h_end;
-      detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin, h_end);
-      const std::size_t j =
-          static_cast<std::size_t>(oh) +
-          static_cast<std::size_t>(g.out_height) *
-              (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-      // Every window holds a real input (padding <= kernel / 2), so the first pass
-      // initializes y. Sum in row-major order, then divide, as PyTorch.
-      bool first = true;
-      for (int h = h_begin; h < h_end; ++h) {
-        for (int w = w_begin; w < w_end; ++w) {
-          const std::size_t col =
-              static_cast<std::size_t>(h) +
-              static_cast<std::size_t>(g.height) *
-                  (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
-          if (first) {
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                 [&](const std::size_t e) { y(e, j) = x(e, col); });
-            first = false;
-            continue;
-          }
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                               [&](const std::size_t e) { y(e, j) += x(e, col); });
-        }
-      }
-      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                           [&](const std::size_t e) { y(e, j) /= area; });
-    });
+    pool2d_forward_windows(team, *this);
   }
 };
 
 /// dx = the transpose of AvgPool2dForward applied to dy, for a team per (c, w)
-/// (avg_pool2d_backward).
+/// (avg_pool2d_backward): dy / area from each covering window (PyTorch adds dy / area per
+/// window too).
 template <class ExecSpace, class MatrixView> struct AvgPool2dBackward {
   using Scalar = typename MatrixView::non_const_value_type;
   Pool2dGeometry g;
@@ -244,49 +276,28 @@ template <class ExecSpace, class MatrixView> struct AvgPool2dBackward {
   MatrixView dy;
   MatrixView dx;
 
+  template <class Member>
+  KOKKOS_INLINE_FUNCTION void element(const Member &team, std::size_t col, std::size_t o, int,
+                                      bool first) const {
+    if (first) {
+      Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                           [&](const std::size_t e) { dx(e, col) = dy(e, o) / area; });
+      return;
+    }
+    Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
+                         [&](const std::size_t e) { dx(e, col) += dy(e, o) / area; });
+  }
+
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    const int c = team.league_rank() / g.width;
-    const int w = team.league_rank() % g.width;
-    int ow_lo, ow_hi;
-    detail::pool_covering_range(w, g.kernel_w, g.stride_w, g.pad_w, g.out_width, ow_lo, ow_hi);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, g.height), [&](const int h) {
-      int oh_lo, oh_hi;
-      detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo, oh_hi);
-      const std::size_t col =
-          static_cast<std::size_t>(h) +
-          static_cast<std::size_t>(g.height) *
-              (static_cast<std::size_t>(w) + static_cast<std::size_t>(g.width) * c);
-      // Gather dy / area from the covering windows in a fixed order (PyTorch adds
-      // dy / area per window too); the first one overwrites dx.
-      bool first = true;
-      for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-        for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-          const std::size_t o =
-              static_cast<std::size_t>(oh) +
-              static_cast<std::size_t>(g.out_height) *
-                  (static_cast<std::size_t>(ow) + static_cast<std::size_t>(g.out_width) * c);
-          if (first) {
-            Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                                 [&](const std::size_t e) { dx(e, col) = dy(e, o) / area; });
-            first = false;
-            continue;
-          }
-          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                               [&](const std::size_t e) { dx(e, col) += dy(e, o) / area; });
-        }
-      }
-      if (first) { // no window covers this element (it lies past the last one)
-        Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                             [&](const std::size_t e) { dx(e, col) = Scalar(0); });
-      }
-    });
+    pool2d_backward_windows(team, *this);
   }
 };
 
 /// Common part of MaxPool2d and AvgPool2d: hyperparameter validation, output_shape() (which
-/// also fixes the input (C, H, W) that forward() expects: a batch matrix does not carry it)
-/// and the extent checks of forward() and backward().
+/// also fixes the input (C, H, W) that forward() expects: a batch matrix does not carry it),
+/// and the four passes with their extent checks, profiling regions and oneDNN dispatch; a
+/// derived layer supplies only its kernels (pool_forward, pool_backward, pool_forward_r).
 template <class Scalar, class MemorySpace> class Pool2dBase : public Layer<Scalar, MemorySpace> {
   using base = Layer<Scalar, MemorySpace>;
 
@@ -321,6 +332,65 @@ public:
 
   void bind_direction(Scalar * /*v*/, Scalar * /*hv*/) override { direction_bound_ = true; }
 
+  /// y = the pooled x; x: N x (C·H·W), y: N x (C·H_out·W_out).
+  /// @throws Error if output_shape() has not seen an input shape; ShapeError on other extents.
+  void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
+    ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::forward"));
+    const Pool2dGeometry g = begin_forward(x, y);
+    if (dnn_forward(space, x, y, max_)) {
+      return;
+    }
+    pool_forward(space, g, x, y);
+  }
+
+  /// dx = the transpose of the (last forward's) pooling applied to dy; an empty dx skips the
+  /// work.
+  /// @throws Error before the first forward(); ShapeError if dy or dx do not match it.
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
+    ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::backward"));
+    check_backward(dy, dx);
+    if (dnn_backward(space, dy, dx)) {
+      return;
+    }
+    if (dx.extent(0) == 0) {
+      return;
+    }
+    pool_backward(space, dy, dx);
+  }
+
+  /// R-operator (see Layer). Both poolings are linear in x once max pooling's argmax is fixed,
+  /// and have no parameters: R{dx} = backward applied to R{dy} (no dy term).
+  bool supports_r_operator() const override { return true; }
+
+  /// ry = R{y} for rx = R{x} (rx of extent 0: ry = 0), after forward().
+  /// @throws Error before the first forward() or after one in oneDNN's layout; ShapeError if
+  /// rx or ry do not match it.
+  void forward_r(const execution_space &space, const matrix_type &rx,
+                 const matrix_type &ry) override {
+    ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::forward_r"));
+    require_kat_forward("forward_r");
+    if (!check_forward_r(rx, ry)) {
+      Kokkos::deep_copy(space, ry, Scalar(0));
+      return;
+    }
+    pool_forward_r(space, rx, ry);
+  }
+
+  /// rdx = the backward of rdy (skipped when rdx is empty); dy is not needed.
+  /// @throws Error before the first forward() or after one in oneDNN's layout; ShapeError if
+  /// rdy or rdx do not match it.
+  void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
+                  const matrix_type &rdx) override {
+    ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::backward_r"));
+    require_kat_forward("backward_r");
+    check_backward(rdy, rdx, "backward_r");
+    if (rdx.extent(0) == 0) {
+      return;
+    }
+    pool_backward(space, rdy, rdx);
+  }
+
   FeatureShape output_shape(const FeatureShape &input) const override {
     if (input.channels < 1 || input.height < 1 || input.width < 1) {
       throw ShapeError(kat::detail::concat("kat::nn::", type_,
@@ -347,9 +417,10 @@ public:
   }
 
 protected:
-  Pool2dBase(const char *type, std::array<int, 2> kernel, std::array<int, 2> stride,
+  /// `max`: max pooling (else average), for oneDNN.
+  Pool2dBase(const char *type, bool max, std::array<int, 2> kernel, std::array<int, 2> stride,
              std::array<int, 2> padding)
-      : type_(type) {
+      : type_(type), max_(max) {
     const std::string where = kat::detail::concat("kat::nn::", type_, ": ");
     if (kernel[0] < 1 || kernel[1] < 1) {
       throw ValueError(where + "kernel must be >= 1 in both dimensions, got " +
@@ -377,10 +448,19 @@ protected:
     geometry_.pad_w = padding[1];
   }
 
-  Pool2dBase(const char *type, int kernel, int stride, int padding)
-      : Pool2dBase(type, {kernel, kernel},
+  Pool2dBase(const char *type, bool max, int kernel, int stride, int padding)
+      : Pool2dBase(type, max, {kernel, kernel},
                    {stride == 0 ? kernel : stride, stride == 0 ? kernel : stride},
                    {padding, padding}) {}
+
+  /// The kernels: y from x for the geometry of this forward() (KAT's layout) ...
+  virtual void pool_forward(const execution_space &space, const Pool2dGeometry &g,
+                            const matrix_type &x, const matrix_type &y) = 0;
+  /// ... dx from dy (also R{dx} from R{dy}) and R{y} from R{x}, for forward_geometry_.
+  virtual void pool_backward(const execution_space &space, const matrix_type &dy,
+                             const matrix_type &dx) = 0;
+  virtual void pool_forward_r(const execution_space &space, const matrix_type &rx,
+                              const matrix_type &ry) = 0;
 
   /// Validates forward's buffers against the recorded input shape and returns the geometry
   /// backward() will use.
@@ -487,6 +567,7 @@ protected:
   }
 
   std::string type_;
+  bool max_;
   mutable Pool2dGeometry geometry_; // hyperparameters + the shape output_shape() last saw
   Pool2dGeometry forward_geometry_; // what the last forward() ran with
   std::size_t batch_ = 0;

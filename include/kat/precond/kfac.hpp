@@ -10,7 +10,7 @@
 #include "kat/core/profiling.hpp"
 #include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
-#include "kat/precond/detail/kfac_status.hpp"
+#include "kat/precond/detail/kfac_schedule.hpp"
 #include "kat/precond/kfac_layer.hpp"
 #include "kat/precond/kfac_options.hpp"
 #include "kat/precond/kfac_strategy.hpp"
@@ -18,8 +18,6 @@
 
 #include <Kokkos_Core.hpp>
 
-#include <array>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -43,7 +41,10 @@ namespace kat::precond {
 /// `factor_update_steps` steps, decompositions every `inv_update_steps` steps, P every step,
 /// and then the KL clip over all layers, ν = min(1, sqrt(κ / |Σ_layers Σ P ⊙ ∇ · lr²|)), each
 /// ν·P written over its ∇ (κ = `kl_clip`; 0 disables the clip). What a process builds,
-/// decomposes and shares is its strategy's decision (set_strategy(), KFACStrategy).
+/// decomposes and shares is its strategy's decision (set_strategy(), KFACStrategy). The
+/// schedule itself, with the layers and the step's state, is kat::detail::KFACSchedule
+/// (detail/kfac_schedule.hpp), which KFAC derives from privately; KFAC adds registration,
+/// the queries and the checkpoint protocol.
 ///
 /// Layers are registered with register_layer() (any code: views only, see
 /// docs/guide.md, "K-FAC with your own network") or register_model() (every
@@ -57,7 +58,9 @@ namespace kat::precond {
 /// @tparam FactorScalar   precision the factors are accumulated in (the model's by default).
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace,
           class InverseScalar = double, class FactorScalar = Scalar>
-class KFAC {
+class KFAC
+    : private kat::detail::KFACSchedule<KFAC<Scalar, MemorySpace, InverseScalar, FactorScalar>,
+                                        Scalar, MemorySpace, InverseScalar, FactorScalar> {
 public:
   using scalar_type = Scalar;
   using memory_space = MemorySpace;
@@ -83,12 +86,7 @@ public:
 
   /// @throws ValueError naming the option, its valid range and its value, for any constant
   ///   hyperparameter out of range, a null log, or pi_correction with the eigen method.
-  explicit KFAC(Options options = Options()) : opt_(std::move(options)) {
-    kat::detail::kfac_check_options(opt_);
-    if (opt_.factor_update_steps.is_constant() && opt_.inv_update_steps.is_constant()) {
-      warn_if_not_multiple(opt_.factor_update_steps.value(), opt_.inv_update_steps.value());
-    }
-  }
+  explicit KFAC(Options options = Options()) : Schedule(std::move(options)) {}
 
   KFAC(const KFAC &) = delete;
   KFAC &operator=(const KFAC &) = delete;
@@ -205,13 +203,7 @@ public:
     }
   }
   /// The strategy this process follows (a KFACLocalStrategy unless set_strategy() set another).
-  const strategy_type &strategy() const {
-    static const KFACLocalStrategy<KFAC> local{};
-    if (strategy_ != nullptr) {
-      return *strategy_;
-    }
-    return local;
-  }
+  const strategy_type &strategy() const { return active_strategy(); }
   /// strategy().report(): what the strategy communicates and stores on this process.
   KFACStrategyReport strategy_report() const { return strategy().report(); }
   /// Whether this process builds the factors of registered layer i
@@ -234,11 +226,7 @@ public:
 
   /// Whether the next step() updates factors, so a and g must be recorded during the
   /// forward/backward before it.
-  bool needs_curvature() const {
-    const std::int64_t every = opt_.factor_update_steps(steps_);
-    kat::detail::kfac_check_steps("factor_update_steps", every, steps_);
-    return steps_ % every == 0;
-  }
+  bool needs_curvature() const { return curvature_due(); }
 
   /// Whether registered layer i should record a and g during the forward/backward before the
   /// next step(): needs_curvature() for an owned layer, and with
@@ -284,7 +272,8 @@ public:
   /// needs to know that the new factors are finite). Everything else is enqueued on `space`.
   /// A step that throws changes no factor and no gradient, and steps() does not advance.
   ///
-  /// In order, with the strategy's part (KFACStrategy) in brackets:
+  /// In order, with the strategy's part (KFACStrategy) in brackets (the steps are members of
+  /// kat::detail::KFACSchedule, precond/detail/kfac_schedule.hpp):
   /// 1. stage_factors(): on a factor-update step, each layer's batch estimates
   ///    (KFACLayer::stage_factors) [builds_factors, reduce_factor], committed by
   ///    resolve_factors() once known finite;
@@ -415,51 +404,23 @@ public:
   }
 
 private:
-  /// A registered layer: its KFACLayer and what the schedule needs to know about it.
-  struct Entry {
-    Entry(const std::string &name, std::string t, std::function<record_type()> v,
-          std::function<void(bool)> r, std::size_t out, std::size_t cols)
-        : layer(name, out, cols), type(std::move(t)), views(std::move(v)), record(std::move(r)) {}
-    layer_type layer;
-    std::string type;
-    std::function<record_type()> views;
-    std::function<void(bool)> record;
-    record_type current;  // views() of this step
-    bool owned = true;    // builds its factors here (KFACStrategy::builds_factors)
-    bool asked = false;   // what the record callback was last told
-    bool applied = false; // preconditioned in this step
-  };
-  using status_type = kat::detail::KFACStatus<InverseScalar, Scalar, MemorySpace>;
-
-  /// Seed of the Freivalds vectors (stream: the registration index).
-  static constexpr std::uint64_t probe_seed = 0x4b4641435f464143ull;
-
-  /// KFACStrategy::reduce_factor as KroneckerFactor::stage_update's batch hook (a named type:
-  /// nvcc does not accept a function-local lambda type there).
-  struct BatchHook {
-    strategy_type *strategy;
-    std::size_t index;
-    char which;
-    void operator()(const execution_space &space, const factor_matrix_type &batch) const {
-      strategy->reduce_factor(space, batch, index, which);
-    }
-  };
-
-  bool wants_record(const Entry &l, bool next) const {
-    return l.owned && (next || (opt_.factored_preconditioning && l.layer.factored_every_step()));
-  }
-  void tell_record(Entry &l, bool next) {
-    l.asked = wants_record(l, next);
-    if (l.record) {
-      l.record(l.asked);
-    }
-  }
-  void tell_records() {
-    const bool next = needs_curvature();
-    for (auto &l : layers_) {
-      tell_record(*l, next);
-    }
-  }
+  using Schedule =
+      kat::detail::KFACSchedule<KFAC, Scalar, MemorySpace, InverseScalar, FactorScalar>;
+  using Schedule::active_strategy;
+  using Schedule::curvature_due;
+  using Schedule::decompose;
+  using Schedule::kl_scale_;
+  using Schedule::layers_;
+  using Schedule::opt_;
+  using Schedule::run_step;
+  using Schedule::scratch_;
+  using Schedule::steps_;
+  using Schedule::strategy_;
+  using Schedule::tell_record;
+  using Schedule::tell_records;
+  using Schedule::vg_sum_;
+  using Schedule::wants_record;
+  using typename Schedule::Entry;
 
   template <class L> std::size_t register_nn_layer(const std::string &path, L &layer) {
     std::size_t count = 0;
@@ -477,284 +438,7 @@ private:
     return count + (added ? 1 : 0);
   }
 
-  void warn_if_not_multiple(std::int64_t factor_every, std::int64_t inv_every) {
-    if (!warned_multiple_ && inv_every % factor_every != 0) {
-      warned_multiple_ = true;
-      *opt_.log << "kat::precond::KFAC: warning: inv_update_steps (" << inv_every
-                << ") is not a multiple of factor_update_steps (" << factor_every
-                << "); some decompositions will reuse unchanged factors\n";
-    }
-  }
-
-  void warn(const std::string &message) const {
-    *opt_.log << "kat::precond::KFAC: warning: " << message << '\n';
-  }
-
-  /// step(space), or with `grads` step(space, grads) (each layer's gradient in grads).
-  void run_step(const execution_space &space, const vector_type *grads) {
-    ScopedRegion region("kat::precond::KFAC::step");
-    const Values v = values(steps_);
-    warn_if_not_multiple(v.factor_update_steps, v.inv_update_steps);
-    for (auto &l : layers_) {
-      l->current = l->views(); // once per step: the callback may do work
-      if (grads != nullptr) {
-        l->current.weight_gradient = l->layer.gradient_in(*grads);
-      }
-    }
-    const bool factor_step = steps_ % v.factor_update_steps == 0;
-    // Besides every inv_update_steps, a layer whose first factors came late (a skipped
-    // non-finite update) is decomposed as soon as it has them, not up to inv_update_steps later.
-    const bool only_missing = steps_ % v.inv_update_steps != 0;
-    try {
-      status_.clear(space, layers_.size());
-      if (factor_step) {
-        stage_factors(space, v.factor_decay);
-        if (decomposes(only_missing)) {
-          status_.read(space); // the decompositions need the new factors, known to be finite
-          resolve_factors(true);
-        }
-      }
-      decompose(space, v.damping, only_missing);
-      precondition(space, v);
-      status_.read(space);
-      finish_step();
-    } catch (...) {
-      for (auto &l : layers_) {
-        l->layer.discard_staged();
-        l->current = record_type();
-      }
-      throw;
-    }
-    ++steps_;
-    for (auto &l : layers_) {
-      l->current = record_type(); // do not keep the layer's workspaces alive
-    }
-    tell_records();
-  }
-
-  /// Stages every owned layer's factor updates (KFACLayer::stage_factors, through the
-  /// strategy's reduce_factor() when it reduces factors) with the counts of non-finite entries
-  /// going to the status buffer; nothing is committed yet.
-  void stage_factors(const execution_space &space, double decay) {
-    ScopedRegion region("kat::precond::KFAC::update_factors");
-    const bool hook = strategy_ != nullptr && strategy_->reduces_factors();
-    for (std::size_t index = 0; index < layers_.size(); ++index) {
-      Entry &l = *layers_[index];
-      if (!l.owned) {
-        continue;
-      }
-      const auto bad_a = status_.at(status_type::factor_slot(index, 'A'));
-      const auto bad_g = status_.at(status_type::factor_slot(index, 'G'));
-      if (hook) {
-        l.layer.stage_factors(space, l.current, opt_.loss_reduction, decay, steps_, bad_a, bad_g,
-                              BatchHook{strategy_, index, 'A'}, BatchHook{strategy_, index, 'G'});
-      } else {
-        l.layer.stage_factors(space, l.current, opt_.loss_reduction, decay, steps_, bad_a, bad_g);
-      }
-    }
-  }
-
-  /// Whether decompose(space, damping, only_missing) would decompose some layer once the
-  /// staged factor updates are committed.
-  bool decomposes(bool only_missing) const {
-    for (const auto &e : layers_) {
-      const factor_type &a = e->layer.factor_a(), &g = e->layer.factor_g();
-      if (e->owned && (a.updates() > 0 || a.has_staged_update()) &&
-          (g.updates() > 0 || g.has_staged_update()) && !(only_missing && e->layer.ready())) {
-        return true;
-      }
-    }
-    return false;
-  }
-
-  /// Commits the staged factor updates whose status (read back) is finite. A non-finite one
-  /// throws NumericalError (`may_throw`, without keep_previous_on_failure: every staged update
-  /// is discarded first) or is discarded with a warning.
-  void resolve_factors(bool may_throw) {
-    for (std::size_t i = 0; may_throw && !opt_.keep_previous_on_failure && i < layers_.size();
-         ++i) {
-      const layer_type &l = layers_[i]->layer;
-      if (const char which = l.staged_failure(bad(i, 'A'), bad(i, 'G'))) {
-        const std::string error = l.factor_failure(which, steps_);
-        for (auto &e : layers_) {
-          e->layer.discard_staged();
-        }
-        throw NumericalError("kat::precond::KFAC: " + error);
-      }
-    }
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      for (const auto &failure :
-           layers_[i]->layer.resolve_staged(bad(i, 'A'), bad(i, 'G'), steps_)) {
-        warn(failure + "; keeping the previous factor");
-      }
-    }
-  }
-  /// The count of non-finite entries of layer i's staged factor `which`, as read back.
-  double bad(std::size_t i, char which) const {
-    return status_(status_type::factor_slot(i, which));
-  }
-
-  /// Decomposes every layer's factors, or with `only_missing` those of layers that have
-  /// factors but no decomposition yet: first the decompositions this process computes
-  /// (KFACLayer::decompose, failures collected), then the strategy's agreement on failures,
-  /// then its share_decomposition() for each decomposed factor.
-  /// @throws NumericalError (the same on every process with an agreement) if a decomposition
-  ///   failed, unless keep_previous_on_failure.
-  void decompose(const execution_space &space, double damping, bool only_missing = false) {
-    ScopedRegion region("kat::precond::KFAC::decompose");
-    std::vector<std::size_t> due;
-    for (std::size_t index = 0; index < layers_.size(); ++index) {
-      const layer_type &l = layers_[index]->layer;
-      if (layers_[index]->owned && l.factor_a().updates() > 0 && l.factor_g().updates() > 0 &&
-          !(only_missing && l.ready())) {
-        due.push_back(index); // (a layer without factors: a factor update failed and was skipped)
-      }
-    }
-    // With an agreement every process takes part on every full decomposition step, whether or
-    // not it decomposes anything itself (DP-KFAC: a rank that owns no layer).
-    const bool agrees = strategy().agrees_on_failures();
-    if (due.empty() && (only_missing || !agrees)) {
-      return;
-    }
-    DecompositionFailures failures;
-    failures.failed.assign(2 * layers_.size(), 0);
-    std::vector<std::string> local(2 * layers_.size()); // this process's messages
-    const bool stop = !agrees && !opt_.keep_previous_on_failure;
-    for (const std::size_t index : due) {
-      const std::array<std::string, 2> failed = layers_[index]->layer.decompose(
-          space, opt_.compute_method, damping, opt_.pi_correction,
-          strategy().computes_decomposition(index, 'A'),
-          strategy().computes_decomposition(index, 'G'), steps_, stop);
-      for (std::size_t k = 2 * index; k < 2 * index + 2; ++k) {
-        if (!failed[k % 2].empty()) {
-          failures.failed[k] = 1;
-          local[k] = failed[k % 2];
-          if (failures.message.empty()) {
-            failures.message = local[k];
-          }
-          if (stop) {
-            throw NumericalError("kat::precond::KFAC: " + failures.message);
-          }
-        }
-      }
-    }
-    if (agrees && !only_missing) {
-      strategy_->agree_on_failures(space, failures);
-    }
-    if (!failures.message.empty()) {
-      if (!opt_.keep_previous_on_failure) {
-        throw NumericalError("kat::precond::KFAC: " + failures.message);
-      }
-      bool first = true;
-      for (std::size_t k = 0; k < failures.failed.size(); ++k) {
-        if (failures.failed[k] != 0) {
-          const std::string what =
-              !local[k].empty() ? local[k]
-              : first           ? failures.message
-                      : kat::detail::concat("layer '", layers_[k / 2]->layer.name(), "' factor ",
-                                            k % 2 == 0 ? 'A' : 'G', " at step ", steps_,
-                                            ": the decomposition failed elsewhere");
-          warn(what + "; keeping the previous decomposition");
-          first = false;
-        }
-      }
-    }
-    for (const std::size_t index : due) {
-      layer_type &l = layers_[index]->layer;
-      for (const char which : {'A', 'G'}) {
-        if (strategy_ != nullptr && failures.failed[2 * index + (which == 'G' ? 1 : 0)] == 0) {
-          strategy_->share_decomposition(space, index, which, l.factor(which));
-        }
-      }
-      l.set_ready(l.has_decomposition(opt_.compute_method));
-    }
-  }
-
-  /// Computes every applied layer's P (KFACLayer::precondition), then, in fused kernels over
-  /// all of them, Σ P ⊙ ∇ into the status buffer, the KL clip's ν from it (NaN when something
-  /// failed this step) and ∇ = ν·P, all enqueued on `space` (finish_step() reads the outcome).
-  void precondition(const execution_space &space, const Values &v) {
-    ScopedRegion region("kat::precond::KFAC::precondition");
-    const bool shared = strategy().shares_gradients();
-    std::vector<typename status_type::segment_type> segments;
-    for (std::size_t index = 0; index < layers_.size(); ++index) {
-      Entry &e = *layers_[index];
-      layer_type &l = e.layer;
-      e.applied = false;
-      l.clear_form();
-      if (!shared && !(e.owned && l.ready())) {
-        continue; // left to the base optimizer
-      }
-      const matrix_type grad = e.current.weight_gradient;
-      l.check_gradient(grad);
-      if (e.owned && l.ready()) {
-        const bool allowed = opt_.factored_preconditioning && !(e.record && !e.asked);
-        if (l.choose_form(e.current, allowed, steps_)) {
-          l.check_factored(space, e.current, scratch_, status_.device(), status_.check_slot(index),
-                           status_.verdict_slot(index), probe_seed, index);
-        }
-        l.precondition(space, e.current, grad, opt_.compute_method, v.damping, scratch_);
-      } else if (e.owned) {
-        l.copy_gradient(space, grad); // shared, no decomposition: P = ∇
-      }
-      e.applied = true;
-      segments.push_back(l.segment(grad));
-    }
-    if (shared) {
-      for (std::size_t i = 0; i < layers_.size(); ++i) {
-        strategy_->share_gradient(space, i, layers_[i]->layer.preconditioned());
-      }
-    }
-    status_.kl_clip(space, std::move(segments), opt_.keep_previous_on_failure, v.kl_clip, v.lr);
-  }
-
-  /// From the status read back after precondition(): throws the step's first failure (a
-  /// non-finite factor, a failed factored-preconditioning check, a non-finite Σ P ⊙ ∇; the
-  /// kernels then left every gradient as it was), or commits the staged factors and records
-  /// Σ P ⊙ ∇ and ν.
-  void finish_step() {
-    if (!opt_.keep_previous_on_failure) {
-      resolve_factors(true); // throws (discarding every staged update) if one is not finite
-    }
-    for (std::size_t index = 0; index < layers_.size(); ++index) {
-      layer_type &l = layers_[index]->layer;
-      if (l.factored()) {
-        l.check_verdict(status_.host(), status_.check_slot(index), status_.verdict_slot(index),
-                        steps_);
-      }
-    }
-    const double vg = status_(status_type::vg_slot);
-    if (!std::isfinite(vg)) {
-      report_non_finite();
-    }
-    resolve_factors(false);
-    vg_sum_ = vg;
-    kl_scale_ = status_(status_type::scale_slot);
-  }
-
-  /// Names the first applied layer whose Σ P ⊙ ∇ is not finite (blocking reductions: this
-  /// runs only when the step already failed).
-  [[noreturn]] void report_non_finite() {
-    const execution_space space;
-    for (const auto &e : layers_) {
-      if (e->applied) {
-        e->layer.check_finite(space, e->current.weight_gradient, steps_);
-      }
-    }
-    throw NumericalError(kat::detail::concat(
-        "kat::precond::KFAC::step: the sum of P ⊙ ∇ over the layers is not finite at step ", steps_,
-        " (is the gradient finite?)"));
-  }
-
-  Options opt_;
-  strategy_type *strategy_ = nullptr; // nullptr: the local strategy
-  std::vector<std::unique_ptr<Entry>> layers_;
   vector_type grad_buffer_; // the first registered model's gradients() (step(space, grads))
-  typename layer_type::scratch_type scratch_;
-  status_type status_;
-  std::int64_t steps_ = 0;
-  double kl_scale_ = 1.0, vg_sum_ = 0.0;
-  bool warned_multiple_ = false;
 };
 
 } // namespace kat::precond

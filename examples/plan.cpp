@@ -19,15 +19,14 @@
 #include <kat/plan/plan_io.hpp>
 #include <kat/plan/search.hpp>
 
+#include "stdout_check.hpp"
+
 #include <CLI/CLI.hpp>
 #include <Kokkos_Core.hpp>
 
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <exception>
-#include <iostream>
 #include <optional>
 #include <regex>
 #include <string>
@@ -353,12 +352,11 @@ struct Command {
 
 // `code`, or 1 with the reason on stderr if stdout lost anything written to it (>/dev/full).
 int checked_stdout(int code) {
-  errno = 0;
-  if (std::fflush(stdout) == 0 && std::ferror(stdout) == 0 && std::cout.flush()) {
+  const std::string error = kat_examples::stdout_error();
+  if (error.empty()) {
     return code;
   }
-  std::fprintf(stderr, "kat_plan: writing standard output: %s\n",
-               std::strerror(errno != 0 ? errno : EIO));
+  std::fprintf(stderr, "kat_plan: writing standard output: %s\n", error.c_str());
   return 1;
 }
 

@@ -11,6 +11,7 @@
 // Built with -DKAT_ENABLE_MPI=ON, `mpirun -n P kat_train ...` trains data-parallel
 // (kat::distributed::DataParallel): --batch-size is the global batch; see docs/distributed.md.
 // Kokkos options (--kokkos-num-threads=N, ...) are passed on to Kokkos.
+#include "stdout_check.hpp"
 #include "train/run.hpp"
 
 #include <kat/data/dataset.hpp>
@@ -22,10 +23,8 @@
 #endif
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <iostream>
 #include <limits>
@@ -154,11 +153,9 @@ void describe(Run &run, const Space &space) {
 // Flushes stdout. @throws kat::IOError if this or an earlier write to it failed (a full disk,
 // >/dev/full): a run whose report was lost must not end as a success.
 void check_stdout() {
-  errno = 0;
-  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout.flush()) {
-    const int e = errno;
-    throw kat::IOError(std::string("writing standard output: ") +
-                       (e != 0 ? std::strerror(e) : "write failed"));
+  const std::string error = kat_examples::stdout_error();
+  if (!error.empty()) {
+    throw kat::IOError("writing standard output: " + error);
   }
 }
 
@@ -263,8 +260,9 @@ int main(int argc, char **argv) {
   } catch (const CLI::ParseError &e) { // thrown by parse() on every rank alike
     // --help and the like exit 0; a usage error exits 2 (CLI11's own codes are 101 to 127).
     const int code = run.root ? run.app.exit(e) : e.get_exit_code();
-    if (code == 0 && !std::cout.flush()) { // --help to a full disk
-      std::fprintf(stderr, "kat_train: error: writing standard output: %s\n", std::strerror(errno));
+    const std::string lost = code == 0 ? kat_examples::stdout_error() : ""; // --help, full disk
+    if (!lost.empty()) {
+      std::fprintf(stderr, "kat_train: error: writing standard output: %s\n", lost.c_str());
       return 1;
     }
     return code == 0 ? 0 : 2;

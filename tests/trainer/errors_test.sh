@@ -14,10 +14,11 @@ failed=0
 expect() {
   local code=$1 text=$2
   shift 2
-  "$train" "$@" >"$work/out" 2>"$work/err"
+  local to=${stdout_to:-$work/out}
+  "$train" "$@" >"$to" 2>"$work/err"
   local rc=$?
   if [ "$rc" -ne "$code" ] || ! grep -qF -- "$text" "$work/err"; then
-    echo "FAIL: kat_train $* exited $rc (expected $code) with:" >&2
+    echo "FAIL: kat_train $* ${stdout_to:+>$stdout_to }exited $rc (expected $code) with:" >&2
     tail -n 5 "$work/err" >&2
     failed=1
   else
@@ -47,19 +48,7 @@ expect 2 "--l: must be an integer >= 0, got '-1'" "${base[@]}" --optimizer fosi-
 
 # writes and flags (issue 33)
 # expect_full CODE TEXT ARGS...: as expect, with stdout on /dev/full (every write fails).
-expect_full() {
-  local code=$1 text=$2
-  shift 2
-  "$train" "$@" >/dev/full 2>"$work/err"
-  local rc=$?
-  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$text" "$work/err"; then
-    echo "FAIL: kat_train $* >/dev/full exited $rc (expected $code) with:" >&2
-    tail -n 5 "$work/err" >&2
-    failed=1
-  else
-    echo "ok: exit $rc: $(grep -F -- "$text" "$work/err" | head -n 1)"
-  fi
-}
+expect_full() { stdout_to=/dev/full expect "$@"; }
 # A metrics file that takes no byte (a link to /dev/full): an error naming it, not an empty
 # file and exit 0.
 ln -s /dev/full "$work/full.csv"

@@ -7,8 +7,11 @@
 // sanitizer report. Expected rejections (kat::Error, std::exception) are not findings.
 
 #include <cstdarg>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 namespace kat_fuzz {
 
@@ -31,6 +34,21 @@ struct Counts {
   explicit Counts(const char *name) : target(name) {}
   ~Counts() {
     std::fprintf(stderr, "%s: accepted %llu, rejected %llu inputs\n", target, accepted, rejected);
+  }
+
+  /// One input, the body of every target's LLVMFuzzerTestOneInput: `parse(data, size)`, then,
+  /// if it returned, `check(result, data, size)`, counted as accepted; an exception (kat::Error
+  /// and nlohmann's errors derive from std::exception) is an expected rejection.
+  template <class Parse, class Check>
+  int run(const std::uint8_t *data, std::size_t size, Parse parse, Check check) {
+    try {
+      const auto result = parse(data, size);
+      ++accepted;
+      check(result, data, size);
+    } catch (const std::exception &) {
+      ++rejected;
+    }
+    return 0;
   }
 };
 

@@ -1,7 +1,8 @@
-// The model: --model mlp | cnn | resnet | vit (its shape from --vit-*), and the convolution
-// backend (--conv-backend).
+// The model: --model mlp | cnn | resnet | vit (its shape from --vit-*), the convolution
+// backend (--conv-backend) and the compute precision (--precision).
 #include "run.hpp"
 
+#include <kat/core/precision.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/models.hpp>
 
@@ -40,6 +41,13 @@ public:
                     "K-FAC's recording steps always use im2col")
         ->check(CLI::IsMember({"auto", "im2col", "dnn"}))
         ->capture_default_str();
+    r.app
+        .add_option("--precision", precision_,
+                    "fp32 | bf16 (mixed precision: the layers' matrix products and convolutions "
+                    "with bf16 inputs and fp32 accumulation; parameters, optimizer state and "
+                    "checkpoints stay fp32; docs/precision.md)")
+        ->check(CLI::IsMember({"fp32", "bf16"}))
+        ->capture_default_str();
   }
 
   void check(Run &r) override {
@@ -70,7 +78,11 @@ public:
     const auto backend = conv_backend_ == "im2col" ? kat::nn::Conv2dBackend::im2col
                          : conv_backend_ == "dnn"  ? kat::nn::Conv2dBackend::dnn
                                                    : kat::nn::Conv2dBackend::automatic;
-    r.configure = [backend](Model &m) { kat::nn::set_conv2d_backend(m.layers(), backend); };
+    const kat::Precision precision = kat::parse_precision(precision_, "--precision");
+    r.configure = [backend, precision](Model &m) {
+      kat::nn::set_conv2d_backend(m.layers(), backend);
+      m.set_precision(precision);
+    };
   }
 
 private:
@@ -87,6 +99,7 @@ private:
 
   std::vector<CLI::Option *> vit_flags_;
   std::string conv_backend_ = "auto";
+  std::string precision_ = "fp32";
 };
 const auto component = register_component<ModelChoice>(10);
 

@@ -12,6 +12,8 @@
 #include <KokkosBlas3_gemm.hpp>
 #include <Kokkos_Core.hpp>
 
+#include <array>
+#include <cstddef>
 #include <type_traits>
 
 // Kokkos Kernels 4.1 added BLAS overloads taking an execution space instance; 3.x (and 4.0)
@@ -68,6 +70,29 @@ template <class ExecSpace, class F> void on_default_instance(const ExecSpace &sp
 /// Transposition of a gemm operand.
 enum class Trans : char { N = 'N', T = 'T' };
 
+namespace detail {
+
+/// The m, n and k of `C = alpha op(A) op(B) + beta C`.
+/// @throws ShapeError, naming `who`, if the inner or outer dimensions disagree.
+template <class AView, class BView, class CView>
+std::array<std::size_t, 3> gemm_dimensions(const char *who, Trans trans_a, Trans trans_b,
+                                           const AView &A, const BView &B, const CView &C) {
+  const bool ta = trans_a == Trans::T;
+  const bool tb = trans_b == Trans::T;
+  const std::size_t m = ta ? A.extent(1) : A.extent(0);
+  const std::size_t k = ta ? A.extent(0) : A.extent(1);
+  const std::size_t kb = tb ? B.extent(1) : B.extent(0);
+  const std::size_t n = tb ? B.extent(0) : B.extent(1);
+  if (k != kb || C.extent(0) != m || C.extent(1) != n) {
+    throw ShapeError(concat(who, ": op(A) is ", m, "x", k, ", op(B) is ", kb, "x", n, ", C is ",
+                            C.extent(0), "x", C.extent(1),
+                            "; expected op(A) m x k, op(B) k x n, C m x n"));
+  }
+  return {m, n, k};
+}
+
+} // namespace detail
+
 /// `C = alpha * op(A) * op(B) + beta * C` through `KokkosBlas::gemm` (which calls the vendor
 /// BLAS — OpenBLAS on host, cuBLAS/rocBLAS when Kokkos Kernels is built with them), or, for
 /// float views in host memory in a build with KAT_ENABLE_ONEDNN, through oneDNN's `dnnl_sgemm`
@@ -92,17 +117,10 @@ void gemm(const ExecSpace &space, Trans trans_a, Trans trans_b,
                 "kat::gemm: A, B and C must be Kokkos views");
   static_assert(AView::rank == 2 && BView::rank == 2 && CView::rank == 2,
                 "kat::gemm: A, B and C must be rank 2");
-  const bool ta = trans_a == Trans::T;
-  const bool tb = trans_b == Trans::T;
-  const auto m = ta ? A.extent(1) : A.extent(0);
-  const auto k = ta ? A.extent(0) : A.extent(1);
-  const auto kb = tb ? B.extent(1) : B.extent(0);
-  const auto n = tb ? B.extent(0) : B.extent(1);
-  if (k != kb || C.extent(0) != m || C.extent(1) != n) {
-    throw ShapeError(detail::concat("kat::gemm: op(A) is ", m, "x", k, ", op(B) is ", kb, "x", n,
-                                    ", C is ", C.extent(0), "x", C.extent(1),
-                                    "; expected op(A) m x k, op(B) k x n, C m x n"));
-  }
+  // Plain names, not a structured binding: C++17 lambdas cannot capture those.
+  const std::array<std::size_t, 3> mnk =
+      detail::gemm_dimensions("kat::gemm", trans_a, trans_b, A, B, C);
+  const std::size_t m = mnk[0], n = mnk[1], k = mnk[2];
   if (m == 0 || n == 0) {
     return;
   }

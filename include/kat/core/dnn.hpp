@@ -11,6 +11,7 @@
 
 #include "kat/core/activation_layout.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/precision.hpp"
 #include "kat/core/profiling.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -65,6 +66,9 @@ struct Conv2dProblem {
   ActivationLayout output_layout = ActivationLayout::features;
   /// y = max(0, conv(x) + b): a ReLU applied by the convolution (oneDNN's eltwise post-op).
   bool relu = false;
+  /// Precision::bf16: x, the weights and dy enter the three passes as bf16 (rounded to nearest
+  /// even), accumulation and y, dx, dw, db stay fp32.
+  Precision precision = Precision::fp32;
 
   bool operator==(const Conv2dProblem &o) const {
     return batch == o.batch && in_channels == o.in_channels && height == o.height &&
@@ -73,7 +77,7 @@ struct Conv2dProblem {
            stride_h == o.stride_h && stride_w == o.stride_w && pad_h == o.pad_h &&
            pad_w == o.pad_w && dilation_h == o.dilation_h && dilation_w == o.dilation_w &&
            bias == o.bias && input_layout == o.input_layout && output_layout == o.output_layout &&
-           relu == o.relu;
+           relu == o.relu && precision == o.precision;
   }
   bool operator!=(const Conv2dProblem &o) const { return !(*this == o); }
 };
@@ -234,9 +238,16 @@ public:
                               p.out_width};
     const memory::dims w_dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w};
     const auto any = memory::format_tag::any;
-    const memory::desc x_any(x_dims, memory::data_type::f32, any);
+    // In bf16 the operands of the products (x, w, dy) are bf16; what the passes write (y, dx,
+    // dw, db) and their accumulation stay f32.
+    const auto in_type =
+        p.precision == Precision::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+    const memory::desc x_any(x_dims, in_type, any);
     const memory::desc y_any(y_dims, memory::data_type::f32, any);
-    const memory::desc w_any(w_dims, memory::data_type::f32, any);
+    const memory::desc w_any(w_dims, in_type, any);
+    const memory::desc dx_any(x_dims, memory::data_type::f32, any);
+    const memory::desc dy_any(y_dims, in_type, any);
+    const memory::desc dw_any(w_dims, memory::data_type::f32, any);
     const memory::dims strides{p.stride_h, p.stride_w};
     // oneDNN counts dilation from 0 (no gaps), PyTorch from 1.
     const memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
@@ -261,12 +272,13 @@ public:
     }
     fwd_pd_ = convolution_forward::primitive_desc(fwd_desc, fwd_attr, eng);
     bwd_data_pd_ = convolution_backward_data::primitive_desc(
-        convolution_backward_data::desc(alg, x_any, w_any, y_any, strides, dilates, pad_l, pad_r),
+        convolution_backward_data::desc(alg, dx_any, w_any, dy_any, strides, dilates, pad_l, pad_r),
         eng, fwd_pd_);
-    auto bwd_w_desc = p.bias ? convolution_backward_weights::desc(alg, x_any, w_any, b_desc, y_any,
-                                                                  strides, dilates, pad_l, pad_r)
-                             : convolution_backward_weights::desc(alg, x_any, w_any, y_any, strides,
-                                                                  dilates, pad_l, pad_r);
+    auto bwd_w_desc = p.bias
+                          ? convolution_backward_weights::desc(alg, x_any, dw_any, b_desc, dy_any,
+                                                               strides, dilates, pad_l, pad_r)
+                          : convolution_backward_weights::desc(alg, x_any, dw_any, dy_any, strides,
+                                                               dilates, pad_l, pad_r);
     bwd_weights_pd_ = convolution_backward_weights::primitive_desc(bwd_w_desc, eng, fwd_pd_);
     fwd_ = convolution_forward(fwd_pd_);
     bwd_data_ = convolution_backward_data(bwd_data_pd_);
@@ -580,9 +592,9 @@ private:
 
 /// The plans of one layer, one per problem seen, the oldest dropped beyond `capacity` (a data
 /// set's smaller last batch, evaluation batches).
-template <class Problem, class Plan> class OnednnPlanCache {
+template <class Problem, class Plan, std::size_t Capacity = 4> class OnednnPlanCache {
 public:
-  static constexpr std::size_t capacity = 4;
+  static constexpr std::size_t capacity = Capacity;
 
   /// The plan for `p`, created on first use.
   Plan &get(const Problem &p) {
@@ -675,6 +687,29 @@ public:
     guarded("backward", p, [&] { plan(p).backward(x, dy, w, dx, dw, db, accumulate, stats_); });
   }
 
+  /// Whether oneDNN computes problem p on this CPU. Always true for fp32 (where oneDNN would
+  /// fail, forward() reports why); for bf16, false where oneDNN has no bf16 convolution for
+  /// the CPU, found once by trying to create the plan (the caller then computes the products
+  /// itself, see kat::MixedPrecisionGemm), with the reason kept in bf16_unavailable_reason().
+  bool supports(const Conv2dProblem &p) {
+    if (p.precision == Precision::fp32) {
+      return true;
+    }
+    if (!bf16_unavailable_.empty()) {
+      return false;
+    }
+    try {
+      plan(p);
+      return true;
+    } catch (const dnnl::error &e) {
+      bf16_unavailable_ = e.what();
+      return false;
+    }
+  }
+  /// Why oneDNN cannot compute bf16 convolutions here (its error), empty if it can or was
+  /// not asked.
+  const std::string &bf16_unavailable_reason() const { return bf16_unavailable_; }
+
   /// Reorders between KAT's layouts and oneDNN's so far.
   const DnnReorderStats &reorder_stats() const { return stats_; }
   /// The oneDNN implementation of each pass for problem p (creating its plan if needed).
@@ -696,6 +731,7 @@ private:
 
   detail::OnednnPlanCache<Conv2dProblem, detail::OnednnConv2dPlan> plans_;
   DnnReorderStats stats_;
+  std::string bf16_unavailable_;
 };
 
 /// Batch normalization through the vendor DNN library, for one layer, in training mode:

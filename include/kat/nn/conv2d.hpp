@@ -6,6 +6,7 @@
 #include "kat/core/blas.hpp"
 #include "kat/core/dnn.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/mixed_gemm.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
@@ -414,7 +415,8 @@ public:
     relu_.remember(y);
     this->require_layouts_supported(where);
     if constexpr (dnn_available<execution_space, Scalar>()) {
-      if (dnn_for(this->in_layout_, this->out_layout_)) { // (fused ReLUs take this path)
+      if (dnn_for(this->in_layout_, this->out_layout_) &&
+          dnn_.supports(dnn_problem())) { // (fused ReLUs take this path)
         dnn_.forward(space, dnn_problem(), x.data(), weight_.data(),
                      bias_ ? bias_view_.data() : nullptr, y.data());
         dnn_forwarded_ = true;
@@ -437,8 +439,8 @@ public:
         ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
         detail::conv2d_im2col(space, g, n, x.data(), p0, p1, cols, p_c.data());
       }
-      gemm(space, Trans::N, Trans::T, Scalar(1), p_c, weight_bias_, Scalar(0),
-           Kokkos::subview(y_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL()));
+      product_(space, this->precision_, Trans::N, Trans::T, Scalar(1), p_c, weight_bias_, Scalar(0),
+               Kokkos::subview(y_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL()));
       if (!full_) {
         kept_ = {p0, p1, p_c.data()};
       }
@@ -490,12 +492,13 @@ public:
     if (full_) {
       g_ = dy_rows;
       if (want_dw) {
-        gemm(space, Trans::T, Trans::N, Scalar(1), dy_rows, a_view_, Scalar(accumulate ? 1 : 0),
-             grad_weight_bias_);
+        product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy_rows, a_view_,
+                 Scalar(accumulate ? 1 : 0), grad_weight_bias_);
       }
       if (want_dx) {
         const matrix_type dp = dpatches_.matrix(n * positions, k);
-        gemm(space, Trans::N, Trans::N, Scalar(1), dy_rows, weight_, Scalar(0), dp);
+        product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy_rows, weight_,
+                 Scalar(0), dp);
         col2im_chunk(space, dp, 0, positions, true, dx.data());
       }
       return;
@@ -514,14 +517,15 @@ public:
       const auto dy_c = Kokkos::subview(dy_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL());
       if (want_dw) {
         const matrix_type p_c = chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
-        gemm(space, Trans::T, Trans::N, Scalar(1), dy_c, p_c, Scalar(accumulate || !first ? 1 : 0),
-             grad_weight_bias_);
+        product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy_c, p_c,
+                 Scalar(accumulate || !first ? 1 : 0), grad_weight_bias_);
       }
       if (!want_dx) {
         continue;
       }
       const matrix_type dp_c = dpatches_.matrix(n * (p1 - p0), k);
-      gemm(space, Trans::N, Trans::N, Scalar(1), dy_c, weight_, Scalar(0), dp_c);
+      product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy_c, weight_, Scalar(0),
+               dp_c);
       col2im_chunk(space, dp_c, p0, p1, first, dx.data());
     }
   }
@@ -713,6 +717,7 @@ private:
     p.input_layout = forward_layouts_[0];
     p.output_layout = forward_layouts_[1];
     p.relu = forward_fused_;
+    p.precision = this->precision_;
     return p;
   }
 
@@ -839,6 +844,8 @@ private:
   Workspace<Scalar, MemorySpace> a_{"kat::nn::Conv2d::a"};
   Workspace<Scalar, MemorySpace> patches_{"kat::nn::Conv2d::patches"};
   Workspace<Scalar, MemorySpace> dpatches_{"kat::nn::Conv2d::dpatches"};
+  // forward() and backward()'s products on the im2col path in the layer's precision.
+  MixedPrecisionGemm<Scalar, MemorySpace> product_;
   matrix_type a_view_, g_;
   // R-operator: the direction's and the product's blocks ([V v_b] and V; likewise for hv),
   // R{x} of the last forward_r (extent 0: zero) and its patch blocks.

@@ -5,6 +5,7 @@
 #include "kat/core/blas.hpp"
 #include "kat/core/csr_weight.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/mixed_gemm.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
@@ -316,7 +317,8 @@ public:
     if (this->recording_ && bias_) {
       // a = [x 1]; then y = a [W b]ᵀ is one GEMM that also adds the bias.
       record_activations(space, x);
-      gemm(space, Trans::N, Trans::T, Scalar(1), a_view_, weight_bias_, Scalar(0), y);
+      product_(space, this->precision_, Trans::N, Trans::T, Scalar(1), a_view_, weight_bias_,
+               Scalar(0), y);
       return;
     }
     if (this->recording_) {
@@ -325,7 +327,8 @@ public:
     if (bias_) {
       detail::fill_rows(space, "kat::nn::Dense::forward_bias", bias_view_, y); // y = b
     }
-    gemm(space, Trans::N, Trans::T, Scalar(1), x, weight_, Scalar(bias_ ? 1 : 0), y);
+    product_(space, this->precision_, Trans::N, Trans::T, Scalar(1), x, weight_,
+             Scalar(bias_ ? 1 : 0), y);
   }
 
   void backward(const execution_space &space, const matrix_type &dy_in,
@@ -350,18 +353,20 @@ public:
       // dx only (compute_parameter_gradients(false))
     } else if (dense_gradient) {
       // dW (+)= dyᵀ x
-      gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(accumulate ? 1 : 0), grad_weight_);
+      product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_,
+               Scalar(accumulate ? 1 : 0), grad_weight_);
     } else if (sparse) {
       // dW (+)= mask ⊙ dyᵀ x, computed at the active entries only.
       sparse_->sampled_gradient(space, dy, x_, grad_weight_, accumulate);
     } else if (accumulate) {
       // dW += mask ⊙ dyᵀ x: the product goes to scratch first, inactive entries stay as they were.
       const auto g = grad_scratch_.matrix(out_, in_);
-      gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0), g);
+      product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0), g);
       detail::apply_weight_mask(space, mask_, g, grad_weight_, true);
     } else {
       // dW = mask ⊙ dyᵀ x
-      gemm(space, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0), grad_weight_);
+      product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0),
+               grad_weight_);
       detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
     }
     if (bias_ && this->parameter_gradients_) {
@@ -375,7 +380,8 @@ public:
       if (sparse) {
         sparse_->multiply_transposed(space, weight_, dy, dx);
       } else {
-        gemm(space, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0), dx);
+        product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0),
+                 dx);
       }
     }
   }
@@ -556,6 +562,8 @@ private:
   bool dense_gradient_requested_ = false;
   std::unique_ptr<detail::SparseProducts<Scalar, MemorySpace>> sparse_;
   Workspace<Scalar, MemorySpace> grad_scratch_;
+  // forward() and backward()'s products in the layer's precision (Layer::set_precision).
+  MixedPrecisionGemm<Scalar, MemorySpace> product_;
 };
 
 } // namespace kat::nn

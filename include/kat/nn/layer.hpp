@@ -5,6 +5,7 @@
 #include "kat/core/activation_layout.hpp"
 #include "kat/core/curvature.hpp"
 #include "kat/core/error.hpp"
+#include "kat/core/precision.hpp"
 #include "kat/core/state.hpp"
 #include "kat/core/views.hpp"
 #include "kat/plan/graph.hpp"
@@ -166,6 +167,19 @@ public:
   /// weight matrix; empty for an ordinary layer.
   virtual std::vector<Layer *> sublayers() { return {}; }
 
+  /// Sets the precision of the matrix products and convolutions of forward() and backward()
+  /// (kat::Precision; Dense and Conv2d honour it, other layers compute in fp32 either way),
+  /// here and in every sublayer. The R-operator passes (FOSI's Hessian-vector products) stay
+  /// in fp32: Lanczos needs an operator that is symmetric to fp32 rounding.
+  virtual void set_precision(Precision p) {
+    precision_ = p;
+    for (Layer *l : sublayers()) {
+      l->set_precision(p);
+    }
+  }
+  /// The precision set by set_precision() (fp32 by default).
+  Precision precision() const { return precision_; }
+
   /// The layer's parameter tensors, in its block's order, covering exactly
   /// [0, parameter_count()); empty for a layer without parameters.
   virtual std::vector<ParameterSpec> parameter_specs() const { return {}; }
@@ -277,6 +291,7 @@ protected:
   }
 
   bool training_ = true;
+  Precision precision_ = Precision::fp32;
   bool recording_ = false;
   bool accumulate_ = true;
   bool parameter_gradients_ = true;

@@ -276,6 +276,18 @@ public:
   void eval() { set_training(false); }
   bool training() const { return training_; }
 
+  /// Mixed precision: the forward and backward matrix products and convolutions of every
+  /// layer present (and their sublayers) in `p` (Layer::set_precision; kat::Precision says
+  /// which operations change). Parameters, gradients and the flat buffers stay in Scalar, so
+  /// optimizers, preconditioners and checkpoints see no difference. Call after the layers
+  /// are added; may be changed between steps.
+  void set_precision(Precision p) {
+    precision_ = p;
+    chain_.set_precision(p);
+  }
+  /// The precision last given to set_precision() (fp32 by default).
+  Precision precision() const { return precision_; }
+
   FeatureShape input_shape() const { return chain_.input_shape(); }
   FeatureShape output_shape() const { return chain_.output_shape(); }
 
@@ -354,6 +366,7 @@ private:
   vector_type direction_, direction_product_, scratch_gradients_;
   bool compiled_ = false;
   bool training_ = true;
+  Precision precision_ = Precision::fp32;
 };
 
 } // namespace kat::nn

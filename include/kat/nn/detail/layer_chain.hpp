@@ -232,6 +232,11 @@ public:
       l->train(on);
   }
 
+  void set_precision(Precision p) {
+    for (auto &l : layers_)
+      l->set_precision(p);
+  }
+
   /// Whether every activation inside the chain can be given a layout both its producer and
   /// its consumer support (Layer::supports_layouts), for the chain's input in `in` and its
   /// output in `out`.

@@ -1,0 +1,116 @@
+#pragma once
+/// @file
+/// @brief kat::MixedPrecisionGemm's host path: oneDNN's matmul primitive with bf16 operands
+/// and an f32 destination (f32 accumulation). oneDNN picks the kernel for the CPU it runs on:
+/// AMX tiles (Sapphire Rapids), AVX512-BF16 (Cooper Lake, Zen 4) or an emulation on other
+/// AVX-512 cores; Plan::implementation() says which.
+
+#include "kat/core/dnn.hpp"
+#include "kat/core/error.hpp"
+#include "kat/core/profiling.hpp"
+
+#include <cstddef>
+#include <string>
+
+namespace kat::detail {
+
+/// One column-major product `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k) with
+/// its operands' leading dimensions: what a bf16 matmul plan is built for.
+struct MatmulProblem {
+  char trans_a = 'N', trans_b = 'N';
+  std::size_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1, beta = 0;
+
+  bool operator==(const MatmulProblem &o) const {
+    return trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n && k == o.k &&
+           lda == o.lda && ldb == o.ldb && ldc == o.ldc && alpha == o.alpha && beta == o.beta;
+  }
+};
+
+#if defined(KAT_ENABLE_ONEDNN)
+
+/// oneDNN's matmul for one MatmulProblem: the two f32 operands are converted (reordered) to
+/// bf16 in the layouts the primitive chose, the product is accumulated in f32 and written to C
+/// with alpha as the output scale and beta as a sum post-op.
+class OnednnBf16MatmulPlan {
+public:
+  /// @throws dnnl::error when oneDNN has no bf16 matmul for this CPU (the caller falls back).
+  explicit OnednnBf16MatmulPlan(const MatmulProblem &p) : problem_(p), stream_(onednn_engine()) {
+    using namespace dnnl;
+    using dim = memory::dim;
+    const engine &eng = onednn_engine();
+    const dim m = dim(p.m), n = dim(p.n), k = dim(p.k);
+    // oneDNN's fast matmul kernels write a row-major destination, and KAT's C is column-major:
+    // the row-major storage of C^T. So the primitive computes C^T (n x m) = op(B)^T op(A)^T,
+    // as dnnl_sgemm does internally. An r x c matrix whose element (x, y) is at x sx + y sy:
+    const auto strided = [](dim r, dim c, std::size_t sx, std::size_t sy) {
+      return memory::desc({r, c}, memory::data_type::f32, memory::dims{dim(sx), dim(sy)});
+    };
+    // op(B)^T (n x k): element (j, l) = op(B)(l, j), B(l, j) at l + j ldb or B(j, l) at
+    // j + l ldb; op(A)^T (k x m) likewise; C^T (n x m): element (j, i) at i + j ldc.
+    src_f32_ = p.trans_b == 'T' ? strided(n, k, 1, p.ldb) : strided(n, k, p.ldb, 1);
+    wei_f32_ = p.trans_a == 'T' ? strided(k, m, 1, p.lda) : strided(k, m, p.lda, 1);
+    dst_f32_ = strided(n, m, p.ldc, 1);
+    // The bf16 copy of op(B)^T keeps the f32 operand's order (a plain conversion, no
+    // transposition) when oneDNN takes it so; otherwise oneDNN's choice.
+    const bool src_cols = p.trans_b != 'T';
+    const memory::desc src_same({n, k}, memory::data_type::bf16,
+                                src_cols ? memory::format_tag::ba : memory::format_tag::ab);
+    const memory::desc src_any({n, k}, memory::data_type::bf16, memory::format_tag::any);
+    const memory::desc wei_any({k, m}, memory::data_type::bf16, memory::format_tag::any);
+    primitive_attr attr;
+    if (p.alpha != 1.0f) {
+      attr.set_output_scales(0, {p.alpha});
+    }
+    if (p.beta != 0.0f) {
+      post_ops ops;
+      ops.append_sum(p.beta);
+      attr.set_post_ops(ops);
+    }
+    pd_ = matmul::primitive_desc(matmul::desc(src_same, wei_any, dst_f32_), attr, eng);
+    if (std::string(pd_.impl_info_str()).rfind("ref", 0) == 0) {
+      pd_ = matmul::primitive_desc(matmul::desc(src_any, wei_any, dst_f32_), attr, eng);
+    }
+    matmul_ = matmul(pd_);
+    src_bf16_ = memory(pd_.src_desc(), eng);
+    wei_bf16_ = memory(pd_.weights_desc(), eng);
+    to_src_ = reorder(reorder::primitive_desc(eng, src_f32_, eng, pd_.src_desc()));
+    to_wei_ = reorder(reorder::primitive_desc(eng, wei_f32_, eng, pd_.weights_desc()));
+  }
+
+  const MatmulProblem &problem() const { return problem_; }
+
+  /// The kernel oneDNN chose, e.g. "brg:avx512_core_amx" (AMX tiles) or
+  /// "brg:avx512_core_bf16".
+  std::string implementation() const { return pd_.impl_info_str(); }
+
+  void run(const float *a, const float *b, float *c) {
+    using namespace dnnl;
+    const engine &eng = onednn_engine();
+    memory b_mem(src_f32_, eng, const_cast<float *>(b));
+    memory a_mem(wei_f32_, eng, const_cast<float *>(a));
+    memory c_mem(dst_f32_, eng, c);
+    {
+      ScopedRegion region("kat::gemm_bf16::convert");
+      to_src_.execute(stream_, b_mem, src_bf16_);
+      to_wei_.execute(stream_, a_mem, wei_bf16_);
+    }
+    ScopedRegion region("kat::gemm_bf16::matmul");
+    matmul_.execute(
+        stream_, {{DNNL_ARG_SRC, src_bf16_}, {DNNL_ARG_WEIGHTS, wei_bf16_}, {DNNL_ARG_DST, c_mem}});
+    stream_.wait();
+  }
+
+private:
+  MatmulProblem problem_;
+  dnnl::stream stream_;
+  dnnl::memory::desc src_f32_, wei_f32_, dst_f32_; // op(B)^T, op(A)^T, C^T in KAT's memory
+  dnnl::matmul::primitive_desc pd_;
+  dnnl::matmul matmul_;
+  dnnl::memory src_bf16_, wei_bf16_;
+  dnnl::reorder to_src_, to_wei_;
+};
+
+#endif
+
+} // namespace kat::detail

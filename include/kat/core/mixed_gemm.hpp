@@ -1,0 +1,173 @@
+#pragma once
+/// @file
+/// @brief kat::MixedPrecisionGemm: kat::gemm in a chosen kat::Precision, with bf16 operands
+/// and fp32 accumulation through the vendor library where one serves the space.
+
+#include "kat/core/blas.hpp"
+#include "kat/core/detail/matmul_bf16_onednn.hpp"
+#include "kat/core/precision.hpp"
+#include "kat/core/profiling.hpp"
+#include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <type_traits>
+
+namespace kat {
+
+/// Which implementation a MixedPrecisionGemm used for its last bf16 product.
+enum class Bf16GemmPath {
+  none,     ///< no bf16 product yet
+  onednn,   ///< oneDNN's bf16 matmul (host memory, KAT_ENABLE_ONEDNN)
+  portable, ///< operands rounded to bf16 by a Kokkos kernel, then kat::gemm in fp32
+};
+
+namespace detail {
+
+/// dst(i, j) = round_to_bf16(src(i, j)).
+template <class Src, class Dst> struct RoundToBf16 {
+  Src src;
+  Dst dst;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
+    dst(i, j) = round_to_bf16(src(i, j));
+  }
+};
+
+} // namespace detail
+
+/// Computes `C = alpha op(A) op(B) + beta C` as kat::gemm does, in a chosen Precision.
+///
+/// With Precision::fp32 it is kat::gemm. With Precision::bf16 both operands are rounded to
+/// bfloat16 (round to nearest even) and the products are summed in fp32, as a bf16 matrix unit
+/// does (Kalamkar et al., "A Study of BFLOAT16 for Deep Learning Training", 2019, sec. 3):
+/// - float views in host memory, KAT built with KAT_ENABLE_ONEDNN: oneDNN's matmul with bf16
+///   operands and an f32 destination (AMX or AVX512-BF16 kernels where the CPU has them;
+///   implementation() names the one chosen). Where oneDNN has no bf16 matmul for the CPU,
+///   the portable path below, chosen once and reported by onednn_unavailable_reason().
+/// - everywhere else (CUDA, HIP, builds without oneDNN, double): the operands are rounded to
+///   bf16 into fp32 scratch matrices by a Kokkos kernel and multiplied by kat::gemm, which
+///   gives the same rounding of the operands and an fp32 accumulation.
+///
+/// Error bound of one entry (bf16's unit roundoff u = 2^-8 per rounded operand): with fp32
+/// accumulation over k terms, |C_bf16 - C_fp32| <= (2u + u^2 + k eps_fp32) sum_l |a_il||b_lj|,
+/// i.e. about 2^-7 of the sum of absolute products for the k of training.
+///
+/// One object per call site that keeps its scratch and plans: a layer owns one. Not
+/// thread-safe; calls from one host thread.
+///
+/// @tparam Scalar       the views' value type (float; double for the gradient checks).
+/// @tparam MemorySpace  where A, B and C live.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class MixedPrecisionGemm {
+public:
+  /// See the class comment. A, B and C are rank-2 views with value type Scalar in
+  /// MemorySpace; their first dimension contiguous for the oneDNN path (others take the
+  /// portable one).
+  /// @throws ShapeError if op(A) is not m x k, op(B) k x n and C m x n.
+  /// @throws Error if oneDNN reports a failure while running a product.
+  template <class ExecSpace, class AView, class BView, class CView>
+  void operator()(const ExecSpace &space, Precision precision, Trans trans_a, Trans trans_b,
+                  Scalar alpha, const AView &A, const BView &B, Scalar beta, const CView &C) {
+    if (precision == Precision::fp32) {
+      gemm(space, trans_a, trans_b, alpha, A, B, beta, C);
+      return;
+    }
+    const std::array<std::size_t, 3> mnk =
+        detail::gemm_dimensions("kat::MixedPrecisionGemm", trans_a, trans_b, A, B, C);
+    const std::size_t m = mnk[0], n = mnk[1], k = mnk[2];
+    if (m == 0 || n == 0 || k == 0) {
+      gemm(space, trans_a, trans_b, alpha, A, B, beta, C); // nothing to round
+      return;
+    }
+    if constexpr (detail::onednn_gemm_available<ExecSpace, AView, BView, CView>()) {
+      if (run_onednn(space, trans_a, trans_b, m, n, k, alpha, A, B, beta, C)) {
+        path_ = Bf16GemmPath::onednn;
+        return;
+      }
+    }
+    ScopedRegion region("kat::gemm_bf16::portable");
+    const auto a = round(space, A, a_);
+    const auto b = round(space, B, b_);
+    gemm(space, trans_a, trans_b, alpha, a, b, beta, C);
+    path_ = Bf16GemmPath::portable;
+  }
+
+  /// The path of the last bf16 product.
+  Bf16GemmPath last_path() const { return path_; }
+
+  /// The oneDNN kernel of the last bf16 product on the oneDNN path (e.g.
+  /// "brg:avx512_core_amx"), empty before one.
+  const std::string &implementation() const { return implementation_; }
+
+  /// Why oneDNN's bf16 matmul could not be used on this CPU (its error), empty if it could.
+  const std::string &onednn_unavailable_reason() const { return onednn_unavailable_; }
+
+private:
+  template <class ExecSpace, class View>
+  static Matrix<Scalar, MemorySpace> round(const ExecSpace &space, const View &src,
+                                           Workspace<Scalar, MemorySpace> &scratch) {
+    const auto dst = scratch.matrix(src.extent(0), src.extent(1));
+    // Column-major: the row index varies fastest, in memory and in the iteration.
+    using Policy =
+        Kokkos::MDRangePolicy<ExecSpace,
+                              Kokkos::Rank<2, Kokkos::Iterate::Left, Kokkos::Iterate::Left>>;
+    Kokkos::parallel_for("kat::gemm_bf16::round",
+                         Policy(space, {0, 0}, {src.extent(0), src.extent(1)}),
+                         detail::RoundToBf16<View, Matrix<Scalar, MemorySpace>>{src, dst});
+    return dst;
+  }
+
+  template <class ExecSpace, class AView, class BView, class CView>
+  bool run_onednn(const ExecSpace &space, Trans trans_a, Trans trans_b, std::size_t m,
+                  std::size_t n, std::size_t k, Scalar alpha, const AView &A, const BView &B,
+                  Scalar beta, const CView &C) {
+#if defined(KAT_ENABLE_ONEDNN)
+    if (!onednn_unavailable_.empty()) {
+      return false;
+    }
+    detail::MatmulProblem p;
+    p.trans_a = static_cast<char>(trans_a);
+    p.trans_b = static_cast<char>(trans_b);
+    p.m = m, p.n = n, p.k = k;
+    p.lda = detail::blas_leading_dimension(A);
+    p.ldb = detail::blas_leading_dimension(B);
+    p.ldc = detail::blas_leading_dimension(C);
+    p.alpha = alpha, p.beta = beta;
+    if (p.lda == 0 || p.ldb == 0 || p.ldc == 0) {
+      return false;
+    }
+    detail::OnednnBf16MatmulPlan *plan = nullptr;
+    try {
+      plan = &plans_.get(p);
+    } catch (const dnnl::error &e) {
+      onednn_unavailable_ = e.what();
+      return false;
+    }
+    space.fence(); // oneDNN's threads must see what kernels on `space` wrote
+    try {
+      plan->run(A.data(), B.data(), C.data());
+    } catch (const dnnl::error &e) {
+      throw Error(detail::concat("kat::MixedPrecisionGemm: oneDNN's bf16 matmul failed for m = ", m,
+                                 ", n = ", n, ", k = ", k, ": ", e.what()));
+    }
+    implementation_ = plan->implementation();
+    return true;
+#else
+    (void)space, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A;
+    (void)B, (void)beta, (void)C;
+    return false;
+#endif
+  }
+
+  Workspace<Scalar, MemorySpace> a_{"kat::MixedPrecisionGemm::a"}, b_{"kat::MixedPrecisionGemm::b"};
+#if defined(KAT_ENABLE_ONEDNN)
+  detail::OnednnPlanCache<detail::MatmulProblem, detail::OnednnBf16MatmulPlan, 16> plans_;
+#endif
+  Bf16GemmPath path_ = Bf16GemmPath::none;
+  std::string implementation_, onednn_unavailable_;
+};
+
+} // namespace kat

@@ -15,15 +15,10 @@ command -v dot >/dev/null || { echo "api_docs.sh: dot (graphviz) is not installe
 # documented.
 not_strict=(
   include/kat/core/
-  include/kat/data/
   include/kat/distributed/
-  include/kat/io/
   include/kat/nn/
-  include/kat/optim/
   include/kat/plan/
   include/kat/precond/
-  include/kat/sparse/
-  include/kat/train/
 )
 
 out=build/api

@@ -18,7 +18,6 @@ not_strict=(
   include/kat/distributed/
   include/kat/nn/
   include/kat/plan/
-  include/kat/precond/
 )
 
 out=build/api

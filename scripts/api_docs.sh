@@ -17,7 +17,6 @@ not_strict=(
   include/kat/core/
   include/kat/distributed/
   include/kat/nn/
-  include/kat/plan/
 )
 
 out=build/api

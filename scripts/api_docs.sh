@@ -17,7 +17,6 @@ not_strict=(
   include/kat/core/blas.hpp
   include/kat/core/dnn.hpp
   include/kat/distributed/
-  include/kat/nn/
 )
 
 out=build/api

@@ -16,7 +16,6 @@ command -v dot >/dev/null || { echo "api_docs.sh: dot (graphviz) is not installe
 not_strict=(
   include/kat/core/blas.hpp
   include/kat/core/dnn.hpp
-  include/kat/distributed/
 )
 
 out=build/api

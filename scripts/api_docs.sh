@@ -10,13 +10,10 @@ cd "$root"
 command -v doxygen >/dev/null || { echo "api_docs.sh: doxygen is not installed; run scripts/setup.sh" >&2; exit 1; }
 command -v dot >/dev/null || { echo "api_docs.sh: dot (graphviz) is not installed; run scripts/setup.sh" >&2; exit 1; }
 
-# Headers whose warnings are printed but do not fail the check yet, as paths relative to the
-# repository root (a folder stands for everything under it). Empty once every public entity is
-# documented.
-not_strict=(
-  include/kat/core/blas.hpp
-  include/kat/core/dnn.hpp
-)
+# Headers whose warnings are printed but do not fail the check, as paths relative to the
+# repository root (a folder stands for everything under it): a way to bring a new module in
+# step by step. Empty: every public entity of include/kat/ is documented.
+not_strict=()
 
 out=build/api
 log=$out/warnings.log

@@ -70,6 +70,10 @@ struct DKFACStats {
 /// Neither copyable nor movable (the KFAC refers to this object); the Communicator and the KFAC
 /// must outlive it.
 ///
+/// Source: the baseline distributed K-FAC of KAISA (Pauloski et al., SC'20, SC'21) and of DP-KFAC
+/// ("Scalable K-FAC Training for Deep Neural Networks With Distributed Preconditioning", IEEE
+/// TCC 2022); docs/algorithms.md section 2.
+///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class DKFAC : public precond::KFACStrategy<KFACType> {
 public:

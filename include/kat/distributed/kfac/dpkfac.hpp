@@ -89,6 +89,9 @@ struct DPKFACStats {
 /// layer owned again. Neither copyable nor movable; the Communicator and the KFAC must outlive
 /// it.
 ///
+/// Source: "Scalable K-FAC Training for Deep Neural Networks With Distributed Preconditioning"
+/// (IEEE TCC 2022; reference code lzhangbv/kfac_pytorch), docs/algorithms.md section 2.
+///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class DPKFAC : public precond::KFACStrategy<KFACType> {
 public:

@@ -17,7 +17,7 @@ namespace kat {
 /// values beyond the largest finite bfloat16 (about 3.39e38) round to infinity, NaN stays a
 /// (quiet) NaN. to_float() is exact.
 struct bfloat16 {
-  std::uint16_t bits = 0;
+  std::uint16_t bits = 0; ///< the 16 bits: sign, 8 exponent bits, 7 mantissa bits
 
   /// The bfloat16 nearest to `f` (ties to even).
   KOKKOS_INLINE_FUNCTION static bfloat16 from_float(float f) {

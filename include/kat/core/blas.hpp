@@ -16,8 +16,8 @@
 #include <cstddef>
 #include <type_traits>
 
-// Kokkos Kernels 4.1 added BLAS overloads taking an execution space instance; 3.x (and 4.0)
-// issue every product on the default instance of the execution space.
+/// 1 where Kokkos Kernels (4.1 and later) has the BLAS overloads taking an execution-space
+/// instance; 3.x (and 4.0) issue every product on the default instance of the execution space.
 #if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40100
 #define KAT_KOKKOSBLAS_HAS_SPACE_ARGUMENT 1
 #else
@@ -106,6 +106,8 @@ std::array<std::size_t, 3> gemm_dimensions(const char *who, Trans trans_a, Trans
 ///               HIP stream), KAT fences `space` before the product and the default instance
 ///               after it, so the product is still ordered with `space`'s work; with the
 ///               default instance (and on every host backend) nothing is added.
+/// @param trans_a, trans_b  whether op(A), op(B) is the matrix (Trans::N) or its transpose (T)
+/// @param alpha, beta  the scalars of the formula; beta = 0 overwrites C
 /// @param A,B,C  rank-2 LayoutLeft views; op(A) is m x k, op(B) is k x n, C is m x n.
 /// @throws ShapeError if the inner or outer dimensions disagree.
 template <class ExecSpace, class AView, class BView, class CView>
@@ -160,6 +162,8 @@ void gemm(const ExecSpace &space, Trans trans_a, Trans trans_b,
 ///               gemm() (passed through with Kokkos Kernels >= 4.1, fenced around otherwise).
 /// @param A  rank-2 LayoutLeft view; op(A) is m x k. A column range of a larger LayoutLeft
 ///           matrix (a subview with leading dimension > rows) is fine.
+/// @param trans_a  whether op(A) is A (Trans::N) or its transpose (Trans::T)
+/// @param alpha, beta  the scalars of the formula; beta = 0 overwrites y
 /// @param x  rank-1 view of length k.
 /// @param y  rank-1 view of length m; may not alias x.
 /// @throws ShapeError if the lengths do not match op(A).

@@ -28,7 +28,8 @@
 #include <string>
 #include <type_traits>
 
-// Kokkos Kernels 4.2 added a KokkosSparse::spmv overload taking an execution space instance.
+/// 1 where Kokkos Kernels (4.2 and later) has the KokkosSparse::spmv overload taking an
+/// execution-space instance, else 0; an internal switch of CsrWeight's products.
 #if defined(KOKKOSKERNELS_VERSION) && KOKKOSKERNELS_VERSION >= 40200
 #define KAT_KOKKOSSPARSE_HAS_SPACE_ARGUMENT 1
 #else
@@ -233,13 +234,17 @@ template <class RowMapView, class MaskView, class EntriesView, class FlatView> s
 /// @tparam MemorySpace  where the structure lives; kernels run on its execution space
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class CsrWeight {
 public:
-  using execution_space = typename MemorySpace::execution_space;
+  using execution_space = typename MemorySpace::execution_space; ///< where the products run
+  /// The execution and memory space pair Kokkos Kernels takes.
   using device_type = Kokkos::Device<execution_space, MemorySpace>;
   /// int column indices and row offsets: the types Kokkos Kernels and the vendor sparse
   /// libraries support everywhere; rows * cols must fit (checked).
   using crs_matrix_type = KokkosSparse::CrsMatrix<Scalar, int, device_type, void, int>;
+  /// One byte per weight of W: 1 active, 0 masked.
   using mask_type = Kokkos::View<const std::uint8_t *, MemorySpace>;
+  /// Int indices (offsets of the active weights in W).
   using index_view = Kokkos::View<int *, MemorySpace>;
+  /// W, rows x cols, column-major and contiguous.
   using weight_type = Matrix<const Scalar, MemorySpace>;
 
   CsrWeight() = default;
@@ -255,7 +260,9 @@ public:
     }
   }
 
+  /// Rows of W (the layer's outputs).
   std::size_t rows() const { return rows_; }
+  /// Columns of W (the layer's inputs).
   std::size_t cols() const { return cols_; }
   /// Whether build() has run since construction or reset().
   bool built() const { return built_; }
@@ -305,7 +312,9 @@ public:
 
   /// Copies W's active entries into matrix()'s values (`transposed`: into
   /// transposed_matrix()'s, which must be built). The products call it.
-  /// @param w  rows x cols, column-major and contiguous (a view of a flat buffer).
+  /// @param space       where the copy runs
+  /// @param w           rows x cols, column-major and contiguous (a view of a flat buffer).
+  /// @param transposed  false: into matrix(); true: into transposed_matrix()
   /// @throws ShapeError if w is not rows x cols with column stride rows.
   void gather(const execution_space &space, const weight_type &w, bool transposed = false) {
     require_built("gather");
@@ -321,7 +330,11 @@ public:
   }
 
   /// y = x Wᵀ + beta y, with W's values gathered from `w` first.
-  /// @param x  N x cols; y: N x rows.
+  /// @param space  where the product runs
+  /// @param w      W, rows x cols, column-major and contiguous
+  /// @param x      N x cols
+  /// @param beta   the scale of y's old contents (0: overwritten)
+  /// @param y      N x rows
   /// @throws ShapeError on mismatched extents or a w that is not flat (see gather()).
   void multiply(const execution_space &space, const weight_type &w,
                 const Matrix<const Scalar, MemorySpace> &x, Scalar beta,
@@ -337,7 +350,11 @@ public:
 
   /// dx = dy W + beta dx, with Wᵀ's values gathered from `w` first (building Wᵀ's structure on
   /// first use).
-  /// @param dy  N x rows; dx: N x cols.
+  /// @param space  where the product runs
+  /// @param w      W, rows x cols, column-major and contiguous
+  /// @param dy     N x rows
+  /// @param beta   the scale of dx's old contents (0: overwritten)
+  /// @param dx     N x cols
   /// @throws ShapeError on mismatched extents or a w that is not flat (see gather()).
   void multiply_transposed(const execution_space &space, const weight_type &w,
                            const Matrix<const Scalar, MemorySpace> &dy, Scalar beta,
@@ -360,7 +377,11 @@ public:
   /// `accumulate` false: overwrites dW, inactive entries become 0 (dW = mask ⊙ dyᵀx).
   /// `accumulate` true: adds at the active entries and leaves the inactive ones as they were
   /// (dW += mask ⊙ dyᵀx). Either way, this call's contribution is the masked gradient.
-  /// @param dy  N x rows; x: N x cols; dw: rows x cols, column-major and contiguous.
+  /// @param space       where the kernel runs
+  /// @param dy          N x rows
+  /// @param x           N x cols
+  /// @param dw          rows x cols, column-major and contiguous
+  /// @param accumulate  add to dw's active entries instead of overwriting dw
   /// @throws ShapeError on mismatched extents or a dw that is not flat.
   void sampled_gradient(const execution_space &space, const Matrix<const Scalar, MemorySpace> &dy,
                         const Matrix<const Scalar, MemorySpace> &x,

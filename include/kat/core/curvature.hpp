@@ -24,11 +24,12 @@ namespace kat {
 /// All are views of memory the layer owns (or of the flat buffers), valid until the next
 /// forward/backward. `a` and `g` are empty when the layer did not record them.
 template <class Scalar, class MemorySpace> struct CurvatureRecord {
-  Matrix<Scalar, MemorySpace> a;
-  Matrix<Scalar, MemorySpace> g;
-  Matrix<Scalar, MemorySpace> weight_gradient;
-  Matrix<Scalar, MemorySpace> weight;
-  std::size_t samples = 0;
+  Matrix<Scalar, MemorySpace>
+      a; ///< the layer input (with a ones column with a bias), rows x (in+1)
+  Matrix<Scalar, MemorySpace> g;               ///< dL/d(layer output), rows x out
+  Matrix<Scalar, MemorySpace> weight_gradient; ///< d[W b], out x (in+1), column-major
+  Matrix<Scalar, MemorySpace> weight;          ///< [W b], out x (in+1)
+  std::size_t samples = 0;                     ///< N, the samples in the batch
 };
 
 } // namespace kat

@@ -52,17 +52,37 @@ template <class ExecSpace, class Scalar> constexpr bool dnn_available() {
 /// with column i + k_h (j + k_w c) for kernel row i, kernel column j, input channel c; the
 /// bias has C_out entries.
 struct Conv2dProblem {
+  /// N, the samples.
   std::size_t batch = 0;
+  /// @{
+  /// The input: C_in channels of H x W.
   int in_channels = 0, height = 0, width = 0;
+  /// @}
+  /// @{
+  /// The output: C_out channels of H_out x W_out.
   int out_channels = 0, out_height = 0, out_width = 0;
+  /// @}
+  /// @{
+  /// The kernel's rows k_h and columns k_w.
   int kernel_h = 1, kernel_w = 1;
+  /// @}
+  /// @{
+  /// The vertical and horizontal stride.
   int stride_h = 1, stride_w = 1;
+  /// @}
+  /// @{
+  /// The zero padding on each side, vertical and horizontal.
   int pad_h = 0, pad_w = 0;
+  /// @}
+  /// @{
+  /// The vertical and horizontal dilation.
   int dilation_h = 1, dilation_w = 1;
+  /// @}
+  /// Whether a bias (C_out) is added.
   bool bias = true;
-  /// Layouts of x and dx, and of y and dy (channels16 needs C_in, resp. C_out, a multiple
-  /// of 16).
+  /// Layout of x and dx (channels16 needs C_in a multiple of 16).
   ActivationLayout input_layout = ActivationLayout::features;
+  /// Layout of y and dy (channels16 needs C_out a multiple of 16).
   ActivationLayout output_layout = ActivationLayout::features;
   /// y = max(0, conv(x) + b): a ReLU applied by the convolution (oneDNN's eltwise post-op).
   bool relu = false;
@@ -70,6 +90,7 @@ struct Conv2dProblem {
   /// even), accumulation and y, dx, dw, db stay fp32.
   Precision precision = Precision::fp32;
 
+  /// Whether every field is equal (the same primitive serves both).
   bool operator==(const Conv2dProblem &o) const {
     return batch == o.batch && in_channels == o.in_channels && height == o.height &&
            width == o.width && out_channels == o.out_channels && out_height == o.out_height &&
@@ -79,20 +100,29 @@ struct Conv2dProblem {
            bias == o.bias && input_layout == o.input_layout && output_layout == o.output_layout &&
            relu == o.relu && precision == o.precision;
   }
+  /// Whether any field differs.
   bool operator!=(const Conv2dProblem &o) const { return !(*this == o); }
 };
 
 /// One batch normalization problem (training mode) for the DNN library: `batch` samples of
 /// `channels` channels with `plane` = H·W values each, in `layout`.
 struct BatchNormProblem {
+  /// N, the samples.
   std::size_t batch = 0;
+  /// @{
+  /// C, the channels, and H·W, the values of a channel in one sample.
   int channels = 0, plane = 1;
+  /// @}
+  /// Whether γ and β are applied.
   bool affine = true;
+  /// Added to the variance.
   double eps = 1e-5;
+  /// Of x, y, dx and dy.
   ActivationLayout layout = ActivationLayout::channels16;
   /// y = max(0, BN(x)), backward masked accordingly (oneDNN's fuse_norm_relu).
   bool relu = false;
 
+  /// Whether every field is equal (the same primitive serves both).
   bool operator==(const BatchNormProblem &o) const {
     return batch == o.batch && channels == o.channels && plane == o.plane && affine == o.affine &&
            eps == o.eps && layout == o.layout && relu == o.relu;
@@ -102,12 +132,21 @@ struct BatchNormProblem {
 /// One 2-D pooling problem (PyTorch's MaxPool2d / AvgPool2d with ceil_mode = false and, for
 /// the average, count_include_pad = true) on a batch in `layout`.
 struct Pool2dProblem {
+  /// N, the samples.
   std::size_t batch = 0;
+  /// @{
+  /// C channels of H x W in, H_out x W_out out.
   int channels = 0, height = 0, width = 0, out_height = 0, out_width = 0;
+  /// @}
+  /// @{
+  /// The window (rows, columns), its vertical and horizontal stride and the padding on each side.
   int kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  /// @}
   bool max = true; ///< max pooling, else average over the whole window (padding counted)
+  /// Of x, y, dx and dy.
   ActivationLayout layout = ActivationLayout::channels16;
 
+  /// Whether every field is equal (the same primitive serves both).
   bool operator==(const Pool2dProblem &o) const {
     return batch == o.batch && channels == o.channels && height == o.height && width == o.width &&
            out_height == o.out_height && out_width == o.out_width && kernel_h == o.kernel_h &&
@@ -119,8 +158,11 @@ struct Pool2dProblem {
 /// The layout conversions ("reorders") a vendor library needed between KAT's layouts and its
 /// own (blocked) ones: how many, how many bytes they read, and their wall time.
 struct DnnReorderStats {
+  /// Conversions run.
   std::size_t reorders = 0;
+  /// Bytes they read.
   std::size_t bytes = 0;
+  /// Their wall time (s).
   double seconds = 0;
 };
 
@@ -767,11 +809,13 @@ public:
       current_->backward(x, dy, scale_shift, dx);
     });
   }
-  /// Per-channel batch mean and biased variance of the last forward() (channels floats).
+  /// Per-channel batch mean of the last forward() (channels floats).
   const Scalar *mean() const { return current_->mean(); }
+  /// Per-channel biased batch variance of the last forward() (channels floats).
   const Scalar *variance() const { return current_->variance(); }
   /// dγ then dβ of the last backward() (2·channels floats; affine only).
   const Scalar *diff_scale_shift() const { return current_->diff_scale_shift(); }
+  /// The oneDNN implementation of each pass for problem p (creating its plan if needed).
   std::string implementations(const BatchNormProblem &p) { return plans_.get(p).implementations(); }
 
 private:
@@ -809,6 +853,7 @@ public:
     space.fence();
     guarded("backward", p, [&] { plan(p).backward(dy, dx); });
   }
+  /// The oneDNN implementation of each pass for problem p (creating its plan if needed).
   std::string implementations(const Pool2dProblem &p) { return plan(p).implementations(); }
 
 private:

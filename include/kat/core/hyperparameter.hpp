@@ -21,7 +21,7 @@ namespace kat {
 /// callables each time they are evaluated.
 template <class T> class Hyperparameter {
 public:
-  using value_type = T;
+  using value_type = T; ///< the value's type
 
   /// A constant.
   Hyperparameter(T value) : value_(value) {} // NOLINT: implicit by design

@@ -21,14 +21,14 @@ namespace kat {
 /// Usage: reserve() every block, allocate() once, then take views.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class ParameterBuffer {
 public:
-  using vector_type = Vector<Scalar, MemorySpace>;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< a flat vector (parameters or gradients)
+  using matrix_type = Matrix<Scalar, MemorySpace>; ///< a column-major view of a block
 
   /// A named range [offset, offset + size) of the flat buffers.
   struct Block {
-    std::string name;
-    std::size_t offset;
-    std::size_t size;
+    std::string name;   ///< as given to reserve()
+    std::size_t offset; ///< first scalar in the flat buffers
+    std::size_t size;   ///< number of scalars
   };
 
   /// Reserves `size` scalars for `name` and returns the block's index.
@@ -53,9 +53,11 @@ public:
     allocated_ = true;
   }
 
+  /// Whether allocate() has run.
   bool allocated() const { return allocated_; }
   /// Total number of scalars.
   std::size_t size() const { return size_; }
+  /// The reserved blocks, in reservation order.
   const std::vector<Block> &blocks() const { return blocks_; }
 
   /// The flat parameter vector (length size()).

@@ -12,6 +12,7 @@ namespace kat {
 /// Pushes a Kokkos profiling region for the lifetime of the object.
 class ScopedRegion {
 public:
+  /// Pushes the region `name` (Kokkos::Profiling::pushRegion); the destructor pops it.
   explicit ScopedRegion(const std::string &name) { Kokkos::Profiling::pushRegion(name); }
   ~ScopedRegion() { Kokkos::Profiling::popRegion(); }
   ScopedRegion(const ScopedRegion &) = delete;

@@ -39,8 +39,10 @@ KOKKOS_INLINE_FUNCTION double counter_uniform(std::uint64_t seed, std::uint64_t 
 /// results differ between standard libraries.
 class HostRng {
 public:
+  /// Starts the sequence at `seed`.
   explicit HostRng(std::uint64_t seed) : state_(seed) {}
 
+  /// The next 64 random bits.
   std::uint64_t next() { return splitmix64(state_++); }
 
   /// Unbiased integer in [0, bound) (Lemire's multiply-and-reject), bound > 0.

@@ -30,23 +30,23 @@ namespace kat {
 /// host thread. Only one RegionTimer may exist at a time.
 class RegionTimer {
 public:
-  using clock = std::chrono::steady_clock;
+  using clock = std::chrono::steady_clock; ///< the host wall clock regions are timed with
 
   /// Total seconds and number of calls of one region.
   struct Entry {
-    std::string name;
-    double seconds = 0; ///< inclusive: nested regions count in their parents
-    std::size_t calls = 0;
+    std::string name;        ///< the region's name
+    double seconds = 0;      ///< inclusive: nested regions count in their parents
+    std::size_t calls = 0;   ///< times the region was entered
     double self_seconds = 0; ///< exclusive: seconds minus the time in directly nested regions
   };
 
   /// The totals of one call path: `path` is the stack of region names, outermost first, the
   /// region itself last. A region pushed while the timer was not active does not appear.
   struct PathEntry {
-    std::vector<std::string> path;
-    double seconds = 0;      ///< inclusive
-    double self_seconds = 0; ///< exclusive
-    std::size_t calls = 0;
+    std::vector<std::string> path; ///< region names, outermost first
+    double seconds = 0;            ///< inclusive
+    double self_seconds = 0;       ///< exclusive
+    std::size_t calls = 0;         ///< times the path was entered
   };
 
   /// @throws Error if Kokkos is not initialized or another timer is active.

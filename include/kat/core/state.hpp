@@ -113,9 +113,9 @@ template <class T> constexpr DType dtype_of_v = detail::dtype_of<std::remove_cv_
 /// One entry: an element type, a shape (empty for a scalar; a matrix's is {rows, cols} with
 /// its elements in column-major order) and the elements' bytes in the host's byte order.
 struct StateEntry {
-  DType dtype = DType::uint8;
-  std::vector<std::uint64_t> shape;
-  std::vector<unsigned char> bytes;
+  DType dtype = DType::uint8;       ///< the elements' type
+  std::vector<std::uint64_t> shape; ///< extents; empty for a scalar
+  std::vector<unsigned char> bytes; ///< the elements, in the host's byte order
 
   /// The number of elements: the product of the shape (1 for a scalar).
   /// @throws StateError if the product does not fit in 64 bits (a shape read from a file is
@@ -144,7 +144,7 @@ struct StateEntry {
 /// no NUL; a '.' separates the parts of a composite ("optimizer.exp_avg").
 class StateDict {
 public:
-  using map_type = std::map<std::string, StateEntry>;
+  using map_type = std::map<std::string, StateEntry>; ///< the entries by name
 
   /// Adds `entry` as `name`.
   /// @throws StateError if the name is empty, too long or holds a NUL, if it is already
@@ -195,6 +195,8 @@ public:
     }
     insert(name, make_entry(values.data(), std::move(shape)));
   }
+  /// Adds `values` as a vector of shape {values.size()}.
+  /// @throws StateError as insert().
   template <class T> void set(const std::string &name, const std::vector<T> &values) {
     set(name, values, {static_cast<std::uint64_t>(values.size())});
   }
@@ -219,9 +221,13 @@ public:
     }
   }
 
+  /// Whether an entry is named `name`.
   bool contains(const std::string &name) const { return entries_.count(name) != 0; }
+  /// The number of entries.
   std::size_t size() const { return entries_.size(); }
+  /// Whether there is no entry.
   bool empty() const { return entries_.empty(); }
+  /// All entries, ordered by name.
   const map_type &entries() const { return entries_; }
 
   /// The entry `name`.

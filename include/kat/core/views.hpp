@@ -9,7 +9,9 @@
 
 namespace kat {
 
+/// Kokkos's default execution space: where KAT's work runs unless told otherwise.
 using DefaultExecutionSpace = Kokkos::DefaultExecutionSpace;
+/// Its memory space: the default of every KAT class's MemorySpace.
 using DefaultMemorySpace = Kokkos::DefaultExecutionSpace::memory_space;
 
 /// Column-major matrix, the layout BLAS, LAPACK, cuBLAS and rocBLAS take directly.
@@ -28,14 +30,16 @@ using Vector = Kokkos::View<Scalar *, Kokkos::LayoutLeft, MemorySpace>;
 /// output, computed as one GEMM of (N·H·W) x C, is already the next layer's input, and each
 /// channel's N·H·W values (what batch normalization reduces over) are contiguous.
 struct FeatureShape {
-  int channels = 0;
-  int height = 1;
-  int width = 1;
+  int channels = 0; ///< C
+  int height = 1;   ///< H (1 for a flat vector)
+  int width = 1;    ///< W (1 for a flat vector)
 
+  /// Features per sample, C·H·W.
   constexpr std::size_t size() const {
     return static_cast<std::size_t>(channels) * static_cast<std::size_t>(height) *
            static_cast<std::size_t>(width);
   }
+  /// Whether the features are a flat vector (H = W = 1).
   constexpr bool is_flat() const { return height == 1 && width == 1; }
   friend constexpr bool operator==(const FeatureShape &a, const FeatureShape &b) {
     return a.channels == b.channels && a.height == b.height && a.width == b.width;

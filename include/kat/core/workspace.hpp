@@ -17,6 +17,7 @@ namespace kat {
 /// no step allocates.
 template <class Scalar, class MemorySpace = DefaultMemorySpace> class Workspace {
 public:
+  /// An empty workspace; `label` names its allocations.
   explicit Workspace(std::string label = "kat::Workspace") : label_(std::move(label)) {}
 
   /// A rows x cols matrix; grows (reallocates, contents lost) when it does not fit.

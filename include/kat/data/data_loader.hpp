@@ -73,11 +73,15 @@ template <class LabelVector, class IndexView> struct DataLoaderGatherLabels {
 /// @tparam MemorySpace where the data and the batches live.
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace> class DataLoader {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using memory_space = MemorySpace;
-  using scalar_type = Scalar;
-  using matrix_type = kat::Matrix<Scalar, MemorySpace>;
-  using label_vector = kat::Vector<std::int32_t, MemorySpace>;
+  using execution_space =
+      typename MemorySpace::execution_space; ///< the execution space of MemorySpace, where batches
+                                             ///< are gathered
+  using memory_space = MemorySpace;          ///< where the data set and the batches live
+  using scalar_type = Scalar;                ///< the element type of the batch matrices
+  using matrix_type =
+      kat::Matrix<Scalar, MemorySpace>; ///< a batch of samples: batch x features, column-major
+  using label_vector =
+      kat::Vector<std::int32_t, MemorySpace>; ///< a batch's labels, one class index per sample
 
   /// Copies `data` to `MemorySpace` and prepares epoch 0 (start_epoch(0) is called here, so a
   /// single-epoch user may call next() directly).

@@ -41,8 +41,8 @@ namespace kat::data {
 /// An unsigned-byte IDX array: `dims` are the extents (outermost first), `data` holds
 /// `product(dims)` elements in row-major order.
 struct IdxArray {
-  std::vector<std::size_t> dims;
-  std::vector<std::uint8_t> data;
+  std::vector<std::size_t> dims;  ///< the extents, outermost first
+  std::vector<std::uint8_t> data; ///< product(dims) bytes, row-major
 };
 
 /// The largest array read_idx accepts unless told otherwise: 2^34 bytes (16 GiB), far above

@@ -65,7 +65,8 @@ using CheckpointMetadata = std::vector<std::pair<std::string, std::string>>;
 
 /// What a checkpoint's header says, read without its entries (read_checkpoint_header()).
 struct CheckpointHeader {
-  std::uint32_t version = checkpoint_version;
+  std::uint32_t version =
+      checkpoint_version;      ///< the format version the file was written in (1 or 2)
   std::uint64_t entries = 0;   ///< the entry count
   CheckpointMetadata metadata; ///< empty in version 1
   std::uint64_t file_size = 0; ///< the whole file's size in bytes (the input's, when parsed)
@@ -83,8 +84,8 @@ struct CheckpointHeader {
 
 /// A whole checkpoint: its header (with the metadata) and its state.
 struct Checkpoint {
-  CheckpointHeader header;
-  StateDict state;
+  CheckpointHeader header; ///< the header, with the metadata
+  StateDict state;         ///< the named tensors
 };
 
 namespace detail {
@@ -574,6 +575,8 @@ inline std::vector<unsigned char> encode_checkpoint(const StateDict &state,
 /// Parses a whole checkpoint (format 1 or 2) from `size` bytes at `data`: the in-memory entry
 /// point (a fuzzer's target). Any input is safe: nothing is read outside [data, data + size),
 /// and nothing is allocated beyond `size` bytes in all.
+/// @param data  the input's first byte
+/// @param size  the input's length in bytes
 /// @param name  names the input in errors (a file name, say)
 /// @throws FormatError naming `name` and, where there is one, the entry, if the magic, the
 ///   version, a CRC-32, the metadata, a dtype, a rank, a byte count, a name or the footer is
@@ -732,12 +735,15 @@ inline std::string new_run_id() {
 
 /// One file of a CheckpointDirectory as its header describes it.
 struct CheckpointFile {
-  std::string path, name; ///< the path (directory + "/" + name) and the file name
-  std::string error;      ///< why the file is not a usable checkpoint; empty if it is
-  CheckpointHeader header;
+  std::string path;        ///< the path: the directory + "/" + name
+  std::string name;        ///< the file name
+  std::string error;       ///< why the file is not a usable checkpoint; empty if it is
+  CheckpointHeader header; ///< the file's header (default-constructed where it could not be read)
   std::int64_t step = -1;  ///< the stored step (metadata "step")
   std::string run;         ///< the stored run id (metadata "run"; "" for an anonymous run)
-  int rank = 0, ranks = 1; ///< the stored rank and rank count (metadata "rank", "ranks")
+  int rank = 0;            ///< the stored rank (metadata "rank")
+  int ranks = 1;           ///< the stored rank count (metadata "ranks")
+  /// Whether the file is a usable checkpoint (error is empty).
   bool usable() const { return error.empty(); }
 };
 
@@ -777,8 +783,11 @@ public:
     }
   }
 
+  /// The directory the checkpoints are in.
   const std::string &directory() const { return dir_; }
+  /// This process's rank.
   int rank() const { return rank_; }
+  /// The rank count.
   int ranks() const { return ranks_; }
 
   /// The run whose checkpoints this directory writes, lists and prunes ("" by default: an
@@ -791,6 +800,7 @@ public:
     }
     run_ = run;
   }
+  /// The run set by set_run() ("" for an anonymous run).
   const std::string &run() const { return run_; }
 
   /// The file name save() gives this rank's checkpoint of `step`.

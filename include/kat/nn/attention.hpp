@@ -68,7 +68,7 @@ class ScaledDotProductAttention final : public Layer<Scalar, MemorySpace> {
 public:
   using typename base::execution_space;
   using typename base::matrix_type;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< a flat vector (the stored probabilities)
 
   /// @param heads     number of heads (>= 1)
   /// @param head_dim  channels per head dh (>= 1); the model width is D = heads·head_dim
@@ -89,10 +89,13 @@ public:
   }
 
   std::string name() const override { return "ScaledDotProductAttention"; }
+  /// Number of heads.
   std::size_t heads() const { return heads_; }
+  /// Channels per head, dh.
   std::size_t head_dim() const { return head_dim_; }
   /// D = heads·head_dim, the output channels.
   std::size_t model_dim() const { return heads_ * head_dim_; }
+  /// Whether position t attends only to positions s <= t.
   bool causal() const { return causal_; }
 
   /// `{D, H, W}` for an input `{3·D, H, W}`.
@@ -259,6 +262,7 @@ public:
 
   /// Chooses the kernels of later passes (default AttentionKernel::automatic).
   void set_kernel(AttentionKernel kernel) { kernel_ = kernel; }
+  /// The kernel choice set by set_kernel().
   AttentionKernel kernel() const { return kernel_; }
   /// Whether the passes run AttentionKernel::batched_gemm (after resolving automatic).
   bool uses_batched_gemm() const {

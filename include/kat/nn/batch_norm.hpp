@@ -82,7 +82,7 @@ class BatchNorm final : public Layer<Scalar, MemorySpace> {
 public:
   using typename base::execution_space;
   using typename base::matrix_type;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< a per-channel vector (C)
   /// Type the per-channel sums accumulate in: double for float, Scalar if wider.
   using accum_type = std::common_type_t<Scalar, double>;
 
@@ -112,9 +112,13 @@ public:
   }
 
   std::string name() const override { return "BatchNorm"; }
+  /// C, the number of channels.
   std::size_t channels() const { return channels_; }
+  /// Added to the variance before the square root.
   double eps() const { return eps_; }
+  /// Weight of the batch statistics in the running averages.
   double momentum() const { return momentum_; }
+  /// Whether γ and β are learned.
   bool affine() const { return affine_; }
 
   /// @throws ShapeError if input.channels differs from channels().
@@ -149,6 +153,7 @@ public:
             {"bias", ParameterRole::bias, {channels_}, channels_}};
   }
 
+  /// Binds γ (C scalars) then β (C) when affine; nothing otherwise.
   void bind(Scalar *params, Scalar *grads) override {
     if (!affine_) {
       return;
@@ -192,6 +197,7 @@ public:
   const vector_type &running_var() const { return running_var_; }
   /// Number of training forwards so far (PyTorch's num_batches_tracked); checkpoint state.
   std::uint64_t num_batches_tracked() const { return num_batches_tracked_; }
+  /// Sets num_batches_tracked() (restoring a checkpoint).
   void set_num_batches_tracked(std::uint64_t n) { num_batches_tracked_ = n; }
 
   /// "running_mean", "running_var" (Scalar, [C]) and "num_batches_tracked" (uint64).
@@ -412,6 +418,7 @@ public:
   /// @{
   bool supports_r_operator() const override { return true; }
 
+  /// Binds the direction's and the product's γ and β blocks, laid out like bind()'s.
   void bind_direction(Scalar *v, Scalar *hv) override {
     if (!affine_) {
       return;

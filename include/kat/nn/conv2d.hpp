@@ -149,7 +149,7 @@ class Conv2d final : public Layer<Scalar, MemorySpace> {
 public:
   using typename base::execution_space;
   using typename base::matrix_type;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< the bias vector (C_out)
 
   /// Default size of one chunk's patch block. In host memory 8 MiB: small enough to stay in
   /// cache between im2col and the GEMMs, large enough that the per-chunk costs (BLAS calls and
@@ -220,13 +220,19 @@ public:
                std::array<int, 2>{dilation, dilation}, bias) {}
 
   std::string name() const override { return "Conv2d"; }
+  /// C_in, the input channels.
   std::size_t in_channels() const { return static_cast<std::size_t>(geometry_.in_channels); }
+  /// C_out, the output channels.
   std::size_t out_channels() const { return static_cast<std::size_t>(geometry_.out_channels); }
   /// (height, width) of the kernel.
   std::array<int, 2> kernel() const { return {geometry_.kernel_h, geometry_.kernel_w}; }
+  /// (vertical, horizontal) stride.
   std::array<int, 2> stride() const { return {geometry_.stride_h, geometry_.stride_w}; }
+  /// (vertical, horizontal) zero padding on each side.
   std::array<int, 2> padding() const { return {geometry_.pad_h, geometry_.pad_w}; }
+  /// (vertical, horizontal) dilation.
   std::array<int, 2> dilation() const { return {geometry_.dilation_h, geometry_.dilation_w}; }
+  /// Whether the layer has a bias.
   bool has_bias() const { return bias_; }
   /// K = C_in·k_h·k_w, the columns of W.
   std::size_t patch_size() const { return geometry_.patch_size(); }
@@ -237,6 +243,7 @@ public:
   /// the whole batch, not kept. Has no effect while recording curvature, which always builds
   /// and keeps the whole P.
   void set_chunk_bytes(std::size_t bytes) { chunk_bytes_ = bytes; }
+  /// The chunk size set by set_chunk_bytes(), in bytes.
   std::size_t chunk_bytes() const { return chunk_bytes_; }
 
   /// Chooses the path of later forward() calls (default Conv2dBackend::automatic). Recording
@@ -251,6 +258,7 @@ public:
     }
     backend_ = backend;
   }
+  /// The path chosen by set_backend().
   Conv2dBackend backend() const { return backend_; }
   /// Whether the DNN library serves the layer in its current mode (oneDNN in this build for
   /// its space and scalar, backend not im2col, not recording curvature). With
@@ -350,6 +358,8 @@ public:
     return specs;
   }
 
+  /// Binds W (C_out x K, column-major) followed by the bias (C_out), so that [W b] is one
+  /// C_out x (K+1) column-major matrix, K-FAC's gradient.
   void bind(Scalar *params, Scalar *grads) override {
     const std::size_t out = out_channels(), k = patch_size();
     weight_bias_ = matrix_type(params, out, weight_columns());
@@ -555,6 +565,7 @@ public:
   /// @{
   bool supports_r_operator() const override { return true; }
 
+  /// Binds the direction's and the product's blocks, laid out like bind()'s.
   void bind_direction(Scalar *v, Scalar *hv) override {
     const std::size_t out = out_channels(), k = patch_size();
     v_weight_bias_ = matrix_type(v, out, weight_columns());

@@ -118,7 +118,10 @@ public:
   using typename base::execution_space;
   using typename base::matrix_type;
 
-  /// @param input  DenseInput::flattened (the whole sample) or DenseInput::per_position
+  /// @param in_features   inputs per sample (per position with DenseInput::per_position), > 0
+  /// @param out_features  outputs, > 0
+  /// @param bias          whether the layer has a bias b
+  /// @param input         DenseInput::flattened (the whole sample) or DenseInput::per_position
   /// @throws ValueError if either size is 0.
   Dense(std::size_t in_features, std::size_t out_features, bool bias = true,
         DenseInput input = DenseInput::flattened)
@@ -132,10 +135,15 @@ public:
   }
 
   std::string name() const override { return "Dense"; }
+  /// The input features per sample (per position with DenseInput::per_position).
   std::size_t in_features() const { return in_; }
+  /// The output features.
   std::size_t out_features() const { return out_; }
+  /// Whether the layer has a bias.
   bool has_bias() const { return bias_; }
+  /// Whether the layer maps the whole sample or each position.
   DenseInput input_kind() const { return input_; }
+  /// Whether input_kind() is DenseInput::per_position.
   bool per_position() const { return input_ == DenseInput::per_position; }
 
   /// flattened: `{out}` for an input of size in_features; per_position: `{out, H, W}` for an
@@ -162,6 +170,8 @@ public:
     return specs;
   }
 
+  /// Binds W (out x in, column-major) followed by b (out), so that [W b] is one out x (in+1)
+  /// column-major matrix, K-FAC's gradient.
   void bind(Scalar *params, Scalar *grads) override {
     const std::size_t cols = in_ + (bias_ ? 1 : 0);
     weight_bias_ = matrix_type(params, out_, cols);
@@ -187,7 +197,9 @@ public:
   const matrix_type &weight() const { return weight_; }
   /// b (out), empty without bias.
   const Vector<Scalar, MemorySpace> &bias() const { return bias_view_; }
+  /// dW, out x in, a view into the flat gradient buffer.
   const matrix_type &weight_gradient() const { return grad_weight_; }
+  /// db (out); empty without a bias.
   const Vector<Scalar, MemorySpace> &bias_gradient() const { return grad_bias_; }
 
   /// @name Sparse weights
@@ -209,6 +221,7 @@ public:
   ///
   /// @param space   runs the copy, the count and the structure kernels
   /// @param active  out * in flags, column-major like W
+  /// @param path    SparsePath::automatic (by density), sparse or dense
   /// @throws ShapeError if active.extent(0) != out * in.
   void set_weight_mask(const execution_space &space,
                        const Kokkos::View<const std::uint8_t *, MemorySpace> &active,
@@ -284,6 +297,7 @@ public:
     }
     crossover_ = crossover;
   }
+  /// The density below which set_weight_mask() chooses the sparse path automatically.
   double sparse_crossover() const { return crossover_; }
 
   /// The next backward() computes the full dense weight gradient dyᵀx (or adds it, in
@@ -419,6 +433,7 @@ public:
   /// entries take part in R{y}, as they would in the dense layer).
   bool supports_r_operator() const override { return true; }
 
+  /// Binds the direction's and the product's W and b blocks, laid out like bind()'s.
   void bind_direction(Scalar *v, Scalar *hv) override {
     v_weight_ = matrix_type(v, out_, in_);
     hv_weight_ = matrix_type(hv, out_, in_);

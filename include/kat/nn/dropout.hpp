@@ -60,11 +60,13 @@ public:
   }
 
   std::string name() const override { return "Dropout"; }
+  /// The probability of zeroing an element, in [0, 1).
   double p() const { return p_; }
 
   /// Index of the next training mask. Saving it and restoring it with set_mask_counter()
   /// resumes the exact mask sequence (checkpoints; finite-difference checks).
   std::uint64_t mask_counter() const { return calls_; }
+  /// Sets the index of the next training mask (see mask_counter()).
   void set_mask_counter(std::uint64_t k) { calls_ = k; }
 
   /// "mask_counter" (uint64): the index of the next training mask.

@@ -104,6 +104,7 @@ class Embedding final : public Layer<Scalar, MemorySpace> {
 public:
   using typename base::execution_space;
   using typename base::matrix_type;
+  /// The flat table (num_embeddings x embedding_dim).
   using vector_type = Vector<Scalar, MemorySpace>;
 
   /// @param num_embeddings  V, the number of token ids (rows of E), > 0
@@ -119,7 +120,9 @@ public:
   }
 
   std::string name() const override { return "Embedding"; }
+  /// The number of rows of the table (the vocabulary).
   std::size_t num_embeddings() const { return count_; }
+  /// The features of each row.
   std::size_t embedding_dim() const { return dim_; }
 
   /// {embedding_dim, H, W} for an input {1, H, W}.
@@ -137,6 +140,7 @@ public:
     return {{"weight", ParameterRole::weight, {count_, dim_}, 0}};
   }
 
+  /// Binds the table (num_embeddings() x embedding_dim() scalars).
   void bind(Scalar *params, Scalar *grads) override {
     weight_ = vector_type(params, parameter_count());
     grad_weight_ = vector_type(grads, parameter_count());
@@ -221,6 +225,7 @@ public:
 
   bool supports_r_operator() const override { return true; }
 
+  /// Binds the direction's and the product's table blocks.
   void bind_direction(Scalar *v, Scalar *hv) override {
     v_weight_ = vector_type(v, parameter_count());
     hv_weight_ = vector_type(hv, parameter_count());

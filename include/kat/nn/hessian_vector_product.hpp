@@ -76,24 +76,30 @@ void convert_vector(const ExecSpace &space, const From &from, const To &to) {
 ///               output, targets, grad) and hessian_product(space, output, r_output, out))
 template <class Scalar, class MemorySpace, class Loss> class CurvatureVectorProduct {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
-  using vector_type = Vector<Scalar, MemorySpace>;
-  using model_type = Sequential<Scalar, MemorySpace>;
+  using execution_space = typename MemorySpace::execution_space; ///< where the passes run
+  using matrix_type = Matrix<Scalar, MemorySpace>;    ///< a batch: batch x features, column-major
+  using vector_type = Vector<Scalar, MemorySpace>;    ///< a flat parameter-length vector
+  using model_type = Sequential<Scalar, MemorySpace>; ///< the model multiplied through
 
+  /// A product with the Hessian (default) or the Gauss-Newton matrix.
   explicit CurvatureVectorProduct(CurvatureProduct kind = CurvatureProduct::hessian)
       : kind_(kind), dy_("kat::nn::CurvatureVectorProduct::dy"),
         rdy_("kat::nn::CurvatureVectorProduct::rdy") {}
 
+  /// Which curvature matrix apply() multiplies with.
   CurvatureProduct kind() const { return kind_; }
 
   /// out = C v, C the Hessian or Gauss-Newton matrix of the mean loss of `model` on (x,
   /// targets) at the model's current parameters. Returns the loss on the batch.
   ///
+  /// @param space    where the passes run
+  /// @param model    compiled, with an R-operator in every layer
+  /// @param loss     the loss whose curvature is multiplied (SoftmaxCrossEntropy, MSELoss)
   /// @param x        N x input size
   /// @param targets  what `loss` takes: labels (N) or a target matrix
-  /// @param v, out   length model.parameter_count(), laid out like model.parameters(); out
-  ///                 may not alias v
+  /// @param v        the direction: length model.parameter_count(), laid out like
+  ///                 model.parameters()
+  /// @param out      C v, laid out like v; may not alias v
   /// @throws Error naming the first layer without an R-operator, or if the model has no
   ///   parameters; ShapeError if v or out has the wrong length (and as the loss does).
   template <class Targets>

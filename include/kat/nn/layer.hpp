@@ -32,10 +32,10 @@ enum class ParameterRole { weight, bias };
 /// of the layer's parameter block (a model's: of the flat buffer). The tensor occupies
 /// [offset, offset + size()).
 struct ParameterSpec {
-  std::string name;
-  ParameterRole role = ParameterRole::weight;
-  std::vector<std::size_t> shape;
-  std::size_t offset = 0;
+  std::string name; ///< "weight", "bias"; prefixed by the layer's index path in a model
+  ParameterRole role = ParameterRole::weight; ///< weight or bias
+  std::vector<std::size_t> shape;             ///< extents of the view the layer uses
+  std::size_t offset = 0;                     ///< first scalar, from the start of the block
 
   /// Number of scalars: the product of the shape.
   std::size_t size() const {
@@ -64,11 +64,11 @@ inline plan::Shape graph_shape(std::int64_t batch, FeatureShape s) {
 ///                      execution space.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class Layer {
 public:
-  using scalar_type = Scalar;
-  using memory_space = MemorySpace;
-  using execution_space = typename MemorySpace::execution_space;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
-  using const_matrix_type = Matrix<const Scalar, MemorySpace>;
+  using scalar_type = Scalar;       ///< float (training) or double (gradient checks)
+  using memory_space = MemorySpace; ///< where parameters and activations live
+  using execution_space = typename MemorySpace::execution_space; ///< where the layer's work runs
+  using matrix_type = Matrix<Scalar, MemorySpace>; ///< a batch: batch x features, column-major
+  using const_matrix_type = Matrix<const Scalar, MemorySpace>; ///< a read-only batch
 
   virtual ~Layer() = default;
 
@@ -100,6 +100,8 @@ public:
   virtual bool passes_through() const { return false; }
 
   /// @name Activation layouts (see kat::ActivationLayout)
+  /// @{
+
   /// Whether the layer, in its current mode, can take its input (and give dx) in layout `in`
   /// and give its output (and take dy) in layout `out`. Only `features` for both by default.
   virtual bool supports_layouts(ActivationLayout in, ActivationLayout out) const {
@@ -117,11 +119,15 @@ public:
     in_layout_ = in;
     out_layout_ = out;
   }
+  /// The input layout of the next forward(), set by set_layouts().
   ActivationLayout input_layout() const { return in_layout_; }
+  /// The output layout of the next forward(), set by set_layouts().
   ActivationLayout output_layout() const { return out_layout_; }
   /// @}
 
   /// @name Fusing the ReLU that follows
+  /// @{
+
   /// Whether the layer, in its current mode, can apply a ReLU to its own output (y =
   /// max(0, f(x)), and in backward dy set to 0 where y <= 0), so that a container skips the
   /// ReLU layer that follows it and the activation is not read and written once more in
@@ -137,6 +143,7 @@ public:
     }
     fused_relu_ = on;
   }
+  /// Whether a container asked the layer to apply the following ReLU (fuse_relu()).
   bool fuses_relu() const { return fused_relu_; }
   /// @}
 
@@ -150,6 +157,7 @@ public:
   /// backward overwrites them, which saves clearing the buffer before every step. Every layer
   /// with parameters must honour both modes for all of its gradient entries.
   void accumulate_gradients(bool on) { accumulate_ = on; }
+  /// Whether backward adds to the parameter gradients (see accumulate_gradients()).
   bool accumulates_gradients() const { return accumulate_; }
 
   /// true (default): backward() computes the parameter gradients. false: backward() may
@@ -157,10 +165,12 @@ public:
   /// Conv2d skip their weight-gradient GEMMs). The backward pass of a Hessian-vector product
   /// needs only dx from backward() and sets it.
   void compute_parameter_gradients(bool on) { parameter_gradients_ = on; }
+  /// Whether backward computes the parameter gradients (see compute_parameter_gradients()).
   bool computes_parameter_gradients() const { return parameter_gradients_; }
 
   /// Switches between training and evaluation behaviour (Dropout, BatchNorm).
   virtual void train(bool on) { training_ = on; }
+  /// Whether the layer is in training mode.
   bool training() const { return training_; }
 
   /// The layers a container (Residual) holds, so preconditioners and masks can reach every
@@ -207,11 +217,14 @@ public:
     }
     recording_ = on;
   }
+  /// Whether the layer records a and g (record_curvature()).
   bool recording_curvature() const { return recording_; }
   /// The recorded quantities (empty views unless recording and after a forward/backward).
   virtual CurvatureRecord<Scalar, MemorySpace> curvature() const { return {}; }
 
   /// @name Model graph (kat::plan; TAP, Shi et al. 2023)
+  /// @{
+
   /// Appends this layer to `graph` as operators reading `x`, the layer's input (shape
   /// graph_shape(batch, in)), under the local name `name` in the graph's current scope, and
   /// returns the output tensor. By default one operator of type name() with the layer's
@@ -219,7 +232,6 @@ public:
   /// a tensor-parallel plan needs (Dense, attention, LayerNorm, embeddings) and containers
   /// (which open a scope named `name` for their layers) override it.
   /// @throws as kat::plan::Graph::add.
-  /// @{
   virtual plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
                                   const std::string &name) const {
     return graph.add(this->name(), name, {x},
@@ -290,14 +302,14 @@ protected:
     }
   }
 
-  bool training_ = true;
-  Precision precision_ = Precision::fp32;
-  bool recording_ = false;
-  bool accumulate_ = true;
-  bool parameter_gradients_ = true;
-  ActivationLayout in_layout_ = ActivationLayout::features;
-  ActivationLayout out_layout_ = ActivationLayout::features;
-  bool fused_relu_ = false;
+  bool training_ = true;                                     ///< training mode (train())
+  Precision precision_ = Precision::fp32;                    ///< set_precision()
+  bool recording_ = false;                                   ///< record_curvature()
+  bool accumulate_ = true;                                   ///< accumulate_gradients()
+  bool parameter_gradients_ = true;                          ///< compute_parameter_gradients()
+  ActivationLayout in_layout_ = ActivationLayout::features;  ///< input layout set by set_layouts()
+  ActivationLayout out_layout_ = ActivationLayout::features; ///< output layout set by set_layouts()
+  bool fused_relu_ = false;                                  ///< fuse_relu()
 };
 
 } // namespace kat::nn

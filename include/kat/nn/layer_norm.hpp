@@ -60,7 +60,7 @@ class LayerNorm final : public Layer<Scalar, MemorySpace> {
 public:
   using typename base::execution_space;
   using typename base::matrix_type;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< a per-feature vector (γ, β)
   /// Type the per-row sums accumulate in: double for float, Scalar if wider.
   using accum_type = std::common_type_t<Scalar, double>;
 
@@ -83,8 +83,11 @@ public:
   }
 
   std::string name() const override { return "LayerNorm"; }
+  /// The features each position is normalized over.
   std::size_t normalized_features() const { return features_; }
+  /// Added to the variance before the square root.
   double eps() const { return eps_; }
+  /// Whether γ and β are learned.
   bool elementwise_affine() const { return affine_; }
 
   /// @throws ShapeError unless input.channels == normalized_features().
@@ -105,6 +108,7 @@ public:
             {"bias", ParameterRole::bias, {features_}, features_}};
   }
 
+  /// Binds γ (features) then β (features) when affine; nothing otherwise.
   void bind(Scalar *params, Scalar *grads) override {
     if (!affine_) {
       return;
@@ -195,6 +199,7 @@ public:
 
   bool supports_r_operator() const override { return true; }
 
+  /// Binds the direction's and the product's γ and β blocks, laid out like bind()'s.
   void bind_direction(Scalar *v, Scalar *hv) override {
     if (!affine_) {
       return;

@@ -109,6 +109,9 @@ Sequential<Scalar, MemorySpace> resnet(FeatureShape input, int classes) {
 /// patch, `{width, H/ph, W/pw}`), a learned position embedding (E_pos), `depth` pre-norm
 /// TransformerEncoderBlocks, a final LayerNorm, the mean over tokens (GlobalAvgPool2d, instead
 /// of a class token) and Dense(width, classes).
+/// @param input    the image shape, `{C, H, W}`
+/// @param classes  the number of classes (Dense outputs)
+/// @param o        width, depth, heads, MLP width, patch (VitOptions)
 /// @throws ValueError if the patch does not divide the image or heads does not divide width.
 /// @param make_block  builds block i (0-based) for the token shape and the block options (the
 ///                    tensor-parallel executor passes one that splits it); empty: a

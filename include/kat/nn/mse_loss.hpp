@@ -35,9 +35,9 @@ double squared_error_sum(const ExecSpace &space, const Scalar *y, const Scalar *
 /// prediction y and target t: N x D.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class MSELoss {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
-  using const_matrix_type = Matrix<const Scalar, MemorySpace>;
+  using execution_space = typename MemorySpace::execution_space; ///< where the loss runs
+  using matrix_type = Matrix<Scalar, MemorySpace>; ///< predictions and targets: batch x outputs
+  using const_matrix_type = Matrix<const Scalar, MemorySpace>; ///< a read-only matrix
 
   /// The mean loss.
   /// @throws ShapeError if the shapes differ or are empty; NumericalError if the loss is not

@@ -44,7 +44,7 @@ class PositionEmbedding final : public Layer<Scalar, MemorySpace> {
 public:
   using typename base::execution_space;
   using typename base::matrix_type;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< the flat table (positions x features)
 
   /// @param features   C, the features per position, > 0
   /// @param positions  P, the positions per sample (H·W), > 0
@@ -59,7 +59,9 @@ public:
   }
 
   std::string name() const override { return "PositionEmbedding"; }
+  /// D, the features at each position.
   std::size_t features() const { return features_; }
+  /// P, the positions.
   std::size_t positions() const { return positions_; }
 
   /// @throws ShapeError unless input.channels == features() and height·width == positions().
@@ -80,6 +82,7 @@ public:
     return {{"weight", ParameterRole::weight, {positions_, features_}, 0}};
   }
 
+  /// Binds E (positions() x features() scalars).
   void bind(Scalar *params, Scalar *grads) override {
     weight_ = vector_type(params, parameter_count());
     grad_weight_ = vector_type(grads, parameter_count());
@@ -142,6 +145,7 @@ public:
 
   bool supports_r_operator() const override { return true; }
 
+  /// Binds the direction's and the product's E blocks.
   void bind_direction(Scalar *v, Scalar *hv) override {
     v_weight_ = vector_type(v, parameter_count());
     hv_weight_ = vector_type(hv, parameter_count());

@@ -122,6 +122,7 @@ public:
     return specs;
   }
 
+  /// Binds the body's parameters, then the shortcut's after them.
   void bind(Scalar *params, Scalar *grads) override {
     body_.bind(params, grads);
     const std::size_t nb = body_.parameter_count();
@@ -220,6 +221,7 @@ public:
            shortcut_.first_without_r_operator() == nullptr;
   }
 
+  /// Binds the direction's and the product's blocks, laid out like bind()'s.
   void bind_direction(Scalar *v, Scalar *hv) override {
     direction_bound_ = true;
     body_.bind_direction(v, hv);
@@ -326,7 +328,9 @@ public:
     shortcut_.load_state(state, "shortcut");
   }
 
+  /// The body's layers F (an internal chain; see sublayers() for the layers themselves).
   const detail::LayerChain<Scalar, MemorySpace> &body() const { return body_; }
+  /// The shortcut's layers (empty: the identity).
   const detail::LayerChain<Scalar, MemorySpace> &shortcut() const { return shortcut_; }
 
   /// (Re)allocations of the block's own workspaces so far.

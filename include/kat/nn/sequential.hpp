@@ -39,10 +39,10 @@ namespace kat::nn {
 /// @endcode
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class Sequential {
 public:
-  using layer_type = Layer<Scalar, MemorySpace>;
-  using execution_space = typename MemorySpace::execution_space;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using layer_type = Layer<Scalar, MemorySpace>;                 ///< the layers' base class
+  using execution_space = typename MemorySpace::execution_space; ///< where the model runs
+  using matrix_type = Matrix<Scalar, MemorySpace>; ///< a batch: batch x features, column-major
+  using vector_type = Vector<Scalar, MemorySpace>; ///< a flat parameter-length vector
 
   /// How backward() treats gradients().
   enum class Gradients {
@@ -98,6 +98,7 @@ public:
     compiled_ = true;
   }
 
+  /// Whether compile() has run.
   bool compiled() const { return compiled_; }
 
   /// Runs every layer; returns the output (batch x output_shape().size()), valid until the
@@ -229,6 +230,7 @@ public:
   /// i's parameters, [offset, offset + size) of parameters() and gradients(), in layer order
   /// and contiguous (size 0 for layers without parameters).
   const ParameterBuffer<Scalar, MemorySpace> &buffer() const { return buffer_; }
+  /// Scalars in the flat parameter buffer, over all layers.
   std::size_t parameter_count() const { return chain_.parameter_count(); }
 
   /// Every parameter tensor of the model, in flat-buffer order: "<i>.<name>" for layer i
@@ -267,13 +269,16 @@ public:
     chain_.load_state(state, "layers");
   }
 
+  /// The layers, in order.
   const std::vector<std::unique_ptr<layer_type>> &layers() const { return chain_.layers(); }
+  /// Layer i. @throws std::out_of_range for i >= layers().size()
   layer_type &layer(std::size_t i) { return *chain_.layers().at(i); }
 
   /// Training mode (Dropout active, batch statistics in BatchNorm).
   void train() { set_training(true); }
   /// Evaluation mode.
   void eval() { set_training(false); }
+  /// Whether the model is in training mode.
   bool training() const { return training_; }
 
   /// Mixed precision: the forward and backward matrix products and convolutions of every
@@ -288,7 +293,9 @@ public:
   /// The precision last given to set_precision() (fp32 by default).
   Precision precision() const { return precision_; }
 
+  /// The shape of one input sample.
   FeatureShape input_shape() const { return chain_.input_shape(); }
+  /// The shape of one output sample.
   FeatureShape output_shape() const { return chain_.output_shape(); }
 
   /// Total (re)allocations of the activation workspaces; constant once training is steady.
@@ -312,6 +319,7 @@ public:
     return graph;
   }
 
+  /// One line per layer (index, name, output shape, parameters) and the total.
   std::string summary() const {
     std::ostringstream os;
     os << "input " << input_shape() << '\n';

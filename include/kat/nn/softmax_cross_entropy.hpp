@@ -71,9 +71,9 @@ std::int64_t first_invalid_label(const ExecSpace &space, const LabelView &labels
 /// logits: N x C; labels: N integers in [0, C).
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class SoftmaxCrossEntropy {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
-  using label_view = Vector<const std::int32_t, MemorySpace>;
+  using execution_space = typename MemorySpace::execution_space; ///< where the loss runs
+  using matrix_type = Matrix<Scalar, MemorySpace>;               ///< logits: batch x classes
+  using label_view = Vector<const std::int32_t, MemorySpace>;    ///< one class index per sample
 
   /// The mean loss.
   /// @throws ShapeError if labels.extent(0) != logits.extent(0);

@@ -59,9 +59,10 @@ class TransformerEncoderBlock final : public Layer<Scalar, MemorySpace> {
 public:
   using typename base::execution_space;
   using typename base::matrix_type;
-  using residual_type = Residual<Scalar, MemorySpace>;
+  using residual_type = Residual<Scalar, MemorySpace>; ///< a pre-norm residual sub-block
 
-  /// @param input  `{D, H, W}`: D features at each of H·W positions
+  /// @param input    `{D, H, W}`: D features at each of H·W positions
+  /// @param options  heads, MLP width, causal mask, LayerNorm ε (TransformerBlockOptions)
   /// @throws ValueError if heads is 0 or does not divide D.
   TransformerEncoderBlock(FeatureShape input, TransformerBlockOptions options)
       : TransformerEncoderBlock(input, options, make_attention(input, checked(input, options)),
@@ -136,13 +137,19 @@ public:
 
   std::string name() const override { return "TransformerEncoderBlock"; }
 
+  /// The options given at construction.
   const TransformerBlockOptions &options() const { return options_; }
+  /// D, the features per position.
   std::size_t width() const { return static_cast<std::size_t>(input_.channels); }
+  /// H·W, the positions.
   std::size_t positions() const { return static_cast<std::size_t>(input_.height * input_.width); }
-  /// x + Attn(LN₁(x)) and h + MLP(LN₂(h)).
+  /// x + Attn(LN₁(x)), mutable.
   residual_type &attention() { return *attention_; }
+  /// h + MLP(LN₂(h)), mutable.
   residual_type &mlp() { return *mlp_; }
+  /// x + Attn(LN₁(x)), read-only.
   const residual_type &attention() const { return *attention_; }
+  /// h + MLP(LN₂(h)), read-only.
   const residual_type &mlp() const { return *mlp_; }
 
   /// @throws ShapeError unless `input` is the constructor's.
@@ -174,6 +181,7 @@ public:
     }
     return specs;
   }
+  /// Binds the block's layers' parameters in order.
   void bind(Scalar *params, Scalar *grads) override { chain_.bind(params, grads); }
   void reset_parameters(const execution_space &space, std::uint64_t seed) override {
     chain_.reset_parameters(space, seed);
@@ -192,6 +200,7 @@ public:
   }
 
   bool supports_r_operator() const override { return chain_.first_without_r_operator() == nullptr; }
+  /// Binds the direction's and the product's blocks, laid out like bind()'s.
   void bind_direction(Scalar *v, Scalar *hv) override { chain_.bind_direction(v, hv); }
   void forward_r(const execution_space &space, const matrix_type &rx,
                  const matrix_type &ry) override {

@@ -110,6 +110,7 @@ public:
   /// Adam with default Options.
   explicit Adam(std::size_t n) : Adam(n, Options{}) {}
 
+  /// "Adam".
   std::string name() const override { return "Adam"; }
 
   /// One Adam update of `params` (length n) from `grads` (length n), in a single fused

@@ -127,6 +127,27 @@ inline const char *to_string(FOSIMomentum m) {
   return "unknown";
 }
 
+/// How late FOSI's curvature estimates were when it estimates asynchronously (a
+/// FOSIPartition with asynchronous(), kat::distributed::DHO2 with curvature ranks). The
+/// staleness of an estimate is the number of steps between the step that started it (whose
+/// parameters it describes) and the first step that uses it: 0 is synchronous.
+struct FOSIStaleness {
+  /// Estimates installed asynchronously.
+  std::int64_t estimates = 0;
+  /// Sum of their staleness in steps (mean: total_steps / estimates).
+  std::int64_t total_steps = 0;
+  /// The largest staleness in steps.
+  std::int64_t max_steps = 0;
+  /// The staleness of the last estimate installed, in steps.
+  std::int64_t last_steps = 0;
+  /// Wall seconds of their Lanczos runs, measured where they ran.
+  double estimation_seconds = 0.0;
+  /// Wall seconds this process spent blocked waiting for an estimate (at the staleness bound,
+  /// or when the next refresh was due): estimation_seconds - waited_seconds of the estimation
+  /// was hidden behind training.
+  double waited_seconds = 0.0;
+};
+
 /// FOSI (Sivan et al., ICLR 2024, Algorithm 1): a base first-order optimizer works in the
 /// complement of the Hessian's extreme eigenspace while a Newton step, with momentum, works
 /// inside it.
@@ -188,25 +209,6 @@ inline const char *to_string(FOSIMomentum m) {
 /// refresh starts an estimate from the step's parameters and FOSI keeps the previous one (or
 /// the base optimizer) until the partition delivers it, at most staleness_bound() steps later;
 /// staleness() reports how late each was.
-/// How late FOSI's curvature estimates were when it estimates asynchronously (a
-/// FOSIPartition with asynchronous(), kat::distributed::DHO2 with curvature ranks). The
-/// staleness of an estimate is the number of steps between the step that started it (whose
-/// parameters it describes) and the first step that uses it: 0 is synchronous.
-struct FOSIStaleness {
-  /// Estimates installed asynchronously.
-  std::int64_t estimates = 0;
-  /// Sum, maximum and last of their staleness in steps (mean: total_steps / estimates).
-  std::int64_t total_steps = 0;
-  std::int64_t max_steps = 0;
-  std::int64_t last_steps = 0;
-  /// Wall seconds of their Lanczos runs, measured where they ran.
-  double estimation_seconds = 0.0;
-  /// Wall seconds this process spent blocked waiting for an estimate (at the staleness bound,
-  /// or when the next refresh was due): estimation_seconds - waited_seconds of the estimation
-  /// was hidden behind training.
-  double waited_seconds = 0.0;
-};
-
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace>
 class FOSI : public Optimizer<Scalar, MemorySpace> {
   using Base = Optimizer<Scalar, MemorySpace>;
@@ -214,12 +216,16 @@ class FOSI : public Optimizer<Scalar, MemorySpace> {
 public:
   using typename Base::execution_space;
   using typename Base::vector_type;
-  using base_type = Optimizer<Scalar, MemorySpace>;
-  using operator_type = kat::LinearOperator<MemorySpace>;
-  using partition_type = FOSIPartition<Scalar, MemorySpace>;
+  using base_type =
+      Optimizer<Scalar, MemorySpace>; ///< the wrapped first-order optimizer's interface
+  using operator_type =
+      kat::LinearOperator<MemorySpace>; ///< the curvature operator (Hessian-vector products)
+  using partition_type =
+      FOSIPartition<Scalar, MemorySpace>; ///< the slicing of the n-vectors across processes
   /// n x (k + l) column-major double matrix: the paper's Vᵀ.
   using basis_type = Kokkos::View<double **, Kokkos::LayoutLeft, MemorySpace>;
-  using double_vector = kat::Vector<double, MemorySpace>;
+  using double_vector =
+      kat::Vector<double, MemorySpace>; ///< a double n-vector (momentum, work vectors)
 
   /// Hyperparameters, named and defaulted as the reference code (hsivan/fosi, `fosi_momentum`
   /// / `fosi_nesterov` / `fosi_adam`); the paper's experiments use k = 10 and W = T = 800.
@@ -277,6 +283,10 @@ public:
   /// `curvature`, the operator whose extreme eigenpairs are estimated (see
   /// kat::LinearOperator). Allocates V, the momentum and the work vectors (labels
   /// "kat::optim::FOSI::...").
+  /// @param n          the parameter vector's length
+  /// @param base       the first-order optimizer (SGD, Adam, ...) that steps in the complement
+  /// @param curvature  the operator v -> H v whose extreme eigenpairs FOSI estimates
+  /// @param options    the hyperparameters (see Options)
   /// @param partition  null: one process holds everything; else the slices (see the class
   ///   comment), shared with the caller.
   /// @throws ValueError naming the option, its valid range and its value if base or
@@ -303,6 +313,7 @@ public:
         inv_abs_lambda_("kat::optim::FOSI::inv_abs_eigenvalues", opt_.k + opt_.l),
         lambda_(opt_.k + opt_.l, 0.0) {}
 
+  /// "FOSI".
   std::string name() const override { return "FOSI"; }
 
   /// One FOSI update of `params` (length n) from `grads` (length n; not modified): a
@@ -467,6 +478,7 @@ public:
 
   /// The wrapped first-order optimizer.
   const base_type &base_optimizer() const { return *base_; }
+  /// The wrapped first-order optimizer, mutable (its options, its state).
   base_type &base_optimizer() { return *base_; }
 
   /// Whether an estimate exists (refresh_count() > 0); until then FOSI is the base optimizer.
@@ -486,6 +498,7 @@ public:
   /// With an asynchronous partition: whether an estimate is in flight (started, not yet
   /// installed), and how late the installed ones were (zeros otherwise).
   bool estimate_pending() const { return pending_; }
+  /// How late the asynchronously installed estimates were (all zero when synchronous).
   const FOSIStaleness &staleness() const { return staleness_; }
 
   /// The largest kept eigenvalue of the current estimate, λ_max (the last of eigenvalues());

@@ -27,9 +27,10 @@ namespace optim {
 /// Every call is collective: all processes make it, in the same order.
 template <class Scalar, class MemorySpace> class FOSIPartition {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using vector_type = kat::Vector<Scalar, MemorySpace>;
-  using double_vector = kat::Vector<double, MemorySpace>;
+  using execution_space =
+      typename MemorySpace::execution_space;              ///< where the collectives' kernels run
+  using vector_type = kat::Vector<Scalar, MemorySpace>;   ///< a slice of a Scalar n-vector
+  using double_vector = kat::Vector<double, MemorySpace>; ///< a slice of a double n-vector
 
   virtual ~FOSIPartition() = default;
 

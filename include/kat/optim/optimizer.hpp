@@ -45,10 +45,11 @@ inline void require_lr(const std::string &who, double lr) {
 /// can be compared with a PyTorch run of the same model.
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace> class Optimizer {
 public:
-  using scalar_type = Scalar;
-  using memory_space = MemorySpace;
-  using execution_space = typename MemorySpace::execution_space;
-  using vector_type = kat::Vector<Scalar, MemorySpace>;
+  using scalar_type = Scalar;       ///< the parameters' and gradients' element type
+  using memory_space = MemorySpace; ///< where the parameters and the optimizer's state live
+  using execution_space = typename MemorySpace::execution_space; ///< where the update kernels run
+  using vector_type =
+      kat::Vector<Scalar, MemorySpace>; ///< a flat n-vector of parameters, gradients or state
 
   virtual ~Optimizer() = default;
 
@@ -114,7 +115,9 @@ public:
 protected:
   /// `lr` must already be validated by the subclass (which knows its own name for messages).
   Optimizer(std::size_t n, double lr) : lr_(lr), size_(n) {}
+  /// Copyable by subclasses only (no slicing through the base).
   Optimizer(const Optimizer &) = default;
+  /// Assignable by subclasses only.
   Optimizer &operator=(const Optimizer &) = default;
 
   /// Checks that `state` holds exactly "steps", "lr" and `buffers` (each a Scalar vector of
@@ -145,9 +148,9 @@ protected:
     ++steps_;
   }
 
-  double lr_;
-  std::size_t size_;
-  std::int64_t steps_ = 0;
+  double lr_;        ///< the learning rate, validated by set_lr() or the subclass's constructor
+  std::size_t size_; ///< n, the parameter vector's length
+  std::int64_t steps_ = 0; ///< step() calls so far
 };
 
 } // namespace optim

@@ -34,12 +34,14 @@ inline const char *to_string(CollectiveKind k) {
 
 /// Which pass of the training step a collective belongs to.
 enum class Pass { forward, backward };
+/// "forward" or "backward".
 inline const char *to_string(Pass p) { return p == Pass::forward ? "forward" : "backward"; }
 
 /// Which ranks a collective spans: the T ranks of a tensor-parallel group, the D ranks holding
 /// the same shard in different data-parallel replicas, or all D·T ranks (for an operator
 /// whose batch is split over the tensor group as well).
 enum class Group { tensor, data, data_tensor };
+/// "tensor", "data" or "data_tensor".
 inline const char *to_string(Group g) {
   return g == Group::tensor ? "tensor" : g == Group::data ? "data" : "data_tensor";
 }
@@ -90,7 +92,7 @@ inline double collective_seconds(CollectiveKind kind, const Link &link, int rank
 /// A machine: devices per node, the links inside and across nodes, FLOP rate and memory per
 /// device. A collective whose group spans more than one node is priced at the `inter` link.
 struct ClusterModel {
-  std::string name;
+  std::string name;        ///< the preset's name ("gpu-cluster", "mpi-local")
   std::string description; ///< where the figures come from
   Link intra;              ///< between devices of one node
   Link inter;              ///< between nodes
@@ -154,8 +156,9 @@ inline ClusterModel cluster_preset(const std::string &name) {
 /// D data-parallel replicas of T tensor-parallel ranks; rank = replica·T + tensor rank, so a
 /// tensor group is T consecutive ranks (inside a node when T <= ranks_per_node).
 struct Mesh {
-  int data = 1;
-  int tensor = 1;
+  int data = 1;   ///< D, the data-parallel replicas
+  int tensor = 1; ///< T, the tensor-parallel ranks of a replica
+  /// D·T, all ranks.
   int ranks() const { return data * tensor; }
 };
 
@@ -164,22 +167,28 @@ struct Mesh {
 /// in mixed precision keeps a float master copy and 2 float moments: 3 of 4 bytes (ZeRO,
 /// Rajbhandari et al. 2020, Sec. 3.1: 16 bytes per parameter with the 16-bit copies).
 struct OptimizerMemory {
-  double states = 2;
-  double state_bytes = 0;
+  double states = 2;      ///< values kept per parameter element
+  double state_bytes = 0; ///< bytes per value (0: the graph's element size)
 
+  /// Adam or AdamW: 2 moments.
   static OptimizerMemory adam() { return {2, 0}; }
+  /// SGD with momentum: 1 buffer.
   static OptimizerMemory momentum() { return {1, 0}; }
+  /// Plain SGD: no state.
   static OptimizerMemory sgd() { return {0, 0}; }
+  /// Adam in mixed precision: a float master copy and 2 float moments.
   static OptimizerMemory adam_mixed() { return {3, 4}; }
 };
 
 /// Bytes per device, by what they hold.
 struct MemoryBreakdown {
-  double parameters = 0;
-  double gradients = 0;
-  double optimizer = 0;
+  double parameters = 0;  ///< the parameters held
+  double gradients = 0;   ///< their gradients
+  double optimizer = 0;   ///< the optimizer state (OptimizerMemory)
   double activations = 0; ///< kept from forward for backward
+  /// All four together.
   double total() const { return parameters + gradients + optimizer + activations; }
+  /// Adds `o` field by field.
   MemoryBreakdown &operator+=(const MemoryBreakdown &o) {
     parameters += o.parameters;
     gradients += o.gradients;
@@ -191,9 +200,9 @@ struct MemoryBreakdown {
 
 /// Everything the search prices a plan with.
 struct CostModel {
-  ClusterModel cluster = gpu_cluster();
-  Mesh mesh;
-  OptimizerMemory optimizer;
+  ClusterModel cluster = gpu_cluster(); ///< the machine
+  Mesh mesh;                            ///< the data x tensor rank grid
+  OptimizerMemory optimizer;            ///< optimizer state per parameter element
 
   /// Ranks of a group. @throws nothing
   int ranks(Group g) const {
@@ -206,6 +215,8 @@ struct CostModel {
         g == Group::tensor ? mesh.tensor > node : ranks(g) > 1 && mesh.ranks() > node;
     return spans ? cluster.inter : cluster.intra;
   }
+  /// Alpha-beta seconds of one collective of `kind` over `bytes` (the whole tensor in one
+  /// replica) on group `g`'s ranks and link.
   double seconds(CollectiveKind kind, Group g, double bytes) const {
     return collective_seconds(kind, link(g), ranks(g), bytes);
   }

@@ -20,15 +20,16 @@ namespace kat::plan {
 
 /// The operators [first, last) of a graph, contiguous in its (topological) order.
 struct OpRange {
-  std::size_t first = 0;
-  std::size_t last = 0;
+  std::size_t first = 0; ///< the first operator's index
+  std::size_t last = 0;  ///< one past the last operator's index
+  /// The number of operators, last - first.
   std::size_t size() const { return last - first; }
 };
 
 /// One occurrence of a block.
 struct BlockInstance {
-  std::string scope; ///< the scope prefix that defines it, e.g. "blocks.3"
-  OpRange ops;
+  std::string scope;      ///< the scope prefix that defines it, e.g. "blocks.3"
+  OpRange ops;            ///< its operators in the graph
   std::size_t unique = 0; ///< index into Folding::unique
 };
 

@@ -28,6 +28,7 @@ struct GptConfig {
   std::int64_t ffn_hidden = 0;  ///< MLP width; 0: 4·hidden
   std::int64_t dtype_bytes = 2; ///< bytes per element (2: 16-bit training, 4: float)
 
+  /// The MLP width: ffn_hidden, or 4·hidden when 0.
   std::int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
   /// Parameters of gpt_graph(*this): V·h + P·h + L·(4h² + 2h·f + 9h + f) + 2h + h·V.
   std::int64_t parameter_count() const {

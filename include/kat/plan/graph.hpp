@@ -49,6 +49,7 @@ inline std::string shape_string(const Shape &shape) {
 /// An operator attribute: an integer, a real number or a string.
 class Attribute {
 public:
+  /// What the attribute holds.
   enum class Kind { integer, real, text };
 
   Attribute() = default;
@@ -58,9 +59,12 @@ public:
   /// Any floating-point type.
   template <class T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
   Attribute(T value) : kind_(Kind::real), real_(static_cast<double>(value)) {} // NOLINT
-  Attribute(const char *value) : kind_(Kind::text), text_(value) {}            // NOLINT
+  /// A string.
+  Attribute(const char *value) : kind_(Kind::text), text_(value) {} // NOLINT
+  /// A string.
   Attribute(std::string value) : kind_(Kind::text), text_(std::move(value)) {} // NOLINT
 
+  /// Which of integer, real or text the attribute holds.
   Kind kind() const { return kind_; }
   /// The integer. @throws ValueError if the attribute is not an integer.
   std::int64_t integer() const {
@@ -117,27 +121,28 @@ using Attributes = std::map<std::string, Attribute>;
 /// A tensor: an activation (produced by an operator, or a graph input such as token ids) or
 /// a parameter (owned by one operator).
 struct Tensor {
-  TensorId id = -1;
-  Shape shape;
+  TensorId id = -1;       ///< its index in Graph::tensors()
+  Shape shape;            ///< its extents; batch first when batched
   bool parameter = false; ///< a weight or bias, used by operator `owner` only
   bool batched = true;    ///< the first extent is the global batch (false for parameters and
                           ///< reduced outputs such as a mean loss)
   int producer = -1;      ///< index of the operator computing it; -1 for graph inputs and
                           ///< parameters
   int owner = -1;         ///< for a parameter: the operator that uses it
-  std::string name;
+  std::string name;       ///< a name for messages and plans
 };
 
 /// One operator. Its output is one activation tensor; its parameters are its own.
 struct Operator {
-  std::string name;  ///< unique in the graph, e.g. "blocks.3.qkv" or the layer path "3.body.1"
-  std::string type;  ///< "Dense", "Attention", ... (docs/tensor_parallel.md lists them)
-  std::string scope; ///< dotted scope path, e.g. "blocks.3" ("" at the top)
-  Attributes attributes;
+  std::string name;      ///< unique in the graph, e.g. "blocks.3.qkv" or the layer path "3.body.1"
+  std::string type;      ///< "Dense", "Attention", ... (docs/tensor_parallel.md lists them)
+  std::string scope;     ///< dotted scope path, e.g. "blocks.3" ("" at the top)
+  Attributes attributes; ///< its attributes (e.g. "in", "out" of a Dense)
   std::vector<TensorId> inputs;     ///< activations read, in order
   std::vector<TensorId> parameters; ///< weight first, then bias
-  TensorId output = -1;
+  TensorId output = -1;             ///< the activation it computes
 
+  /// Whether the attribute `key` is set.
   bool has(const std::string &key) const { return attributes.count(key) != 0; }
   /// The integer attribute `key`. @throws ValueError naming the operator when it is missing or
   /// not an integer.
@@ -157,13 +162,13 @@ struct Operator {
 
 /// What Graph::add needs to append an operator.
 struct OpSpec {
-  std::string type;
+  std::string type; ///< the operator type ("Dense", ...; see Graph)
   std::string name; ///< local name; the operator's name is "<scope>.<name>" ("" : generated)
-  std::vector<TensorId> inputs;
+  std::vector<TensorId> inputs;  ///< the activations it reads, in order
   Shape output;                  ///< output shape, batch first
   std::vector<Shape> parameters; ///< parameter shapes, weight first
-  Attributes attributes;
-  bool output_batched = true; ///< false when the output has no batch extent (a mean loss)
+  Attributes attributes;         ///< its attributes
+  bool output_batched = true;    ///< false when the output has no batch extent (a mean loss)
 };
 
 /// A model as operators over shaped tensors, built in execution order (an operator's inputs
@@ -184,6 +189,7 @@ struct OpSpec {
 class Graph {
 public:
   /// @param dtype_bytes bytes per element of activations, parameters and gradients (4: float)
+  /// @param name        the graph's name, for messages and plans
   /// @throws ValueError if dtype_bytes < 1
   explicit Graph(std::int64_t dtype_bytes = 4, std::string name = "")
       : dtype_bytes_(dtype_bytes), name_(std::move(name)) {
@@ -193,7 +199,9 @@ public:
     }
   }
 
+  /// The graph's name ("" unless given).
   const std::string &name() const { return name_; }
+  /// Bytes per element of activations, parameters and gradients.
   std::int64_t dtype_bytes() const { return dtype_bytes_; }
 
   /// Adds a graph input (data, token ids): it has no producer and needs no gradient.
@@ -294,8 +302,11 @@ public:
     return add(std::move(spec));
   }
 
+  /// The operators, in execution (topological) order.
   const std::vector<Operator> &operators() const { return operators_; }
+  /// The tensors, indexed by TensorId.
   const std::vector<Tensor> &tensors() const { return tensors_; }
+  /// Operator i. @throws std::out_of_range for i >= operators().size()
   const Operator &op(std::size_t i) const { return operators_.at(i); }
   /// @throws ValueError for an id outside [0, tensors().size())
   const Tensor &tensor(TensorId id) const {
@@ -314,6 +325,7 @@ public:
     }
     return it->second;
   }
+  /// Whether an operator is named `name`.
   bool contains(const std::string &name) const { return index_.count(name) != 0; }
 
   /// For every tensor, the operators reading it (in order; an operator reading it twice

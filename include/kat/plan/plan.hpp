@@ -19,11 +19,11 @@ namespace kat::plan {
 
 /// One operator's part of a plan.
 struct OpPlan {
-  std::string name;
-  std::string type;
-  std::string strategy;       ///< one of strategy_options' names
-  std::vector<Layout> inputs; ///< the layout it reads each input in
-  Layout output = Layout::replicated;
+  std::string name;                   ///< the operator's name in the graph
+  std::string type;                   ///< the operator's type
+  std::string strategy;               ///< one of strategy_options' names
+  std::vector<Layout> inputs;         ///< the layout it reads each input in
+  Layout output = Layout::replicated; ///< the layout it writes its output in
   /// For a "column" Dense (or "feature" Embedding) feeding a "heads" Attention: 3, its output
   /// extent is Q|K|V, each split over the ranks by heads (rank r holds, of each third, rows
   /// [r·n/(3T), (r+1)·n/(3T)) within it); otherwise 1, one contiguous split.
@@ -37,52 +37,52 @@ struct OpPlan {
 struct Collective {
   std::string op;     ///< the operator it belongs to
   std::string tensor; ///< the tensor converted ("" for the operator's own collectives)
-  CollectiveKind kind = CollectiveKind::all_reduce;
-  Pass pass = Pass::forward;
-  Group group = Group::tensor;
-  int ranks = 1;
+  CollectiveKind kind = CollectiveKind::all_reduce; ///< the collective
+  Pass pass = Pass::forward;                        ///< forward or backward
+  Group group = Group::tensor;                      ///< the ranks it spans
+  int ranks = 1;                                    ///< how many ranks that group has
   double bytes = 0;   ///< the whole tensor in one replica (the formula's `bytes`)
   double volume = 0;  ///< bytes each device sends
   double seconds = 0; ///< alpha-beta time
-  std::string what;
+  std::string what;   ///< why it happens ("weight gradient", "partial -> replicated", ...)
 };
 
 /// The cost model's prediction for one training step, per device.
 struct Prediction {
-  double step_seconds = 0; ///< compute + communication (no overlap assumed)
-  double compute_seconds = 0;
-  double communication_seconds = 0;
-  double bytes_per_device = 0; ///< sum of the collectives' volumes
-  MemoryBreakdown memory;
-  double memory_budget = 0; ///< bytes (0: unlimited)
-  bool feasible = true;     ///< memory.total() <= memory_budget
+  double step_seconds = 0;          ///< compute + communication (no overlap assumed)
+  double compute_seconds = 0;       ///< the operators' compute time (s)
+  double communication_seconds = 0; ///< the collectives' time (s)
+  double bytes_per_device = 0;      ///< sum of the collectives' volumes
+  MemoryBreakdown memory;           ///< bytes per device, by what they hold
+  double memory_budget = 0;         ///< bytes (0: unlimited)
+  bool feasible = true;             ///< memory.total() <= memory_budget
 };
 
 /// How a plan was found.
 struct SearchInfo {
   std::string method = "evaluated"; ///< "folded", "unfolded", "flat", "brute-force", "megatron"
   double seconds = 0;               ///< wall time of the search
-  int fold_depth = 0;
-  std::size_t unique_blocks = 0;
-  std::size_t block_instances = 0;
-  std::size_t loose_operators = 0;
-  int passes = 0;             ///< dynamic programs run (more than 1 under a memory budget)
-  double lambda = 0;          ///< the memory price (s per byte) of the returned plan
-  double dp_step_seconds = 0; ///< the step time the dynamic program summed (checks evaluate)
-  double combinations = 0;    ///< brute force: plans enumerated
+  int fold_depth = 0;               ///< scope depth of the folded blocks
+  std::size_t unique_blocks = 0;    ///< distinct blocks searched
+  std::size_t block_instances = 0;  ///< occurrences of those blocks
+  std::size_t loose_operators = 0;  ///< operators outside every block
+  int passes = 0;                   ///< dynamic programs run (more than 1 under a memory budget)
+  double lambda = 0;                ///< the memory price (s per byte) of the returned plan
+  double dp_step_seconds = 0;       ///< the step time the dynamic program summed (checks evaluate)
+  double combinations = 0;          ///< brute force: plans enumerated
 };
 
 /// A plan: what the executor reads (plan_io.hpp writes and reads it as JSON).
 struct Plan {
-  std::string model;
-  Mesh mesh;
-  std::string cluster;
-  std::int64_t dtype_bytes = 4;
-  OptimizerMemory optimizer;
-  std::vector<OpPlan> operators; ///< in graph order
-  std::vector<Collective> collectives;
-  Prediction predicted;
-  SearchInfo search;
+  std::string model;                   ///< the graph's name
+  Mesh mesh;                           ///< the rank grid it is for
+  std::string cluster;                 ///< the cluster preset's name
+  std::int64_t dtype_bytes = 4;        ///< bytes per element
+  OptimizerMemory optimizer;           ///< optimizer state per parameter element
+  std::vector<OpPlan> operators;       ///< in graph order
+  std::vector<Collective> collectives; ///< every collective, priced
+  Prediction predicted;                ///< the step's predicted cost
+  SearchInfo search;                   ///< how the plan was found
 
   /// The entry of operator `name`. @throws ValueError if there is none
   const OpPlan &at(const std::string &name) const {
@@ -146,6 +146,9 @@ inline void mark_shard_groups(const Graph &g, std::vector<OpPlan> &ops) {
 /// (strategy_options), the conversions of its inputs from the layouts their producers wrote
 /// (conversion), and each graph output's conversion to a replicated or batch layout
 /// (output_conversion). The result's search.method is "evaluated".
+/// @param g             the model
+/// @param strategies    one strategy name per operator, in graph order
+/// @param cm            the cluster, mesh and optimizer the plan is priced for
 /// @param memory_budget bytes per device (0: unlimited); only sets predicted.feasible
 /// @throws ValueError for a wrong number of strategies, an unknown or infeasible strategy (the
 ///   message names the operator and why), an impossible conversion, or a global batch not

@@ -55,10 +55,10 @@ inline SearchMethod search_method_from_string(const std::string &name) {
 
 /// Options of search().
 struct SearchOptions {
-  SearchMethod method = SearchMethod::folded;
-  int fold_depth = 0;       ///< scope depth of the blocks (0: chosen by fold())
-  double memory_budget = 0; ///< bytes per device (0: unlimited)
-  int max_passes = 64;      ///< dynamic programs at most, under a memory budget
+  SearchMethod method = SearchMethod::folded; ///< folded (default), unfolded or flat
+  int fold_depth = 0;                         ///< scope depth of the blocks (0: chosen by fold())
+  double memory_budget = 0;                   ///< bytes per device (0: unlimited)
+  int max_passes = 64;                        ///< dynamic programs at most, under a memory budget
   /// Strategies the search must not use, for an executor that lacks them: a strategy name for
   /// every operator type ("batch": no data parallelism inside the tensor group) or
   /// "Type:name" for one type ("SoftmaxCrossEntropy:vocab").

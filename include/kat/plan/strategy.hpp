@@ -25,6 +25,7 @@ enum class Layout : std::uint8_t {
   partial = 2,    ///< every rank holds a full-shape partial sum; the tensor is their sum
   batch = 3       ///< split on the first (batch) extent
 };
+/// The number of Layout values.
 constexpr int layout_count = 4;
 
 /// "replicated", "sharded", "partial", "batch".
@@ -55,9 +56,9 @@ inline Layout layout_from_string(const std::string &name) {
 
 /// One collective of a plan, before pricing.
 struct CollectiveCall {
-  CollectiveKind kind = CollectiveKind::all_reduce;
-  Pass pass = Pass::forward;
-  Group group = Group::tensor;
+  CollectiveKind kind = CollectiveKind::all_reduce; ///< the collective
+  Pass pass = Pass::forward;                        ///< forward or backward
+  Group group = Group::tensor;                      ///< the ranks it spans
   double bytes = 0; ///< the whole tensor's bytes in one data-parallel replica
   std::string what; ///< "input gradient", "weight gradient", "partial -> replicated", ...
 };
@@ -65,25 +66,26 @@ struct CollectiveCall {
 /// One strategy of one operator, priced per device for one training step (forward +
 /// backward), without the layout conversions of its inputs.
 struct StrategyOption {
-  std::string name;           ///< "replicated", "column", "row", "batch", "heads", ...
-  std::vector<Layout> inputs; ///< the layout each input must be in
-  Layout output = Layout::replicated;
-  bool feasible = true;
+  std::string name;                        ///< "replicated", "column", "row", "batch", "heads", ...
+  std::vector<Layout> inputs;              ///< the layout each input must be in
+  Layout output = Layout::replicated;      ///< the layout it writes
+  bool feasible = true;                    ///< whether the strategy applies
   std::string reason;                      ///< why not, when infeasible
   double flops = 0;                        ///< per device
   double compute_seconds = 0;              ///< flops / FLOP rate
   std::vector<CollectiveCall> collectives; ///< its own collectives
   double communication_seconds = 0;        ///< of `collectives`
   MemoryBreakdown memory;                  ///< per device
+  /// compute_seconds + communication_seconds.
   double seconds() const { return compute_seconds + communication_seconds; }
 };
 
 /// What a layout conversion of one tensor costs.
 struct Conversion {
-  bool possible = true;
-  std::string reason;
-  double seconds = 0;
-  std::vector<CollectiveCall> collectives;
+  bool possible = true;                    ///< whether the conversion exists
+  std::string reason;                      ///< why not, when impossible
+  double seconds = 0;                      ///< alpha-beta time of its collectives
+  std::vector<CollectiveCall> collectives; ///< the collectives it takes
 };
 
 namespace detail {

@@ -62,17 +62,19 @@ class KFAC
     : private kat::detail::KFACSchedule<KFAC<Scalar, MemorySpace, InverseScalar, FactorScalar>,
                                         Scalar, MemorySpace, InverseScalar, FactorScalar> {
 public:
-  using scalar_type = Scalar;
-  using memory_space = MemorySpace;
-  using execution_space = typename MemorySpace::execution_space;
-  using record_type = CurvatureRecord<Scalar, MemorySpace>;
+  using scalar_type = Scalar;       ///< the model's scalar (gradients, a and g)
+  using memory_space = MemorySpace; ///< where the model and the factors live
+  using execution_space = typename MemorySpace::execution_space; ///< where K-FAC's kernels run
+  using record_type = CurvatureRecord<Scalar, MemorySpace>;      ///< a layer's recorded a and g
   /// One registered layer's state and math.
   using layer_type = KFACLayer<Scalar, MemorySpace, InverseScalar, FactorScalar>;
+  /// A layer's factor A or G with its decompositions.
   using factor_type = typename layer_type::factor_type;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using matrix_type = Matrix<Scalar, MemorySpace>; ///< a gradient matrix in the model's scalar
+  using vector_type = Vector<Scalar, MemorySpace>; ///< a flat vector in the model's scalar
+  /// A matrix in the decompositions' precision.
   using inverse_matrix_type = Matrix<InverseScalar, MemorySpace>;
-  using factor_scalar_type = FactorScalar;
+  using factor_scalar_type = FactorScalar; ///< the precision the factors are accumulated in
   /// A factor (or batch estimate) matrix: dim x dim, FactorScalar.
   using factor_matrix_type = Matrix<FactorScalar, MemorySpace>;
   /// The strategy interface this KFAC asks (see set_strategy()).
@@ -80,9 +82,9 @@ public:
   /// What one decomposition step found on this process (KFACStrategy::agree_on_failures()).
   using DecompositionFailures = KFACDecompositionFailures;
 
-  using Options = KFACOptions;
-  using Values = KFACValues;
-  using State = KFACState;
+  using Options = KFACOptions; ///< the hyperparameters (KFACOptions)
+  using Values = KFACValues;   ///< their values at one step (KFACValues)
+  using State = KFACState;     ///< a host copy of the state (KFACState)
 
   /// @throws ValueError naming the option, its valid range and its value, for any constant
   ///   hyperparameter out of range, a null log, or pi_correction with the eigen method.
@@ -91,6 +93,7 @@ public:
   KFAC(const KFAC &) = delete;
   KFAC &operator=(const KFAC &) = delete;
 
+  /// The options given at construction.
   const Options &options() const { return opt_; }
 
   /// Registers a layer given only by views (no kat::nn needed).

@@ -39,13 +39,21 @@ namespace kat::precond {
 /// and the Freivalds check's (av, |a||v|) and (∇v − gᵀav, |g|ᵀ|a||v|). Labels
 /// "kat::precond::KFAC::<buffer>".
 template <class InverseScalar, class MemorySpace> struct KFACScratch {
+  /// The preconditioning's intermediate product.
   Workspace<InverseScalar, MemorySpace> work{"kat::precond::KFAC::work"};
+  /// The gradient converted to InverseScalar.
   Workspace<InverseScalar, MemorySpace> cast{"kat::precond::KFAC::cast"};
+  /// A converted (factored path).
   Workspace<InverseScalar, MemorySpace> factored_a{"kat::precond::KFAC::factored_a"};
+  /// G converted (factored path).
   Workspace<InverseScalar, MemorySpace> factored_g{"kat::precond::KFAC::factored_g"};
+  /// G⁻¹gᵀ or Q_Gᵀgᵀ (factored path).
   Workspace<InverseScalar, MemorySpace> factored_u{"kat::precond::KFAC::factored_u"};
+  /// AA⁻¹ or aQ_A (factored path).
   Workspace<InverseScalar, MemorySpace> factored_v{"kat::precond::KFAC::factored_v"};
+  /// Freivalds check: av and |a||v|.
   Workspace<double, MemorySpace> check_rows{"kat::precond::KFAC::check_rows"};
+  /// Freivalds check: ∇v − gᵀav and |g|ᵀ|a||v|.
   Workspace<double, MemorySpace> check_out{"kat::precond::KFAC::check_out"};
 
   /// Bytes the buffers hold now (allocated on first use).
@@ -95,12 +103,14 @@ template <class Scalar = float, class MemorySpace = DefaultMemorySpace,
           class InverseScalar = double, class FactorScalar = Scalar>
 class KFACLayer {
 public:
-  using scalar_type = Scalar;
-  using memory_space = MemorySpace;
-  using execution_space = typename MemorySpace::execution_space;
-  using record_type = CurvatureRecord<Scalar, MemorySpace>;
+  using scalar_type = Scalar;       ///< the model's scalar (gradients, a and g)
+  using memory_space = MemorySpace; ///< where the layer's factors live
+  using execution_space = typename MemorySpace::execution_space; ///< where its kernels run
+  using record_type = CurvatureRecord<Scalar, MemorySpace>;      ///< the layer's recorded a and g
+  /// Factor A or G with its decompositions.
   using factor_type = KroneckerFactor<FactorScalar, MemorySpace, InverseScalar>;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using matrix_type = Matrix<Scalar, MemorySpace>; ///< a gradient matrix in the model's scalar
+  /// A matrix in the decompositions' precision.
   using inverse_matrix_type = Matrix<InverseScalar, MemorySpace>;
   /// The scratch the layers of one KFAC share.
   using scratch_type = KFACScratch<InverseScalar, MemorySpace>;
@@ -118,6 +128,7 @@ public:
   KFACLayer(const KFACLayer &) = delete;
   KFACLayer &operator=(const KFACLayer &) = delete;
 
+  /// The name the layer was registered under.
   const std::string &name() const { return name_; }
   /// Rows of the weight gradient (the layer's outputs; the dimension of G).
   std::size_t out() const { return out_; }
@@ -125,12 +136,15 @@ public:
   std::size_t cols() const { return cols_; }
   /// Factor A (activations), cols x cols.
   factor_type &factor_a() { return A_; }
+  /// Factor A, read-only.
   const factor_type &factor_a() const { return A_; }
   /// Factor G (output gradients), out x out.
   factor_type &factor_g() { return G_; }
+  /// Factor G, read-only.
   const factor_type &factor_g() const { return G_; }
   /// factor_a() for 'A', factor_g() for 'G'.
   factor_type &factor(char which) { return which == 'A' ? A_ : G_; }
+  /// factor_a() for 'A', factor_g() for 'G', read-only.
   const factor_type &factor(char which) const { return which == 'A' ? A_ : G_; }
   /// P of the last precondition() (out x cols, InverseScalar, contiguous), before any KL scale.
   const inverse_matrix_type &preconditioned() const { return p_; }
@@ -138,6 +152,7 @@ public:
   /// Whether the layer has decompositions to precondition with (set by the caller: after
   /// decompose() and any sharing of decompositions, has_decomposition()).
   bool ready() const { return ready_; }
+  /// Sets ready().
   void set_ready(bool ready) { ready_ = ready; }
   /// Whether both factors hold a decomposition of `method`.
   bool has_decomposition(ComputeMethod method) const {

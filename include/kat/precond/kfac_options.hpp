@@ -49,12 +49,14 @@ struct KFACOptions {
   Hyperparameter<double> kl_clip = 0.001;
   /// The base optimizer's learning rate as seen by the KL clip, >= 0.
   Hyperparameter<double> lr = 0.1;
+  /// Eigendecompositions (default) or Cholesky inverses.
   ComputeMethod compute_method = ComputeMethod::eigen;
   /// π-corrected damping split (inverse path only).
   bool pi_correction = false;
   /// Layers to leave to the base optimizer, by registered name or by type ("Conv2d"),
   /// case-insensitive.
   std::vector<std::string> skip_layers;
+  /// Whether the loss is a batch mean (default) or sum: decides G's scale.
   LossReduction loss_reduction = LossReduction::mean;
   /// false (default): a factor or decomposition with NaN/Inf, or a failed decomposition,
   /// throws NumericalError naming the layer and factor. true: the previous factor or
@@ -86,23 +88,31 @@ struct KFACOptions {
 
 /// Values of the hyperparameters at one step (what state() records).
 struct KFACValues {
-  std::int64_t factor_update_steps, inv_update_steps;
-  double damping, factor_decay, kl_clip, lr;
+  std::int64_t factor_update_steps; ///< steps between factor updates
+  std::int64_t inv_update_steps;    ///< steps between decompositions
+  double damping;                   ///< damping λ
+  double factor_decay;              ///< running-average decay α of the factors
+  double kl_clip;                   ///< KL clip κ (0: off)
+  double lr;                        ///< the learning rate the KL clip sees
 };
 
 /// Host copy of what a checkpoint needs: the step counter, the hyperparameter values at
 /// that step and every factor (column-major, double). Decompositions are not stored; they
 /// are recomputed by load_state().
 struct KFACState {
+  /// One registered layer's factors.
   struct Layer {
-    std::string name;
-    std::size_t a_dim = 0, g_dim = 0;
-    std::size_t a_updates = 0, g_updates = 0;
-    std::vector<double> A, G;
+    std::string name;          ///< the name the layer was registered under
+    std::size_t a_dim = 0;     ///< dimension of A: the weight gradient's columns (inputs + 1)
+    std::size_t g_dim = 0;     ///< dimension of G: the weight gradient's rows (outputs)
+    std::size_t a_updates = 0; ///< updates A has had (0: no data yet)
+    std::size_t g_updates = 0; ///< updates G has had (0: no data yet)
+    std::vector<double> A;     ///< A, a_dim x a_dim, column-major
+    std::vector<double> G;     ///< G, g_dim x g_dim, column-major
   };
-  std::int64_t steps = 0;
-  KFACValues values{};
-  std::vector<Layer> layers;
+  std::int64_t steps = 0;    ///< KFAC::step() calls so far
+  KFACValues values{};       ///< the hyperparameters' values at that step
+  std::vector<Layer> layers; ///< the registered layers, in registration order
 };
 
 } // namespace kat::precond

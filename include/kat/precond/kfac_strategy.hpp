@@ -27,8 +27,8 @@ struct KFACDecompositionFailures {
 /// counts them (per rank, per call, the payload handed to MPI, on a broadcast's root as on
 /// its receivers).
 struct KFACTraffic {
-  std::uint64_t calls = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t calls = 0; ///< collective calls
+  std::uint64_t bytes = 0; ///< payload bytes handed to MPI
 };
 
 /// What a K-FAC strategy communicates and stores on this process (KFACStrategy::report()):
@@ -50,9 +50,14 @@ struct KFACStrategyReport {
   std::uint64_t decomposition_updates = 0;
   /// Steps whose preconditioned gradients were shared.
   std::uint64_t steps = 0;
-  /// Counted traffic: factor reduction, decomposition sharing, preconditioned-gradient
-  /// sharing and the agreement on decomposition failures.
-  KFACTraffic factor_reduction, decomposition_sharing, gradient_sharing, agreement;
+  /// Counted traffic of the factor reduction (the batch estimates).
+  KFACTraffic factor_reduction;
+  /// Counted traffic of sharing decompositions.
+  KFACTraffic decomposition_sharing;
+  /// Counted traffic of sharing preconditioned gradients.
+  KFACTraffic gradient_sharing;
+  /// Counted traffic of the agreement on decomposition failures.
+  KFACTraffic agreement;
   /// Bytes of the strategy's own buffers (packing and staging), on top of KFAC::state_bytes().
   std::size_t workspace_bytes = 0;
 
@@ -88,7 +93,8 @@ struct KFACStrategyReport {
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class KFACStrategy {
 public:
-  using kfac_type = KFACType;
+  using kfac_type = KFACType; ///< the KFAC this strategy serves
+  /// Where its kernels and collectives run.
   using execution_space = typename KFACType::execution_space;
   /// A batch estimate: dim x dim, FactorScalar, both triangles filled.
   using factor_matrix_type = typename KFACType::factor_matrix_type;
@@ -96,8 +102,8 @@ public:
   using factor_type = typename KFACType::factor_type;
   /// A preconditioned gradient: out x (in+1), InverseScalar, LayoutLeft, contiguous.
   using inverse_matrix_type = typename KFACType::inverse_matrix_type;
-  using Failures = KFACDecompositionFailures;
-  using Report = KFACStrategyReport;
+  using Failures = KFACDecompositionFailures; ///< what one decomposition step found on this process
+  using Report = KFACStrategyReport;          ///< what the strategy communicates and stores
 
   KFACStrategy() = default;
   KFACStrategy(const KFACStrategy &) = delete;

@@ -118,6 +118,7 @@ namespace precond {
 
 /// The default batch hook of KroneckerFactor::update: does nothing (and costs nothing).
 struct NoBatchHook {
+  /// Does nothing.
   template <class ExecSpace, class View> void operator()(const ExecSpace &, const View &) const {}
 };
 
@@ -140,12 +141,13 @@ template <class Scalar = float, class MemorySpace = DefaultMemorySpace,
           class InverseScalar = double>
 class KroneckerFactor {
 public:
-  using scalar_type = Scalar;
-  using inverse_scalar_type = InverseScalar;
-  using memory_space = MemorySpace;
-  using matrix_type = Matrix<Scalar, MemorySpace>;
+  using scalar_type = Scalar;                      ///< the factor's precision
+  using inverse_scalar_type = InverseScalar;       ///< the decompositions' precision
+  using memory_space = MemorySpace;                ///< where the factor lives
+  using matrix_type = Matrix<Scalar, MemorySpace>; ///< F: dim x dim, Scalar
+  /// An inverse or eigenvectors: dim x dim.
   using inverse_matrix_type = Matrix<InverseScalar, MemorySpace>;
-  using inverse_vector_type = Vector<InverseScalar, MemorySpace>;
+  using inverse_vector_type = Vector<InverseScalar, MemorySpace>; ///< eigenvalues: dim
 
   /// An empty factor of dimension `dim`; `label` names its allocations and errors
   /// (e.g. "kat::precond::KFAC::0.Dense::A"). Nothing is allocated until the first update() or
@@ -154,7 +156,9 @@ public:
   KroneckerFactor(std::string label, std::size_t dim)
       : label_(std::move(label)), dim_(dim), cast_(label_ + "::cast") {}
 
+  /// The label given at construction (names allocations and errors).
   const std::string &label() const { return label_; }
+  /// The dimension d of the d x d factor.
   std::size_t dim() const { return dim_; }
 
   /// Number of update() calls that changed the factor (0: the factor holds no data yet).
@@ -179,6 +183,7 @@ public:
   ///               memory are fixed; keep no reference to the view after it returns): e.g.
   ///               distributed K-FAC averages it over ranks. Work it enqueues on `space` is
   ///               ordered before the running average. The default does nothing.
+  /// @param space  where the work runs
   /// @return false, leaving F unchanged, if F_new has a NaN or an infinity; true otherwise.
   /// @throws ShapeError if x has not dim columns; whatever the hook throws (F is then
   ///   unchanged).
@@ -305,7 +310,9 @@ public:
     has_inverse_ = true;
   }
 
+  /// Whether an eigendecomposition has been computed (compute_eigen()).
   bool has_eigen() const { return has_eigen_; }
+  /// Whether an inverse has been computed (compute_inverse()).
   bool has_inverse() const { return has_inverse_; }
   /// Q: eigenvectors in columns (dim x dim), valid when has_eigen().
   const inverse_matrix_type &eigenvectors() const { return q_; }

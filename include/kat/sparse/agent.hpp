@@ -150,8 +150,8 @@ class AGENT : public train::GradientTransform<Scalar, MemorySpace> {
   using base_type = train::GradientTransform<Scalar, MemorySpace>;
 
 public:
-  using scalar_type = Scalar;
-  using memory_space = MemorySpace;
+  using scalar_type = Scalar;       ///< the gradients' element type
+  using memory_space = MemorySpace; ///< where the gradients and AGENT's state live
   using typename base_type::execution_space;
   using typename base_type::vector_type;
 

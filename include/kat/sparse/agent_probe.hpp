@@ -48,13 +48,21 @@ namespace kat::sparse {
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace>
 class AGENTProbe : public train::Callback<Scalar, MemorySpace> {
 public:
+  /// Where the probe's passes run.
   using execution_space = typename MemorySpace::execution_space;
+  /// A flat n-vector (parameters, gradients).
   using vector_type = kat::Vector<Scalar, MemorySpace>;
+  /// The probe network's type.
   using model_type = nn::Sequential<Scalar, MemorySpace>;
+  /// A batch: batch x features, column-major.
   using matrix_type = typename model_type::matrix_type;
+  /// A batch's class labels.
   using label_vector = kat::Vector<std::int32_t, MemorySpace>;
+  /// The loader of the refresh pass.
   using loader_type = data::DataLoader<Scalar, MemorySpace>;
+  /// The Trainer this callback is added to.
   using trainer_type = train::Trainer<Scalar, MemorySpace>;
+  /// The correction the probe serves.
   using agent_type = AGENT<Scalar, MemorySpace>;
   /// Replaces a gradient (length n) by its mean over the processes; empty on one process.
   using Average = std::function<void(const execution_space &, const vector_type &)>;
@@ -65,6 +73,7 @@ public:
   ///                       loader, not the Trainer's, whose order and position it would
   ///                       disturb); `refresh_order`, when not empty, is passed to its
   ///                       start_epoch() (a shard of the training set)
+  /// @param refresh_order  passed to refresh_loader's start_epoch() when not empty
   /// @param average        the mean over the processes of a gradient (empty: one process)
   /// @throws ValueError if agent is null; ShapeError if the probe's parameter count is not
   ///   agent->size().
@@ -80,6 +89,7 @@ public:
   }
 
   std::string name() const override { return "agent_probe"; }
+  /// The correction this probe evaluates batches for.
   const std::shared_ptr<agent_type> &agent() const { return agent_; }
   /// Host seconds of the last refresh pass (fenced).
   double refresh_seconds() const { return refresh_seconds_; }
@@ -131,12 +141,15 @@ public:
   }
 
   // Callback
+  /// Gives the AGENT a batch evaluator that runs the probe on the Trainer's current batch.
   void on_train_begin(trainer_type &trainer) override {
     trainer_type *t = &trainer;
     agent_->set_batch_evaluator([this, t](const vector_type &p, const vector_type &g) {
       return evaluate(t->space(), p, g, t->batch_inputs(), t->batch_labels(), true);
     });
   }
+  /// Runs the refresh pass over refresh_loader at the current parameters, in training mode
+  /// (skipped when resuming inside an epoch whose snapshot the checkpoint holds).
   void on_epoch_begin(trainer_type &trainer) override {
     if (trainer.position().batch == 0 || agent_->refreshes() == 0) {
       probe_->train(); // the step's mode: dropout and batch statistics as in training
@@ -145,6 +158,8 @@ public:
       refresh_seconds_ = 0; // resumed inside the epoch: the checkpoint holds its snapshot
     }
   }
+  /// Adds τ and the refresh seconds to the epoch's note and metrics ("agent_tau",
+  /// "agent_refresh_s").
   void on_epoch_end(trainer_type &trainer, train::EpochSummary &summary) override {
     (void)trainer;
     char note[96];
@@ -154,6 +169,7 @@ public:
     summary.metrics.push_back({"agent_tau", agent_->tau(), 6});
     summary.metrics.push_back({"agent_refresh_s", refresh_seconds_, 4});
   }
+  /// Removes the batch evaluator, which points at the Trainer.
   void on_train_end(trainer_type &trainer) override {
     (void)trainer;
     agent_->set_batch_evaluator({}); // it points at the trainer

@@ -47,6 +47,7 @@ inline SparseInit parse_sparse_init(const std::string &text, const char *what = 
 ///
 /// @param shapes  the masked tensors' shapes (each non-empty, every extent > 0)
 /// @param density the global target fraction of active entries, in (0, 1]
+/// @param init    how the density is spread: uniform, or ERK as above
 /// @throws ValueError if density is outside (0, 1] or not finite, or a shape is empty or has a
 ///   zero extent (the message names the tensor's index).
 inline std::vector<double> layer_densities(const std::vector<std::vector<std::size_t>> &shapes,

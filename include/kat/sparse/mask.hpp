@@ -95,9 +95,11 @@ void zero_at(const ExecSpace &space, const V &v, const I &index) {
 /// Section 5 of the methods notes: a masked weight, and its optimizer state, stay exactly 0.
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace> class Mask {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using vector_type = kat::Vector<Scalar, MemorySpace>;
-  using mask_type = Kokkos::View<std::uint8_t *, MemorySpace>;
+  using execution_space = typename MemorySpace::execution_space; ///< where the masking kernels run
+  using vector_type = kat::Vector<Scalar, MemorySpace>; ///< a flat n-vector (parameters, gradients,
+                                                        ///< optimizer state)
+  using mask_type =
+      Kokkos::View<std::uint8_t *, MemorySpace>; ///< one byte per entry: 1 active, 0 masked
 
   /// All entries active.
   /// @param n       the flat parameter vector's length

@@ -69,9 +69,11 @@ inline SparseMethod parse_sparse_method(const std::string &text,
 
 /// Options of SparseTraining, named as in the RigL paper; defaults are its reference values.
 struct SparseTrainingOptions {
+  /// Static mask, SET (random regrowth) or RigL (gradient regrowth).
   SparseMethod method = SparseMethod::rigl;
   /// Global fraction of active entries of the masked tensors, in (0, 1] (1 - sparsity).
   double density = 0.05;
+  /// How the density is spread over the tensors: ERK (default) or uniform.
   SparseInit init = SparseInit::erk;
   /// f0: the fraction of each tensor's active weights dropped at an update, before the
   /// cosine decay f(t) = f0/2 · (1 + cos(π t / T_end)). In [0, 1]. The references use 0.3
@@ -127,11 +129,13 @@ struct MaskUpdate {
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace>
 class SparseTraining : public train::Callback<Scalar, MemorySpace> {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using vector_type = kat::Vector<Scalar, MemorySpace>;
-  using optimizer_type = optim::Optimizer<Scalar, MemorySpace>;
-  using trainer_type = train::Trainer<Scalar, MemorySpace>;
-  using model_type = nn::Sequential<Scalar, MemorySpace>;
+  using execution_space = typename MemorySpace::execution_space; ///< where the mask kernels run
+  using vector_type = kat::Vector<Scalar, MemorySpace>; ///< a flat n-vector (parameters, gradients)
+  using optimizer_type =
+      optim::Optimizer<Scalar, MemorySpace>; ///< the optimizer whose state is masked too
+  using trainer_type =
+      train::Trainer<Scalar, MemorySpace>;                ///< the Trainer this callback is added to
+  using model_type = nn::Sequential<Scalar, MemorySpace>; ///< the model whose tensors are masked
 
   /// Builds the mask over `tensors` of a flat parameter vector of length n and draws its
   /// initial pattern (per-tensor densities from layer_densities()). Parameters are not
@@ -155,7 +159,9 @@ public:
                        options) {}
 
   std::string name() const override { return "sparse"; }
+  /// The options given at construction.
   const SparseTrainingOptions &options() const { return opt_; }
+  /// The current mask.
   const Mask<Scalar, MemorySpace> &mask() const { return mask_; }
   /// The initial per-tensor densities (layer_densities()).
   const std::vector<double> &initial_densities() const { return densities_; }
@@ -167,6 +173,7 @@ public:
   void set_profile(bool on) { profile_ = on; }
   /// Host seconds spent in mask updates (fenced) since reset_update_seconds().
   double update_seconds() const { return update_seconds_; }
+  /// Restarts update_seconds() at 0 (the Trainer does so at every epoch's start).
   void reset_update_seconds() { update_seconds_ = 0; }
 
   /// The number of training steps T, from which T_end = ⌊t_end·T⌋ (in a Trainer: its epochs
@@ -180,6 +187,7 @@ public:
     }
     total_steps_ = steps;
   }
+  /// T, set by set_total_steps() (0 until then).
   std::int64_t total_steps() const { return total_steps_; }
   /// T_end in steps: ⌊t_end · total_steps()⌋.
   std::int64_t end_step() const {
@@ -407,25 +415,35 @@ public:
   }
 
   // Callback: the Trainer's step.
+  /// attach() to the Trainer's model, then begin(): the inactive weights and their optimizer
+  /// state are zeroed.
   void on_train_begin(trainer_type &trainer) override {
     attach(trainer.space(), trainer.model());
     begin(trainer.space(), trainer.model().parameters(), &trainer.optimizer());
   }
+  /// Sets total_steps() to the epochs times the loader's batches per epoch, and restarts
+  /// update_seconds().
   void on_epoch_begin(trainer_type &trainer) override {
     // The loader knows this process's share of an epoch only once the epoch has started.
     set_total_steps(trainer.epochs() * static_cast<std::int64_t>(trainer.train_loader().batches()));
     reset_update_seconds();
   }
+  /// begin_step() of the Trainer's step.
   void on_step_begin(trainer_type &trainer) override { begin_step(trainer.position().step); }
+  /// after_backward(): a mask update at an update step, which then skips the optimizer step;
+  /// the gradients masked.
   void on_after_backward(trainer_type &trainer) override {
     if (!after_backward(trainer.space(), trainer.position().step, trainer.model().parameters(),
                         trainer.model().gradients(), &trainer.optimizer())) {
       trainer.skip_optimizer_step();
     }
   }
+  /// after_step(): the inactive weights and their optimizer state are 0 again.
   void on_step_end(trainer_type &trainer) override {
     after_step(trainer.space(), trainer.model().parameters(), trainer.optimizer());
   }
+  /// Adds the density (and with set_profile() the update seconds) to the epoch's note, and
+  /// "density" and "mask_update_s" to its metrics.
   void on_epoch_end(trainer_type &trainer, train::EpochSummary &summary) override {
     (void)trainer;
     std::ostringstream os;

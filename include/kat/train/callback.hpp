@@ -26,7 +26,7 @@ struct Position {
 /// One number a callback adds to an epoch's summary (a metrics column).
 struct Metric {
   std::string name; ///< a column name: lower case, digits and '_'
-  double value = 0;
+  double value = 0; ///< the column's value
   int decimals = 6; ///< digits after the point when written as text
 };
 
@@ -64,20 +64,29 @@ struct EpochSummary {
 /// state from state_dict(); it is saved in checkpoints under "callbacks.<name()>".
 template <class Scalar, class MemorySpace> class Callback {
 public:
-  using trainer_type = Trainer<Scalar, MemorySpace>;
+  using trainer_type = Trainer<Scalar, MemorySpace>; ///< the Trainer the hooks are called from
 
   virtual ~Callback() = default;
   /// A short name for logs and checkpoint entries.
   virtual std::string name() const = 0;
+  /// Once at the start of Trainer::fit(), after a resume was applied.
   virtual void on_train_begin(trainer_type &trainer) { (void)trainer; }
+  /// At the start of each epoch (also of a resumed one); trainer.position().epoch is its number.
   virtual void on_epoch_begin(trainer_type &trainer) { (void)trainer; }
+  /// At the start of each step, before forward; trainer.position().step is its index.
   virtual void on_step_begin(trainer_type &trainer) { (void)trainer; }
+  /// After backward and the gradient sync, before the gradient transforms and the optimizer
+  /// step: the gradients are final here. May call Trainer::skip_optimizer_step().
   virtual void on_after_backward(trainer_type &trainer) { (void)trainer; }
+  /// After the optimizer step.
   virtual void on_step_end(trainer_type &trainer) { (void)trainer; }
+  /// After the epoch's evaluation, with its summary; may add metrics, a note or lines to
+  /// `summary` for the callbacks after it.
   virtual void on_epoch_end(trainer_type &trainer, EpochSummary &summary) {
     (void)trainer;
     (void)summary;
   }
+  /// Once at the end of Trainer::fit(), also after Trainer::request_stop().
   virtual void on_train_end(trainer_type &trainer) { (void)trainer; }
   /// State a checkpoint must hold to continue bit-identically.
   virtual StateDict state_dict() const { return {}; }

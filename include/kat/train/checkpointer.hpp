@@ -52,7 +52,7 @@ inline RunIdentity stored_identity(const kat::io::CheckpointHeader &header) {
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Checkpointer : public Callback<Scalar, MemorySpace> {
 public:
-  using trainer_type = Trainer<Scalar, MemorySpace>;
+  using trainer_type = Trainer<Scalar, MemorySpace>; ///< the Trainer whose state is saved
 
   /// @param directory where the checkpoints go (created if missing)
   /// @param every     optimizer steps between checkpoints; 0: at the end of every epoch
@@ -69,6 +69,7 @@ public:
   }
 
   std::string name() const override { return "checkpointer"; }
+  /// The checkpoint directory (this rank's files, the run set by set_run()).
   const kat::io::CheckpointDirectory &directory() const { return dir_; }
 
   /// The run whose checkpoints this writes and prunes (by default an anonymous one, id "").
@@ -79,6 +80,7 @@ public:
     dir_.set_run(run.id);
     run_ = std::move(run);
   }
+  /// The run set by set_run().
   const RunIdentity &run() const { return run_; }
 
   /// The checkpoints in the directory, of any rank, that are not this run's (another run id,
@@ -156,6 +158,8 @@ public:
     }
   }
 
+  /// Saves every `every` steps, except at an epoch's last step (on_epoch_end() saves that one
+  /// as the start of the next epoch).
   void on_step_end(trainer_type &trainer) override {
     const Position &p = trainer.position();
     // A step that ends the epoch is saved by on_epoch_end, as the start of the next epoch.
@@ -165,6 +169,7 @@ public:
     }
   }
 
+  /// Saves with every = 0, at a step that is a multiple of `every`, and after the last epoch.
   void on_epoch_end(trainer_type &trainer, EpochSummary &summary) override {
     if (every_ == 0 || trainer.position().step % every_ == 0 || summary.epoch == trainer.epochs()) {
       save(trainer);

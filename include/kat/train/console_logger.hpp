@@ -33,22 +33,29 @@ namespace kat::train {
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class ConsoleLogger : public Callback<Scalar, MemorySpace> {
 public:
-  using trainer_type = Trainer<Scalar, MemorySpace>;
-  using Clock = std::chrono::steady_clock;
+  using trainer_type = Trainer<Scalar, MemorySpace>; ///< the Trainer whose progress is printed
+  using Clock = std::chrono::steady_clock;           ///< the clock of the progress line's rate
 
-  /// @param out  where to print; `out_name` names it in errors ("standard output").
+  /// @param enabled   print a line per epoch; false: print nothing
+  /// @param live      also redraw a progress line with the samples per second, at most every
+  ///   0.1 s (only when enabled)
+  /// @param out       where to print
+  /// @param out_name  names `out` in errors ("standard output")
   ConsoleLogger(bool enabled, bool live, std::FILE *out = stdout,
                 std::string out_name = "standard output")
       : enabled_(enabled), live_(enabled && live), out_(out), out_name_(std::move(out_name)) {}
 
   std::string name() const override { return "console_logger"; }
 
+  /// Starts the epoch's clock for the progress line.
   void on_epoch_begin(trainer_type &trainer) override {
     t0_ = Clock::now();
     last_ = t0_ - std::chrono::seconds(1);
     seen_at_start_ = trainer.position().seen;
   }
 
+  /// Redraws the progress line when live (at most every 0.1 s, and at the epoch's last batch).
+  /// @throws IOError naming the stream if the write fails.
   void on_step_end(trainer_type &trainer) override {
     const Position &p = trainer.position();
     const std::size_t batches = trainer.train_loader().batches();
@@ -71,6 +78,9 @@ public:
     flush();
   }
 
+  /// Prints the epoch's line (time, samples/s, losses, accuracy, exposed communication, the
+  /// summary's note) and the summary's extra lines.
+  /// @throws IOError naming the stream if the write fails.
   void on_epoch_end(trainer_type &trainer, EpochSummary &s) override {
     if (!enabled_) {
       return;

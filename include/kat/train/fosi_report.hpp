@@ -36,8 +36,12 @@ namespace kat::train {
 template <class Scalar, class MemorySpace>
 class FOSIReport final : public Callback<Scalar, MemorySpace> {
 public:
+  /// The Trainer FOSI runs in.
   using trainer_type = typename Callback<Scalar, MemorySpace>::trainer_type;
 
+  /// @param fosi          the optimizer reported on; must outlive this object
+  /// @param profile       also time the Lanczos runs and projections (FOSI::set_profile)
+  /// @param communicated  a counter of the bytes passed to MPI for FOSI (empty: none)
   FOSIReport(optim::FOSI<Scalar, MemorySpace> &fosi, bool profile,
              std::function<std::uint64_t()> communicated = {})
       : fosi_(fosi), profile_(profile), communicated_(std::move(communicated)) {

@@ -43,8 +43,9 @@ struct SyncStats {
 /// kat::distributed::DASO.
 template <class Scalar, class MemorySpace> class GradientSync {
 public:
+  /// Where the synchronization's kernels run.
   using execution_space = typename MemorySpace::execution_space;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< the flat gradient vector
 
   virtual ~GradientSync() = default;
   /// A short name for logs and checkpoint entries ("data_parallel").

@@ -28,8 +28,9 @@ struct TransformStats {
 /// (then every process calls transform() in the same order) and may keep state.
 template <class Scalar, class MemorySpace> class GradientTransform {
 public:
+  /// Where the transform's kernels run.
   using execution_space = typename MemorySpace::execution_space;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< the flat gradient vector
 
   virtual ~GradientTransform() = default;
   /// A short name for logs, and the prefix of its checkpoint entries ("kfac").

@@ -27,6 +27,7 @@ template <class KFACType>
 class KFACTransform
     : public GradientTransform<typename KFACType::scalar_type, typename KFACType::memory_space> {
 public:
+  /// The GradientTransform this implements.
   using base_type =
       GradientTransform<typename KFACType::scalar_type, typename KFACType::memory_space>;
   using typename base_type::execution_space;
@@ -39,6 +40,7 @@ public:
       : kfac_(std::move(kfac)), strategy_(std::move(strategy)) {}
 
   std::string name() const override { return "kfac"; }
+  /// The preconditioner.
   KFACType &kfac() const { return *kfac_; }
 
   /// KFAC::step(space, grads): preconditions the registered layers' weight gradients in

@@ -28,6 +28,9 @@ namespace kat::train {
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class MetricsWriter : public Callback<Scalar, MemorySpace> {
 public:
+  /// @param path           the output file; "" on the processes that write nothing
+  /// @param extra_columns  the metrics (EpochSummary::metrics names) written after the fixed
+  /// columns
   /// @param append  keep the file's lines and add to them (a resumed run); a CSV file's
   ///   header must then be the one this writer writes, and is not written again
   /// @throws ValueError if the name has another extension, or if appending to a CSV file with
@@ -81,6 +84,8 @@ public:
 
   std::string name() const override { return "metrics_writer"; }
 
+  /// Writes the epoch's line and flushes it.
+  /// @throws IOError naming the file if the line does not reach it.
   void on_epoch_end(Trainer<Scalar, MemorySpace> &, EpochSummary &s) override {
     if (!out_) {
       return;

@@ -24,7 +24,12 @@ namespace kat::train {
 /// K-FAC phase it runs in (update_factors, decompose, precondition) or to `other` (the step's
 /// own bookkeeping).
 struct KFACTimes {
-  double factors = 0, comm = 0, decomposition = 0, precondition = 0, other = 0, total = 0;
+  double factors = 0;       ///< updating the Kronecker factors (seconds)
+  double comm = 0;          ///< the strategy's collectives, waiting included (seconds)
+  double decomposition = 0; ///< eigendecompositions or inverses of the factors (seconds)
+  double precondition = 0;  ///< preconditioning the gradients (seconds)
+  double other = 0;         ///< the step's own bookkeeping (seconds)
+  double total = 0;         ///< the inclusive time of the steps (seconds), the sum of the above
 
   /// The split of `timer`'s call paths.
   static KFACTimes of(const RegionTimer &timer) {
@@ -69,7 +74,7 @@ struct KFACTimes {
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Profiler : public Callback<Scalar, MemorySpace> {
 public:
-  using trainer_type = Trainer<Scalar, MemorySpace>;
+  using trainer_type = Trainer<Scalar, MemorySpace>; ///< the Trainer profiled
 
   std::string name() const override { return "profiler"; }
 
@@ -90,9 +95,12 @@ public:
             "kfac_step_ms"};
   }
 
+  /// Starts the region timer.
   void on_train_begin(trainer_type &) override { timer_.emplace(); }
+  /// Stops the region timer.
   void on_train_end(trainer_type &) override { timer_.reset(); }
 
+  /// Clears the epoch's timings and byte counts.
   void on_epoch_begin(trainer_type &) override {
     if (timer_) {
       timer_->reset();
@@ -100,6 +108,7 @@ public:
     steps_ = updates_ = bytes_ = update_bytes_ = 0;
   }
 
+  /// Notes the transforms' communicated bytes before the step and whether it updates curvature.
   void on_step_begin(trainer_type &trainer) override {
     before_ = 0;
     update_ = false;
@@ -110,6 +119,7 @@ public:
     }
   }
 
+  /// Adds the step's communicated bytes (to the second-order updates' too where it was one).
   void on_step_end(trainer_type &trainer) override {
     std::uint64_t after = 0;
     for (const auto &t : trainer.transforms()) {
@@ -123,6 +133,8 @@ public:
     }
   }
 
+  /// Gathers the epoch's figures over the process group (collective) and adds its console line
+  /// and the columns() metrics to `summary`.
   void on_epoch_end(trainer_type &trainer, EpochSummary &summary) override {
     const KFACTimes local = timer_ ? KFACTimes::of(*timer_) : KFACTimes{};
     const double ms = steps_ > 0 ? 1e3 / static_cast<double>(steps_) : 0.0;

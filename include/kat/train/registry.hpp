@@ -23,9 +23,11 @@ namespace kat::train {
 /// or absent. Programs print describe() in their help and refuse a value outside it before
 /// anything is built from it (check_option_value).
 struct OptionRange {
-  bool integer = false; ///< whole numbers only (parsed as signed 64-bit integers)
-  double lo = -HUGE_VAL, hi = HUGE_VAL;
-  bool lo_open = false, hi_open = false;
+  bool integer = false;  ///< whole numbers only (parsed as signed 64-bit integers)
+  double lo = -HUGE_VAL; ///< the lower end; -HUGE_VAL: none
+  double hi = HUGE_VAL;  ///< the upper end; HUGE_VAL: none
+  bool lo_open = false;  ///< whether lo itself is excluded
+  bool hi_open = false;  ///< whether hi itself is excluded
 
   /// Reals x > lo.
   static OptionRange greater_than(double lo) { return {false, lo, HUGE_VAL, true, false}; }
@@ -70,6 +72,7 @@ struct OptionRange {
 
 /// One option of a registered component, as a command line offers it ("--damping").
 struct OptionSpec {
+  /// Builds an option; the trailing underscores only keep the parameters apart from the members.
   OptionSpec(std::string name_, std::string help_, std::string default_value_ = "",
              std::vector<std::string> choices_ = {}, bool is_flag_ = false)
       : name(std::move(name_)), help(std::move(help_)), default_value(std::move(default_value_)),
@@ -188,10 +191,12 @@ private:
 /// @tparam Factory what builds one (a std::function of the program's choosing)
 template <class Factory> class Registry {
 public:
+  /// A registered component.
   struct Entry {
-    std::string name, help;
-    std::vector<OptionSpec> options;
-    Factory make;
+    std::string name;                ///< the name a program selects it by
+    std::string help;                ///< one line for the help text
+    std::vector<OptionSpec> options; ///< the options it reads
+    Factory make;                    ///< builds one
   };
 
   /// @param what what the entries are ("optimizer"), for messages
@@ -233,7 +238,9 @@ public:
     }
     return n;
   }
+  /// All entries, in registration order.
   const std::vector<Entry> &entries() const { return entries_; }
+  /// What the entries are ("optimizer"), as given at construction.
   const std::string &what() const { return what_; }
 
 private:

@@ -33,10 +33,12 @@ namespace kat::train {
 
 /// The test set's loss and accuracy, summed over the processes.
 struct Evaluation {
-  double loss_sum = 0; ///< summed per-sample cross-entropy
-  std::uint64_t correct = 0;
-  std::uint64_t samples = 0;
+  double loss_sum = 0;       ///< summed per-sample cross-entropy
+  std::uint64_t correct = 0; ///< correctly classified samples
+  std::uint64_t samples = 0; ///< samples evaluated
+  /// The mean per-sample loss (0 without samples).
   double loss() const { return samples > 0 ? loss_sum / static_cast<double>(samples) : 0.0; }
+  /// The fraction of samples classified correctly, in [0, 1] (0 without samples).
   double accuracy() const {
     return samples > 0 ? static_cast<double>(correct) / static_cast<double>(samples) : 0.0;
   }
@@ -72,13 +74,15 @@ struct Evaluation {
 /// and each callback's under "callbacks.<name()>." (those that have state).
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class Trainer {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using model_type = nn::Sequential<Scalar, MemorySpace>;
-  using loader_type = data::DataLoader<Scalar, MemorySpace>;
-  using optimizer_type = optim::Optimizer<Scalar, MemorySpace>;
+  using execution_space = typename MemorySpace::execution_space; ///< where the steps run
+  using model_type = nn::Sequential<Scalar, MemorySpace>;        ///< the network trained
+  using loader_type = data::DataLoader<Scalar, MemorySpace>;     ///< yields the batches
+  using optimizer_type = optim::Optimizer<Scalar, MemorySpace>;  ///< updates the parameters
+  /// Makes the gradients agree over the processes.
   using sync_type = GradientSync<Scalar, MemorySpace>;
+  /// Rewrites the gradients before the optimizer.
   using transform_type = GradientTransform<Scalar, MemorySpace>;
-  using callback_type = Callback<Scalar, MemorySpace>;
+  using callback_type = Callback<Scalar, MemorySpace>; ///< hooks at fixed points of fit()
   /// The sample order of 0-based epoch e on this process (indices into the training set).
   using EpochOrder = std::function<std::vector<std::size_t>(std::size_t epoch)>;
 
@@ -126,12 +130,19 @@ public:
     identity_ = std::move(identity);
   }
 
+  /// The model given at construction.
   model_type &model() const { return *model_; }
+  /// The optimizer given at construction.
   optimizer_type &optimizer() const { return *optimizer_; }
+  /// The training loader given at construction.
   loader_type &train_loader() const { return *train_; }
+  /// The processes training together.
   const ProcessGroup &process_group() const { return *group_; }
+  /// The gradient sync (null: none).
   const std::shared_ptr<sync_type> &gradient_sync() const { return sync_; }
+  /// The gradient transforms, in the order they run.
   const std::vector<std::shared_ptr<transform_type>> &transforms() const { return transforms_; }
+  /// The learning-rate schedule.
   const Hyperparameter<double> &lr() const { return lr_; }
   /// Where the run stands: during fit() updated after every step; between epochs, batch 0 of
   /// the next epoch.
@@ -148,6 +159,7 @@ public:
   /// components that evaluate it again (AGENT's gradient at its snapshot). Empty before the
   /// first step.
   const typename model_type::matrix_type &batch_inputs() const { return batch_x_; }
+  /// The labels of that batch (one class index per sample).
   const Vector<std::int32_t, MemorySpace> &batch_labels() const { return batch_y_; }
   /// The execution space of the fit() or train_step() in progress (a default instance
   /// before the first), for callbacks that launch work.

@@ -38,6 +38,8 @@ namespace kat::distributed {
 /// communicator and in MPI_COMM_WORLD) and MPI's error string; code() is MPI's error code.
 class MPIError : public Error {
 public:
+  /// An error with `message` (naming the operation, the ranks and MPI's error string) and
+  /// MPI's error `code`.
   MPIError(const std::string &message, int code) : Error(message), code_(code) {}
   /// MPI's error code (pass it to MPI_Error_class for the class).
   int code() const noexcept { return code_; }
@@ -85,9 +87,10 @@ struct CommunicatorOptions {
 
 /// Calls and payload bytes of one kind of collective on one rank.
 struct CollectiveCounter {
-  std::uint64_t calls = 0;
-  std::uint64_t bytes = 0;
+  std::uint64_t calls = 0; ///< successful calls
+  std::uint64_t bytes = 0; ///< payload bytes handed to MPI
 
+  /// Adds `other`'s calls and bytes.
   CollectiveCounter &operator+=(const CollectiveCounter &other) {
     calls += other.calls;
     bytes += other.bytes;
@@ -118,16 +121,16 @@ struct CollectiveCounter {
 /// These are buffer sizes, not wire traffic: a ring all-reduce of n bytes moves about
 /// 2 (size()-1)/size() x n bytes per rank. Compare analytic volumes in the same units.
 struct CommunicatorStats {
-  CollectiveCounter allreduce;
-  CollectiveCounter iallreduce;
-  CollectiveCounter broadcast;
-  CollectiveCounter ibroadcast;
-  CollectiveCounter allgather;
-  CollectiveCounter reduce_scatter;
-  CollectiveCounter barrier;
+  CollectiveCounter allreduce;      ///< blocking all-reduces (and average())
+  CollectiveCounter iallreduce;     ///< non-blocking all-reduces
+  CollectiveCounter broadcast;      ///< blocking broadcasts
+  CollectiveCounter ibroadcast;     ///< non-blocking broadcasts
+  CollectiveCounter allgather;      ///< all-gathers
+  CollectiveCounter reduce_scatter; ///< reduce-scatters
+  CollectiveCounter barrier;        ///< barriers (0 bytes)
   /// Point-to-point messages (isend, irecv).
   CollectiveCounter send;
-  CollectiveCounter recv;
+  CollectiveCounter recv; ///< receives (irecv), counted when posted
   /// The agreement all-reduces of CommunicatorOptions::checked.
   CollectiveCounter shape_check;
   /// Host staging copies (calls = copies, bytes = bytes copied); not part of total().
@@ -184,6 +187,7 @@ public:
   Request() = default;
   Request(const Request &) = delete;
   Request &operator=(const Request &) = delete;
+  /// Takes over `other`'s pending operation; `other` becomes an empty request.
   Request(Request &&other) noexcept
       : request_(std::exchange(other.request_, MPI_REQUEST_NULL)),
         active_(std::exchange(other.active_, false)),
@@ -342,6 +346,7 @@ public:
 
   Communicator(const Communicator &) = delete;
   Communicator &operator=(const Communicator &) = delete;
+  /// Takes over `other`'s handle, options and counters; `other` becomes null.
   Communicator(Communicator &&other) noexcept
       : comm_(std::exchange(other.comm_, MPI_COMM_NULL)),
         owned_(std::exchange(other.owned_, false)), rank_(std::exchange(other.rank_, -1)),
@@ -349,6 +354,7 @@ public:
         options_(other.options_), device_aware_(other.device_aware_), stats_(other.stats_),
         world_ranks_(std::move(other.world_ranks_)),
         spans_nodes_(std::exchange(other.spans_nodes_, false)) {}
+  /// Releases this communicator's handle, then takes over `other`'s; `other` becomes null.
   Communicator &operator=(Communicator &&other) noexcept {
     if (this != &other) {
       release();
@@ -378,12 +384,18 @@ public:
   /// Whether the destructor frees the MPI handle (dup and splits: yes; world, borrow: no).
   bool owns_handle() const noexcept { return owned_; }
 
+  /// The options it was made with (derived communicators inherit them).
   const CommunicatorOptions &options() const noexcept { return options_; }
+  /// How views in device memory reach MPI (see Staging).
   Staging staging() const noexcept { return options_.staging; }
+  /// Sets staging() for the following operations.
   void set_staging(Staging staging) noexcept { options_.staging = staging; }
+  /// Whether every collective first checks that all ranks pass the same shape (an agreement
+  /// all-reduce; CommunicatorOptions::checked).
   bool checked() const noexcept { return options_.checked; }
   /// Must be the same on all ranks (it decides whether they run the agreement all-reduce).
   void set_checked(bool checked) noexcept { options_.checked = checked; }
+  /// Ranks per virtual node (CommunicatorOptions::ranks_per_virtual_node; 0: none).
   int ranks_per_virtual_node() const noexcept { return options_.ranks_per_virtual_node; }
   /// @throws ValueError if k < 0, or k = 0 with an active internode_link().
   void set_ranks_per_virtual_node(int k) {
@@ -428,6 +440,7 @@ public:
   /// Counters since construction or the last reset_stats(); see CommunicatorStats for what a
   /// byte is. Local to this rank and this Communicator (derived communicators count their own).
   CommunicatorStats stats() const noexcept { return stats_; }
+  /// Sets every counter of stats() to 0.
   void reset_stats() noexcept { stats_ = CommunicatorStats{}; }
 
   // --- derived communicators (collective over this communicator; they inherit options) ----

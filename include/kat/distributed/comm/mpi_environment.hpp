@@ -18,6 +18,7 @@ namespace kat::distributed {
 /// and ends after it, as GPU-aware MPI needs.
 class MPIEnvironment {
 public:
+  /// Initializes MPI with `argc` and `argv` (main()'s), which MPI may modify.
   MPIEnvironment(int &argc, char **&argv) {
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);

@@ -21,12 +21,12 @@
 #include <sched.h>
 #endif
 
-// OpenBLAS's run-time thread count; null when the BLAS in use is not OpenBLAS.
+/// OpenBLAS's run-time thread count; null when the BLAS in use is not OpenBLAS.
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
-// The OpenMP runtime's thread count for parallel regions the calling thread starts (oneDNN's
-// GEMMs and convolutions in every host build, Kokkos's OpenMP backend). A program compiled
-// without OpenMP may still load the runtime (oneDNN does): then the weak symbol finds it, and
-// is null when nothing loaded it.
+/// The OpenMP runtime's thread count for parallel regions the calling thread starts (oneDNN's
+/// GEMMs and convolutions in every host build, Kokkos's OpenMP backend). A program compiled
+/// without OpenMP may still load the runtime (oneDNN does): then the weak symbol finds it, and
+/// is null when nothing loaded it.
 #if defined(_OPENMP)
 #include <omp.h>
 #else

@@ -255,8 +255,9 @@ void daso_mean(const ExecSpace &space, const Params &params, const WireView &sum
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class DASO : public train::GradientSync<Scalar, MemorySpace> {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using execution_space =
+      typename MemorySpace::execution_space;       ///< where the averaging kernels run
+  using vector_type = Vector<Scalar, MemorySpace>; ///< the flat parameter or gradient buffer
 
   /// @param comm        the ranks that train together; must outlive this object. Its
   ///                    split_shared() defines the nodes.
@@ -336,7 +337,9 @@ public:
   /// The node communicator (gradient all-reduces, broadcasts) and this rank's global one;
   /// both unchecked (CommunicatorOptions::checked off).
   Communicator &node_communicator() noexcept { return node_; }
+  /// This rank's global communicator (the ranks with the same node-local rank, one per node).
   Communicator &global_communicator() noexcept { return global_; }
+  /// The options given at construction.
   const DASOOptions &options() const noexcept { return options_; }
   /// The schedule (its skips are those of the epoch in progress unless fixed_skips is set).
   const DASOSchedule &schedule() const noexcept { return schedule_; }
@@ -346,6 +349,7 @@ public:
   }
   /// Global synchronizations sent by this rank and not yet received.
   std::size_t pending() const noexcept { return pending_.size(); }
+  /// Counters since construction or reset_stats(), with the communicators' traffic.
   DASOStats stats() const { return with_comm_stats(stats_); }
 
   /// kat::train::GradientSync: "daso".

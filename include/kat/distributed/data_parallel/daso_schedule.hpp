@@ -25,16 +25,18 @@ namespace kat::distributed {
 /// - `batches_to_wait` S: a global synchronization started at step b is received and merged at
 ///   step b + S (S = 0: at once, blocking).
 struct DASOSkips {
-  std::int64_t global_skip = 0;
-  std::int64_t local_skip = 0;
-  std::int64_t batches_to_wait = 0;
+  std::int64_t global_skip = 0;     ///< B (see above)
+  std::int64_t local_skip = 0;      ///< the node-local all-reduce period (1: every step)
+  std::int64_t batches_to_wait = 0; ///< S (see above)
 
   /// Whether every step ends with a blocking global average (global_skip < 1).
   bool blocking() const noexcept { return global_skip < 1; }
+  /// Whether all three agree.
   bool operator==(const DASOSkips &o) const noexcept {
     return global_skip == o.global_skip && local_skip == o.local_skip &&
            batches_to_wait == o.batches_to_wait;
   }
+  /// Whether any of the three differs.
   bool operator!=(const DASOSkips &o) const noexcept { return !(*this == o); }
 };
 
@@ -80,19 +82,24 @@ public:
     return false;
   }
 
+  /// The relative improvement threshold given at construction.
   double threshold() const noexcept { return threshold_; }
+  /// The epochs without improvement tolerated before a plateau.
   std::int64_t patience() const noexcept { return patience_; }
   /// The best value so far (+infinity before the first).
   double best() const noexcept { return best_; }
   /// Epochs since the last improvement or plateau.
   std::int64_t bad_epochs() const noexcept { return bad_epochs_; }
 
+  /// "best" (float64) and "bad_epochs" (int64).
   StateDict state_dict() const {
     StateDict s;
     s.set("best", best_);
     s.set("bad_epochs", bad_epochs_);
     return s;
   }
+  /// Restores state_dict().
+  /// @throws StateError if an entry is missing, unexpected or of another dtype or shape.
   void load_state_dict(const StateDict &s) {
     s.require_names("kat::distributed::PlateauDetector::load_state_dict", {"best", "bad_epochs"});
     best_ = s.get<double>("best");
@@ -173,8 +180,11 @@ public:
     }
     epochs_ = epochs;
   }
+  /// The options given at construction.
   const DASOScheduleOptions &options() const noexcept { return options_; }
+  /// The training's epochs (set_epochs()).
   std::int64_t epochs() const noexcept { return epochs_; }
+  /// The plateau test of the loss.
   const PlateauDetector &detector() const noexcept { return detector_; }
 
   /// After epoch `epoch` (1-based) ended with mean training loss `loss`: the skips of the next

@@ -32,8 +32,8 @@ namespace kat::distributed {
 
 /// One layer's parameters in a flat buffer: elements [offset, offset + size).
 struct ParameterRange {
-  std::size_t offset = 0;
-  std::size_t size = 0;
+  std::size_t offset = 0; ///< the layer's first element
+  std::size_t size = 0;   ///< the layer's element count
 };
 
 /// The ranges of a list of blocks with `offset` and `size` members, such as
@@ -52,10 +52,10 @@ template <class Blocks> std::vector<ParameterRange> parameter_ranges(const Block
 /// gradients of layers first_layer ... last_layer (inclusive), elements [offset, offset +
 /// size).
 struct GradientBucket {
-  std::size_t first_layer = 0;
-  std::size_t last_layer = 0;
-  std::size_t offset = 0;
-  std::size_t size = 0;
+  std::size_t first_layer = 0; ///< the first layer whose gradients it holds
+  std::size_t last_layer = 0;  ///< the last one (inclusive)
+  std::size_t offset = 0;      ///< the bucket's first element in the flat buffer
+  std::size_t size = 0;        ///< its element count
 };
 
 /// Settings of DataParallel; must be the same on every rank.
@@ -177,8 +177,9 @@ inline Metrics reduce_metrics(Communicator &comm, const Metrics &local) {
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class DataParallel : public train::GradientSync<Scalar, MemorySpace> {
 public:
-  using execution_space = typename MemorySpace::execution_space;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using execution_space =
+      typename MemorySpace::execution_space;       ///< where the averaging kernels run
+  using vector_type = Vector<Scalar, MemorySpace>; ///< the flat parameter or gradient buffer
   /// The callback type of kat::nn::Sequential::set_backward_hook: the finished layer's index.
   using BackwardHook = std::function<void(std::size_t)>;
 
@@ -256,13 +257,18 @@ public:
   const std::vector<GradientBucket> &buckets() const { return buckets_; }
   /// The layer ranges given at construction.
   const std::vector<ParameterRange> &layers() const { return layers_; }
+  /// The options given at construction.
   const DataParallelOptions &options() const { return options_; }
+  /// The communicator the gradients are averaged over.
   Communicator &communicator() const { return *comm_; }
+  /// The flat parameter buffer given at construction.
   const vector_type &parameters() const { return params_; }
+  /// The flat gradient buffer given at construction.
   const vector_type &gradients() const { return grads_; }
   /// Buckets started and not yet completed by finish().
   std::size_t pending() const { return requests_.size(); }
 
+  /// Counters since construction or reset_stats().
   DataParallelStats stats() const { return stats_; }
   void reset_stats() override { stats_ = DataParallelStats{}; }
 

@@ -69,9 +69,13 @@ public:
 
   /// Samples in the data set, n.
   std::size_t dataset_size() const { return n_; }
+  /// This rank, in [0, size()).
   int rank() const { return rank_; }
+  /// P, the ranks sharing the data set.
   int size() const { return size_; }
+  /// The shuffle's seed (the same on every rank).
   std::uint64_t seed() const { return seed_; }
+  /// Whether each epoch's order is a shuffle.
   bool shuffle() const { return shuffle_; }
 
   /// Samples per rank and epoch, floor(n / P) (0 when n < P).

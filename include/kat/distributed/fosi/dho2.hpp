@@ -349,7 +349,7 @@ class DHO2 : public kat::optim::FOSI<Scalar, MemorySpace> {
 public:
   using typename FOSI::base_type;
   using typename FOSI::operator_type;
-  using Options = typename FOSI::Options;
+  using Options = typename FOSI::Options; ///< FOSI's hyperparameters
 
   /// DHO2 over the ranks of `comm` for a flat parameter vector of length n. `base` must be
   /// built for this rank's slice (size parameter_shard(n, comm.rank(), comm.size()).size) and
@@ -416,6 +416,7 @@ public:
     }
     return s;
   }
+  /// Sets the communicators' counters (stats()) to 0.
   void reset_stats() {
     partition_->communicator().reset_stats();
     if (overlap_) {

@@ -38,8 +38,8 @@ namespace kat::distributed {
 /// (their rank 0 is the parent's rank 0), the last `curvature_ranks` estimate the curvature on
 /// parameter snapshots the training ranks send them.
 struct DHO2Roles {
-  int training_ranks = 0;
-  int curvature_ranks = 0;
+  int training_ranks = 0;  ///< ranks that train
+  int curvature_ranks = 0; ///< ranks that estimate the curvature
   /// Whether this rank is a curvature rank.
   bool curvature = false;
   /// A duplicate of the parent communicator, on which the two groups exchange snapshots and
@@ -85,6 +85,7 @@ struct DHO2Overlap {
   /// num_iters_to_approx_eigs) too. 0: synchronous, computed on the curvature ranks. Empty
   /// (the default): T, so an estimate may take until the next one is due.
   std::optional<std::int64_t> staleness_bound;
+  /// When a finished estimate replaces the previous one (DHO2Swap).
   DHO2Swap swap = DHO2Swap::eager;
 };
 
@@ -131,8 +132,9 @@ inline std::size_t dho2_result_length(std::size_t kl, std::pair<std::size_t, std
 /// error too, so every rank ends with one.
 template <class Scalar = float, class MemorySpace = kat::DefaultMemorySpace> class DHO2Estimator {
 public:
+  /// Where the curvature operator runs.
   using execution_space = typename MemorySpace::execution_space;
-  using vector_type = Vector<Scalar, MemorySpace>;
+  using vector_type = Vector<Scalar, MemorySpace>; ///< a slice of a parameter-length vector
 
   /// @param roles  from dho2_roles, on a curvature rank.
   /// @param n  the length of the flat parameter vector (as on the training ranks).
@@ -236,6 +238,7 @@ public:
 
   /// Wall seconds of the last Lanczos run and of all of them.
   double last_lanczos_seconds() const { return last_seconds_; }
+  /// Wall seconds of all Lanczos runs so far.
   double lanczos_seconds() const { return seconds_; }
 
 private:

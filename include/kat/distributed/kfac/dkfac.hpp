@@ -70,16 +70,20 @@ struct DKFACStats {
 /// Neither copyable nor movable (the KFAC refers to this object); the Communicator and the KFAC
 /// must outlive it.
 ///
+/// Source: the baseline distributed K-FAC of KAISA (Pauloski et al., SC'20, SC'21) and of DP-KFAC
+/// ("Scalable K-FAC Training for Deep Neural Networks With Distributed Preconditioning", IEEE
+/// TCC 2022); docs/algorithms.md section 2.
+///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class DKFAC : public precond::KFACStrategy<KFACType> {
 public:
-  using kfac_type = KFACType;
-  using execution_space = typename KFACType::execution_space;
-  using memory_space = typename KFACType::memory_space;
-  using factor_scalar_type = typename KFACType::factor_scalar_type;
-  using factor_matrix_type = typename KFACType::factor_matrix_type;
-  using Options = DKFACOptions;
-  using Stats = DKFACStats;
+  using kfac_type = KFACType;                                 ///< the KFAC served
+  using execution_space = typename KFACType::execution_space; ///< where the packing kernels run
+  using memory_space = typename KFACType::memory_space;       ///< where the factors live
+  using factor_scalar_type = typename KFACType::factor_scalar_type; ///< the factors' precision
+  using factor_matrix_type = typename KFACType::factor_matrix_type; ///< a batch estimate: dim x dim
+  using Options = DKFACOptions;                                     ///< the settings (DKFACOptions)
+  using Stats = DKFACStats;                                         ///< the counters (DKFACStats)
 
   /// Sets this object as the strategy of `kfac` (replacing any strategy it had).
   /// @throws ValueError if kfac.options().factored_preconditioning is set.
@@ -119,8 +123,11 @@ public:
     return r;
   }
 
+  /// The options given at construction.
   const Options &options() const { return options_; }
+  /// Counters since construction or reset_stats().
   const Stats &stats() const { return stats_; }
+  /// Sets the counters to 0.
   void reset_stats() { stats_ = Stats(); }
 
   /// The analytic all-reduce payload of one factor update, in the units of

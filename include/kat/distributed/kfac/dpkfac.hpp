@@ -40,6 +40,7 @@ enum class LayerAssignment {
 
 /// Settings of DPKFAC; must be the same on every rank.
 struct DPKFACOptions {
+  /// How layers are assigned to ranks (round robin or balanced by cost).
   LayerAssignment assignment = LayerAssignment::round_robin;
   /// Broadcast P in the model's Scalar instead of K-FAC's InverseScalar (default true). The
   /// update is applied to a Scalar gradient anyway, and with a float model and double
@@ -88,17 +89,23 @@ struct DPKFACStats {
 /// layer owned again. Neither copyable nor movable; the Communicator and the KFAC must outlive
 /// it.
 ///
+/// Source: "Scalable K-FAC Training for Deep Neural Networks With Distributed Preconditioning"
+/// (IEEE TCC 2022; reference code lzhangbv/kfac_pytorch), docs/algorithms.md section 2.
+///
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class DPKFAC : public precond::KFACStrategy<KFACType> {
 public:
-  using kfac_type = KFACType;
-  using execution_space = typename KFACType::execution_space;
+  using kfac_type = KFACType;                                 ///< the KFAC served
+  using execution_space = typename KFACType::execution_space; ///< where the packing kernels run
+  /// A preconditioned gradient: out x (in+1).
   using inverse_matrix_type = typename KFACType::inverse_matrix_type;
+  /// The decompositions' precision.
   using inverse_scalar_type = typename inverse_matrix_type::non_const_value_type;
-  using scalar_type = typename KFACType::scalar_type;
-  using memory_space = typename KFACType::memory_space;
-  using Options = DPKFACOptions;
-  using Stats = DPKFACStats;
+  using scalar_type = typename KFACType::scalar_type;   ///< the model's scalar
+  using memory_space = typename KFACType::memory_space; ///< where the factors live
+  using Options = DPKFACOptions;                        ///< the settings (DPKFACOptions)
+  using Stats = DPKFACStats;                            ///< the counters (DPKFACStats)
+  /// What a decomposition step found on this rank.
   using Failures = precond::KFACDecompositionFailures;
 
   /// Assigns the layers of `kfac` to the ranks of `comm` and sets this object as its strategy
@@ -155,8 +162,11 @@ public:
     return r;
   }
 
+  /// The options given at construction.
   const Options &options() const { return options_; }
+  /// Counters since construction or reset_stats().
   const Stats &stats() const { return stats_; }
+  /// Sets the counters to 0.
   void reset_stats() {
     stats_ = Stats();
     agreements_ = 0;

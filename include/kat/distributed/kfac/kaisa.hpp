@@ -52,6 +52,7 @@ struct KAISAOptions {
   /// a relative tolerance of 1e-9): f = 1 is COMM-OPT, f = 1/P MEM-OPT (at P = 1 both are 1:
   /// COMM-OPT), any other k/P with k a divisor of P HYBRID-OPT (e.g. 1/2 at P = 4).
   double grad_worker_fraction = 1.0;
+  /// How layers are balanced over the ranks: by decomposition work d³ (default) or size d².
   AssignmentCost assignment_cost = AssignmentCost::compute;
   /// As DKFACOptions::symmetric_communication (the factor all-reduce sends the upper
   /// triangle only).
@@ -70,8 +71,10 @@ struct KAISAOptions {
 struct KAISAAssignment {
   /// The worker group (0 … P/gw − 1; ranks g·gw … g·gw + gw − 1) that preconditions the layer.
   std::vector<int> worker_group;
-  /// The ranks (global, in the layer's worker group) that decompose the layer's A and G.
-  std::vector<int> a_owner, g_owner;
+  /// The rank (global, in the layer's worker group) that decomposes the layer's A.
+  std::vector<int> a_owner;
+  /// The rank (global, in the layer's worker group) that decomposes the layer's G.
+  std::vector<int> g_owner;
 };
 
 /// What one rank's KAISA did since construction or reset_stats(). Bytes are as
@@ -153,17 +156,20 @@ struct KAISAStats {
 /// @tparam KFACType  a kat::precond::KFAC instantiation.
 template <class KFACType> class KAISA : public precond::KFACStrategy<KFACType> {
 public:
-  using kfac_type = KFACType;
-  using execution_space = typename KFACType::execution_space;
-  using factor_type = typename KFACType::factor_type;
+  using kfac_type = KFACType;                                 ///< the KFAC served
+  using execution_space = typename KFACType::execution_space; ///< where the packing kernels run
+  using factor_type = typename KFACType::factor_type; ///< a layer's factor with its decompositions
+  /// A preconditioned gradient: out x (in+1).
   using inverse_matrix_type = typename KFACType::inverse_matrix_type;
+  /// The decompositions' precision.
   using inverse_scalar_type = typename inverse_matrix_type::non_const_value_type;
-  using scalar_type = typename KFACType::scalar_type;
-  using memory_space = typename KFACType::memory_space;
-  using Options = KAISAOptions;
-  using Stats = KAISAStats;
-  using Assignment = KAISAAssignment;
-  using factor_matrix_type = typename KFACType::factor_matrix_type;
+  using scalar_type = typename KFACType::scalar_type;   ///< the model's scalar
+  using memory_space = typename KFACType::memory_space; ///< where the factors live
+  using Options = KAISAOptions;                         ///< the settings (KAISAOptions)
+  using Stats = KAISAStats;                             ///< the counters (KAISAStats)
+  using Assignment = KAISAAssignment;                   ///< the layers' worker groups and owners
+  using factor_matrix_type = typename KFACType::factor_matrix_type; ///< a batch estimate: dim x dim
+  /// What a decomposition step found on this rank.
   using Failures = precond::KFACDecompositionFailures;
 
   /// Which strategy grad_worker_fraction selects: gw = P (COMM-OPT), gw = 1 < P (MEM-OPT),
@@ -287,11 +293,15 @@ public:
            gradients_.workspace_bytes();
   }
 
+  /// The options given at construction.
   const Options &options() const { return options_; }
+  /// COMM-OPT, MEM-OPT or HYBRID-OPT, from grad_worker_fraction and P.
   Mode mode() const { return mode_; }
+  /// Counters since construction or reset_stats().
   const Stats &stats() const { return stats_; }
   /// The factor averaging (its stats() count the factor all-reduces).
   const DKFAC<KFACType> &dkfac() const { return dkfac_; }
+  /// Sets the counters (and the dkfac()'s) to 0.
   void reset_stats() {
     stats_ = Stats();
     agreements_ = 0;

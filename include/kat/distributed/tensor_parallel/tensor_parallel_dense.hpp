@@ -110,7 +110,13 @@ public:
   using typename base::execution_space;
   using typename base::matrix_type;
 
-  /// @param comm  the tensor-parallel group (T = comm.size()); must outlive the layer
+  /// @param in_features   the global input features (every rank reads all of them)
+  /// @param out_features  the global output features, split over the ranks
+  /// @param bias          whether the layer has a bias (each rank its rows of it)
+  /// @param input         DenseInput::flattened or DenseInput::per_position, as for Dense
+  /// @param comm          the tensor-parallel group (T = comm.size()); must outlive the layer
+  /// @param groups        equal consecutive groups of the outputs split group by group
+  ///                      (Q|K|V: 3)
   /// @throws ValueError unless groups·T divides out_features.
   ColumnParallelDense(std::size_t in_features, std::size_t out_features, bool bias,
                       nn::DenseInput input, Communicator &comm, std::size_t groups = 1)
@@ -118,7 +124,9 @@ public:
         in_(in_features), out_(out_features), rows_(checked_rows(out_features, groups, comm)) {}
 
   std::string name() const override { return "ColumnParallelDense"; }
+  /// The global input features.
   std::size_t in_features() const { return in_; }
+  /// The global output features (all ranks' rows).
   std::size_t out_features() const { return out_; }
   /// The global output rows this rank owns, in local order.
   const std::vector<std::size_t> &rows() const { return rows_; }
@@ -126,6 +134,7 @@ public:
   std::vector<nn::ParameterSpec> parameter_specs() const override {
     return local_.parameter_specs();
   }
+  /// Binds the local Dense's [W_r b_r] (its rows of W and b).
   void bind(Scalar *params, Scalar *grads) override { local_.bind(params, grads); }
   void reset_parameters(const execution_space &space, std::uint64_t seed) override {
     local_.reset_parameters(space, seed);
@@ -206,7 +215,11 @@ public:
   using typename base::execution_space;
   using typename base::matrix_type;
 
-  /// @param comm  the tensor-parallel group (T = comm.size()); must outlive the layer
+  /// @param in_features   the global input features, split over the ranks
+  /// @param out_features  the global output features (every rank computes a partial sum of all)
+  /// @param bias          whether the layer has a bias (replicated, added after the reduction)
+  /// @param input         DenseInput::flattened or DenseInput::per_position, as for Dense
+  /// @param comm          the tensor-parallel group (T = comm.size()); must outlive the layer
   /// @throws ValueError unless T divides in_features.
   RowParallelDense(std::size_t in_features, std::size_t out_features, bool bias,
                    nn::DenseInput input, Communicator &comm)
@@ -215,7 +228,9 @@ public:
         cols_(checked_columns(in_features, comm)) {}
 
   std::string name() const override { return "RowParallelDense"; }
+  /// The global input features (all ranks' columns).
   std::size_t in_features() const { return in_; }
+  /// The global output features.
   std::size_t out_features() const { return out_; }
   /// The global input columns this rank owns, in local order.
   const std::vector<std::size_t> &columns() const { return cols_; }
@@ -229,6 +244,7 @@ public:
     }
     return specs;
   }
+  /// Binds W_r (out x in/T, column-major), then b (out) with a bias.
   void bind(Scalar *params, Scalar *grads) override {
     local_.bind(params, grads);
     if (bias_) {

@@ -46,9 +46,13 @@ public:
   Communicator &tensor() { return tensor_; }
   /// The ranks holding the same shards (size D), ordered by d: the data-parallel group.
   Communicator &data() { return data_; }
+  /// t, this rank's index in its tensor-parallel group.
   int tensor_rank() const { return tensor_.rank(); }
+  /// T, the ranks of a tensor-parallel group.
   int tensor_size() const { return tensor_.size(); }
+  /// d, this rank's index in its data-parallel group.
   int data_rank() const { return data_.rank(); }
+  /// D, the data-parallel replicas.
   int data_size() const { return data_.size(); }
 
 private:
@@ -71,8 +75,8 @@ private:
 /// activation in forward (after the row-parallel layer) and one in backward (the column-parallel
 /// layer's input gradient); an unsplit half is replicated on every rank of the group.
 struct TensorParallelSplit {
-  bool attention = true;
-  bool mlp = true;
+  bool attention = true; ///< split the attention half
+  bool mlp = true;       ///< split the MLP half
 };
 
 /// A TransformerEncoderBlock whose attention and MLP are split over `comm` as `split` says.

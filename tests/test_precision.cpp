@@ -1,0 +1,388 @@
+// Mixed precision (kat::Precision::bf16): the bfloat16 conversion against an independent
+// nearest-value search, kat::MixedPrecisionGemm against products of the rounded operands in
+// double, Dense and Conv2d against their fp32 passes within bounds derived from bf16's 8-bit
+// significand, and short training runs of the four models against fp32.
+//
+// The bounds. bf16 keeps 8 significant bits, so rounding x gives x(1 + d), |d| <= u = 2^-8.
+// A product of two rounded operands, summed in fp32 over k terms, differs from the fp32 sum of
+// the unrounded products by at most (2u + u^2) S + 2 gamma S, S = sum |a_l b_l|, gamma =
+// (k + 2) 2^-24 covering both fp32 summations (in any order). Against the exact sum of the
+// *rounded* operands only the fp32 summation remains: gamma S (the bf16 x bf16 products are
+// exact in fp32). So the rounding itself is checked to be round-to-nearest on both operands:
+// truncation, or one operand left unrounded, would exceed the second bound.
+#include "test_helpers.hpp"
+
+#include <kat/core/bfloat16.hpp>
+#include <kat/core/mixed_gemm.hpp>
+#include <kat/core/precision.hpp>
+#include <kat/nn/conv2d.hpp>
+#include <kat/nn/dense.hpp>
+#include <kat/nn/models.hpp>
+#include <kat/nn/softmax_cross_entropy.hpp>
+
+#include <KokkosBlas1_axpby.hpp>
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace test_precision {
+
+using namespace kat;
+using namespace kat::test;
+
+constexpr double u_bf16 = 0x1.0p-8;
+constexpr double u_fp32 = 0x1.0p-24;
+
+float from_bits(std::uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+std::uint32_t bits_of(float f) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+// The bfloat16 nearest to the float with bits `b`, found without the bit trick under test:
+// the two bf16 neighbours of |x| (its truncation and the next bf16 up, 2^128 standing for the
+// step past the largest finite value, which rounds to infinity) compared in double, ties to
+// the even significand. NaN: a quiet NaN of the same sign.
+std::uint16_t nearest_bf16_reference(std::uint32_t b) {
+  const std::uint32_t sign = b & 0x80000000u, mag = b & 0x7fffffffu;
+  if (mag > 0x7f800000u) {
+    return static_cast<std::uint16_t>((b >> 16) | 0x0040u);
+  }
+  if (mag == 0x7f800000u) {
+    return static_cast<std::uint16_t>((sign >> 16) | 0x7f80u);
+  }
+  const std::uint32_t lo = mag & 0xffff0000u, hi = lo + 0x10000u;
+  const double x = from_bits(mag), vlo = from_bits(lo);
+  const double vhi = hi == 0x7f800000u ? std::ldexp(1.0, 128) : double(from_bits(hi));
+  std::uint32_t pick;
+  if (x - vlo < vhi - x) {
+    pick = lo;
+  } else if (x - vlo > vhi - x) {
+    pick = hi;
+  } else {
+    pick = (lo & 0x10000u) == 0 ? lo : hi;
+  }
+  return static_cast<std::uint16_t>((sign | pick) >> 16);
+}
+
+struct ConvertOnDevice {
+  Kokkos::View<const float *, Mem> in;
+  Kokkos::View<std::uint16_t *, Mem> out;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i) const {
+    out(i) = bfloat16::from_float(in(i)).bits;
+  }
+};
+
+TEST_CASE("precision: bf16 conversion on the device matches the nearest-value search",
+          "[precision][bf16]") {
+  std::vector<std::uint32_t> patterns = {
+      0x00000000u, 0x80000000u, 0x3f800000u, 0x3f808000u, 0x3f818000u, 0x3f808001u,
+      0x3f807fffu, 0x7f7f7fffu, 0x7f7f8000u, 0x7f7fffffu, 0xff7f8000u, 0x00000001u,
+      0x00008000u, 0x00018000u, 0x007fffffu, 0x00800000u, 0x7f800000u, 0xff800000u,
+      0x7fc00000u, 0x7f800001u, 0xffc00001u, 0x7fff0000u, 0x7fbfffffu};
+  // Every upper half reached by a stride through the 2^32 patterns, each with the lower halves
+  // just below, at and above the tie.
+  for (std::uint64_t b = 0; b < (1ull << 32); b += 65537ull * 7) {
+    const std::uint32_t upper = static_cast<std::uint32_t>(b) & 0xffff0000u;
+    for (std::uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu,
+                              static_cast<std::uint32_t>(b) & 0xffffu}) {
+      patterns.push_back(upper | low);
+    }
+  }
+  const std::size_t n = patterns.size();
+  Kokkos::View<float *, Mem> in("in", n);
+  Kokkos::View<std::uint16_t *, Mem> out("out", n);
+  auto in_h = Kokkos::create_mirror_view(in);
+  for (std::size_t i = 0; i < n; ++i) {
+    in_h(i) = from_bits(patterns[i]); // bit for bit: deep_copy moves bytes
+  }
+  Kokkos::deep_copy(in, in_h);
+  Kokkos::parallel_for("test_precision::convert", Kokkos::RangePolicy<Space>(0, n),
+                       ConvertOnDevice{in, out});
+  const auto out_h = to_host(out);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t want = nearest_bf16_reference(patterns[i]);
+    if (out_h(i) != want && wrong++ < 5) {
+      FAIL_CHECK("bits " << std::hex << patterns[i] << ": got " << out_h(i) << ", want " << want);
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(n > 60000);
+
+  SECTION("named cases") {
+    const auto bf = [](std::uint32_t b) { return bfloat16::from_float(from_bits(b)).bits; };
+    CHECK(bf(0x3f808000u) == 0x3f80u); // 1 + 2^-8: a tie, to even (down)
+    CHECK(bf(0x3f818000u) == 0x3f82u); // 1 + 3 2^-8: a tie, to even (up)
+    CHECK(bf(0x7f7f8000u) == 0x7f80u); // half a step past the largest finite: infinity
+    CHECK(bf(0x7f7f7fffu) == 0x7f7fu); // just below: the largest finite
+    CHECK(bf(0xff800000u) == 0xff80u); // -inf stays -inf
+    CHECK(bf(0x80000000u) == 0x8000u); // -0 stays -0
+    CHECK(bf(0x7f800001u) == 0x7fc0u); // a signalling NaN becomes a quiet one
+    CHECK(bf(0xffc00001u) == 0xffc0u); // NaN keeps its sign
+  }
+  SECTION("to_float is exact for every bf16") {
+    for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+      bfloat16 v;
+      v.bits = static_cast<std::uint16_t>(h);
+      REQUIRE(bits_of(v.to_float()) == h << 16);
+    }
+  }
+}
+
+TEST_CASE("precision: parse_precision names the bad value", "[precision]") {
+  CHECK(parse_precision("fp32") == Precision::fp32);
+  CHECK(parse_precision("bf16") == Precision::bf16);
+  CHECK_THROWS_AS(parse_precision("fp16", "--precision"), ValueError);
+  CHECK_THROWS_WITH(parse_precision("fp16", "--precision"),
+                    Catch::Contains("--precision") && Catch::Contains("fp16"));
+}
+
+// S(i, j) = sum_l |op(A)(i, l) op(B)(l, j)| and E(i, j) = sum_l r(op(A)) r(op(B)) in double,
+// r = identity or round_to_bf16.
+struct Reference {
+  std::vector<double> exact, abs_sum;
+};
+template <class HA, class HB>
+Reference product_reference(const HA &a, const HB &b, bool ta, bool tb, std::size_t m,
+                            std::size_t n, std::size_t k, bool rounded) {
+  Reference r{std::vector<double>(m * n), std::vector<double>(m * n)};
+  const auto rd = [rounded](double x) { return rounded ? round_to_bf16(x) : x; };
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t i = 0; i < m; ++i) {
+      double s = 0, t = 0;
+      for (std::size_t l = 0; l < k; ++l) {
+        const double p = rd(ta ? a(l, i) : a(i, l)) * rd(tb ? b(j, l) : b(l, j));
+        s += p;
+        t += std::abs(p);
+      }
+      r.exact[i + m * j] = s;
+      r.abs_sum[i + m * j] = t;
+    }
+  return r;
+}
+
+TEMPLATE_TEST_CASE("precision: MixedPrecisionGemm in bf16 is the fp32 sum of rounded operands",
+                   "[precision][bf16]", float, double) {
+  using T = TestType;
+  const std::size_t m = 37, n = 29, k = 300;
+  const double u_acc = std::is_same<T, float>::value ? u_fp32 : 0x1.0p-53;
+  MixedPrecisionGemm<T, Mem> product;
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const auto ab : {std::pair<double, double>{1, 0}, {0.5, 2}}) {
+        // A and B as column ranges of wider matrices: leading dimensions above the rows.
+        const auto a_full = random_matrix<T>(ta ? k : m, (ta ? m : k) + 3, 1 + ta + 2 * tb);
+        const auto b_full = random_matrix<T>(tb ? n : k, (tb ? k : n) + 2, 7 + ta + 2 * tb);
+        const auto A =
+            Kokkos::subview(a_full, Kokkos::ALL(), std::make_pair(1, int(ta ? m : k) + 1));
+        const auto B =
+            Kokkos::subview(b_full, Kokkos::ALL(), std::make_pair(2, int(tb ? k : n) + 2));
+        const auto c0 = random_matrix<T>(m, n, 13);
+        Matrix<T, Mem> C("C", m, n), C32("C32", m, n);
+        Kokkos::deep_copy(C, c0);
+        Kokkos::deep_copy(C32, c0);
+        const Trans TA = ta ? Trans::T : Trans::N, TB = tb ? Trans::T : Trans::N;
+        product(Space(), Precision::bf16, TA, TB, T(ab.first), A, B, T(ab.second), C);
+        product(Space(), Precision::fp32, TA, TB, T(ab.first), A, B, T(ab.second), C32);
+        const auto ah = to_host(A), bh = to_host(B), ch = to_host(C), c32 = to_host(C32),
+                   c0h = to_host(c0);
+        const Reference rounded = product_reference(ah, bh, ta, tb, m, n, k, true);
+        const Reference plain = product_reference(ah, bh, ta, tb, m, n, k, false);
+        double worst_rounded = 0, worst_plain = 0, moved = 0;
+        for (std::size_t j = 0; j < n; ++j)
+          for (std::size_t i = 0; i < m; ++i) {
+            const std::size_t e = i + m * j;
+            const double beta_c = ab.second * c0h(i, j);
+            const double s = std::abs(ab.first) * rounded.abs_sum[e] + std::abs(beta_c);
+            const double want = ab.first * rounded.exact[e] + beta_c;
+            worst_rounded =
+                std::max(worst_rounded, std::abs(ch(i, j) - want) / ((k + 2) * u_acc * s));
+            const double sp = std::abs(ab.first) * plain.abs_sum[e] + std::abs(beta_c);
+            const double bound =
+                (2 * u_bf16 + u_bf16 * u_bf16) * std::abs(ab.first) * plain.abs_sum[e] +
+                2 * (k + 2) * u_acc * sp;
+            worst_plain = std::max(worst_plain, std::abs(double(ch(i, j)) - c32(i, j)) / bound);
+            moved = std::max(moved, std::abs(double(ch(i, j)) - c32(i, j)));
+          }
+        INFO("trans " << ta << tb << ", alpha " << ab.first << ", beta " << ab.second << ", path "
+                      << int(product.last_path()) << " " << product.implementation());
+        CHECK(worst_rounded <= 1.0);
+        CHECK(worst_plain <= 1.0);
+        CHECK(moved > 1e-4); // the operands were rounded: the products moved
+        CHECK(product.last_path() != Bf16GemmPath::none);
+      }
+}
+
+// Host copies in double of a layer's outputs, and the relative error bound check: |got - want|
+// <= factor * scale elementwise.
+template <class V, class W, class S>
+void check_within(const char *what, const V &got, const W &want, const S &scale, double factor) {
+  const auto g = to_host(got), w = to_host(want);
+  const auto s = to_host(scale);
+  double worst = 0, moved = 0;
+  for (std::size_t j = 0; j < g.extent(1); ++j)
+    for (std::size_t i = 0; i < g.extent(0); ++i) {
+      const double d = std::abs(double(g(i, j)) - double(w(i, j)));
+      worst = std::max(worst, d / (factor * double(s(i, j)) + 1e-30));
+      moved = std::max(moved, d);
+    }
+  INFO(what << ": worst |bf16 - fp32| / bound = " << worst);
+  CHECK(worst <= 1.0);
+  CHECK(moved > 0); // bf16 changed something
+}
+
+template <class V> Matrix<double, Mem> abs_copy(const V &v) {
+  const auto h = to_host(v);
+  Matrix<double, Mem> d("abs", h.extent(0), h.extent(1));
+  auto dh = Kokkos::create_mirror_view(d);
+  for (std::size_t j = 0; j < h.extent(1); ++j)
+    for (std::size_t i = 0; i < h.extent(0); ++i)
+      dh(i, j) = std::abs(double(h(i, j)));
+  Kokkos::deep_copy(d, dh);
+  return d;
+}
+
+// A layer's float passes in fp32 and bf16, and the same layer in double with |W|, |b| run on
+// |x| and |dy|: its outputs are the sums of absolute products S the bounds scale with.
+template <class MakeLayer>
+void check_layer_bf16(MakeLayer make, FeatureShape in, std::size_t batch, std::size_t k_fwd,
+                      std::size_t k_dx, std::uint64_t seed) {
+  auto l32 = make(float());
+  auto l16 = make(float());
+  auto lab = make(double());
+  const FeatureShape out = l32->output_shape(in);
+  l16->output_shape(in);
+  lab->output_shape(in);
+  auto b32 = bind_fresh<float>(*l32, seed);
+  auto b16 = bind_fresh<float>(*l16, seed);
+  auto bab = bind_fresh<double>(*lab, seed);
+  {
+    const auto p = to_host(b32.parameters());
+    auto q = Kokkos::create_mirror_view(bab.parameters());
+    for (std::size_t i = 0; i < p.extent(0); ++i)
+      q(i) = std::abs(double(p(i)));
+    Kokkos::deep_copy(bab.parameters(), q);
+  }
+  l16->set_precision(Precision::bf16);
+  const auto x = random_matrix<float>(batch, in.size(), seed + 1);
+  const auto dy = random_matrix<float>(batch, out.size(), seed + 2);
+  Matrix<float, Mem> y32("y32", batch, out.size()), y16("y16", batch, out.size());
+  Matrix<float, Mem> dx32("dx32", batch, in.size()), dx16("dx16", batch, in.size());
+  Matrix<double, Mem> yab("yab", batch, out.size()), dxab("dxab", batch, in.size());
+  const auto xab = abs_copy(x), dyab = abs_copy(dy);
+  l32->accumulate_gradients(false);
+  l16->accumulate_gradients(false);
+  lab->accumulate_gradients(false);
+  l32->forward(Space(), x, y32);
+  l16->forward(Space(), x, y16);
+  lab->forward(Space(), xab, yab);
+  l32->backward(Space(), dy, dx32);
+  l16->backward(Space(), dy, dx16);
+  lab->backward(Space(), dyab, dxab);
+  const double rel = 2 * u_bf16 + u_bf16 * u_bf16;
+  check_within("y", y16, y32, yab, rel + 2 * (k_fwd + 2) * u_fp32);
+  check_within("dx", dx16, dx32, dxab, rel + 2 * (k_dx + 2) * u_fp32);
+  // The weight gradient sums over the batch (and positions). The bias gradient sums dy: in
+  // fp32 (Dense, the im2col path) or, in oneDNN's bf16 convolution, the rounded dy (as
+  // PyTorch's bf16 convolution): within u sum |dy| either way.
+  const std::size_t k_dw = batch * (out.size() / l32->weight_gradient().extent(0));
+  check_within("dW", l16->weight_gradient(), l32->weight_gradient(), lab->weight_gradient(),
+               rel + 2 * (k_dw + 2) * u_fp32);
+  const auto db32 = to_host(l32->bias_gradient()), db16 = to_host(l16->bias_gradient());
+  const auto dbab = to_host(lab->bias_gradient()); // sum |dy|
+  for (std::size_t i = 0; i < db32.extent(0); ++i) {
+    CHECK(std::abs(double(db16(i)) - db32(i)) <= (u_bf16 + 2 * (k_dw + 2) * u_fp32) * dbab(i));
+  }
+}
+
+TEST_CASE("precision: Dense in bf16 stays within the bf16 bound of fp32", "[precision][bf16]") {
+  const std::size_t in = 300, out = 24, batch = 17;
+  check_layer_bf16(
+      [&](auto s) {
+        using S = decltype(s);
+        return std::make_unique<nn::Dense<S, Mem>>(in, out);
+      },
+      FeatureShape{in}, batch, in + 1, out, 31);
+}
+
+TEST_CASE("precision: Conv2d in bf16 stays within the bf16 bound of fp32", "[precision][bf16]") {
+  const std::size_t batch = 6;
+  check_layer_bf16(
+      [&](auto s) {
+        using S = decltype(s);
+        return std::make_unique<nn::Conv2d<S, Mem>>(16, 32, 3, 1, 1);
+      },
+      FeatureShape{16, 10, 10}, batch, 16 * 9 + 1, 32 * 9, 41);
+}
+
+// T steps of plain SGD (lr 0.05) on a fixed batch of random images with labels i % classes;
+// returns the losses and leaves the parameters in `model`.
+template <class Model>
+std::vector<double> sgd_steps(Model &model, const Matrix<float, Mem> &x,
+                              const Vector<std::int32_t, Mem> &labels, int steps) {
+  nn::SoftmaxCrossEntropy<float, Mem> loss;
+  Matrix<float, Mem> grad("grad", x.extent(0), model.output_shape().size());
+  std::vector<double> losses;
+  for (int t = 0; t < steps; ++t) {
+    const auto &logits = model.forward(Space(), x);
+    losses.push_back(loss.forward_backward(Space(), logits, labels, grad));
+    model.backward(Space(), grad, Model::Gradients::overwrite);
+    KokkosBlas::axpy(-0.05f, model.gradients(), model.parameters());
+  }
+  Kokkos::fence();
+  return losses;
+}
+
+TEST_CASE("precision: short bf16 training runs of the four models stay near fp32",
+          "[precision][bf16][models]") {
+  // Stated distance: over 5 steps the bf16 loss stays within 2 % of the fp32 loss and the
+  // parameters within 1 % (relative L2) of fp32's: each step's gradient moves by about
+  // 2u = 2^-7 relative, and 5 steps of lr 0.05 move the parameters by a few percent of
+  // their norm at most, so 1 % leaves a wide margin; a product left unrounded or computed
+  // wrongly moves the losses by far more than 2 % (the first step's loss is checked too).
+  for (const char *name : {"mlp", "cnn", "resnet", "vit"}) {
+    DYNAMIC_SECTION(name) {
+      const FeatureShape shape{1, 28, 28};
+      const std::size_t batch = 16;
+      auto m32 = nn::models::by_name<float, Mem>(name, shape, 10);
+      auto m16 = nn::models::by_name<float, Mem>(name, shape, 10);
+      m32.compile(Space(), 3);
+      m16.compile(Space(), 3);
+      m16.set_precision(Precision::bf16);
+      CHECK(m16.precision() == Precision::bf16);
+      const auto x = random_matrix<float>(batch, shape.size(), 5, 0.0, 1.0);
+      std::vector<std::int32_t> l(batch);
+      for (std::size_t i = 0; i < batch; ++i)
+        l[i] = static_cast<std::int32_t>(i % 10);
+      const auto labels = labels_of(l);
+      const auto a = sgd_steps(m32, x, labels, 5);
+      const auto b = sgd_steps(m16, x, labels, 5);
+      for (std::size_t t = 0; t < a.size(); ++t) {
+        INFO("step " << t << ": fp32 loss " << a[t] << ", bf16 loss " << b[t]);
+        CHECK(std::isfinite(b[t]));
+        CHECK(std::abs(b[t] - a[t]) <= 0.02 * a[t]);
+      }
+      const auto p32 = to_host(m32.parameters()), p16 = to_host(m16.parameters());
+      double diff = 0, norm = 0;
+      for (std::size_t i = 0; i < p32.extent(0); ++i) {
+        diff += (double(p16(i)) - p32(i)) * (double(p16(i)) - p32(i));
+        norm += double(p32(i)) * p32(i);
+      }
+      INFO("relative parameter distance " << std::sqrt(diff / norm));
+      CHECK(std::sqrt(diff / norm) <= 0.01);
+      CHECK(diff > 0);
+    }
+  }
+}
+
+} // namespace test_precision

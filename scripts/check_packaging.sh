@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Checks what HPC sites install KAT with, in about half a minute (no build):
+# Checks what HPC sites install KAT with, in under a minute (nothing is built):
 #   recipe   the Spack recipe (spack/packages/kat/package.py) compiles as Python, and without
 #            Spack its versions, variants, dependencies and cmake_args() agree with
 #            CMakeLists.txt (tests/packaging/check_spack_recipe.py)
 #   presets  CMakePresets.json names only options KAT has (tests/packaging/check_presets.py),
-#            `cmake --list-presets` reads it, and the serial preset configures (the openmp one
-#            too when scripts/build_kokkos.sh openmp has built its Kokkos), with the preset's
-#            values in the cache, kat/version.hpp and kat.pc generated
+#            `cmake --list-presets` reads it, and the serial preset configures, with the
+#            preset's values in the cache, kat/version.hpp and kat.pc generated; so do the
+#            openmp, cuda-sm80 and hip-gfx90a presets where scripts/build_kokkos.sh,
+#            check_cuda.sh and check_hip.sh left their Kokkos and compilers (20 s each for CUDA
+#            and HIP), else the script says which it skipped
 # The pkg-config file itself is tested by ctest (install_and_pkg_config, scripts/test.sh).
 #   KAT_DEPS_DIR  where scripts/build_kokkos.sh keeps its prefixes (default ~/.cache/kat)
 set -euo pipefail
@@ -73,6 +75,21 @@ presets() {
     expect_cache "$work/openmp" Kokkos_DIR "$deps/kokkos-openmp/lib/cmake/Kokkos"
   else
     echo "preset openmp: not configured: no Kokkos in $deps/kokkos-openmp (scripts/build_kokkos.sh openmp)"
+  fi
+  # The GPU presets where scripts/check_cuda.sh and check_hip.sh left their toolchains and
+  # Kokkos (about 20 s each: the compilers' checks).
+  if [ -f "$deps/kokkos-cuda/.kat-complete" ] && [ -x /usr/bin/nvcc ] && command -v g++-11 >/dev/null; then
+    configure_preset cuda-sm80 -DCMAKE_PREFIX_PATH="$deps/kokkos-cuda" \
+      -DCMAKE_CXX_COMPILER="$deps/kokkos-cuda/bin/nvcc_wrapper"
+    grep -q -- '-arch=sm_80' "$work/cuda-sm80/kat.pc" ||
+      { echo "check_packaging.sh: the cuda-sm80 preset's kat.pc lacks -arch=sm_80" >&2; return 1; }
+  else
+    echo "preset cuda-sm80: not configured: no CUDA Kokkos in $deps/kokkos-cuda or no Debian nvcc (scripts/check_cuda.sh)"
+  fi
+  if [ -f "$deps/kokkos-hip/.kat-complete" ] && command -v hipcc >/dev/null; then
+    configure_preset hip-gfx90a -DCMAKE_PREFIX_PATH="$deps/kokkos-hip"
+  else
+    echo "preset hip-gfx90a: not configured: no HIP Kokkos in $deps/kokkos-hip or no hipcc (scripts/check_hip.sh)"
   fi
 }
 

@@ -47,7 +47,10 @@ class Kat(CMakePackage, CudaPackage, ROCmPackage):
     # The backend, propagated to Kokkos and Kokkos Kernels.
     depends_on("kokkos+openmp", when="+openmp")
     depends_on("kokkos-kernels+openmp", when="+openmp")
-    depends_on("kokkos+cuda+cuda_lambda+wrapper", when="+cuda")
+    depends_on("kokkos+cuda+wrapper", when="+cuda")
+    # KOKKOS_LAMBDA on CUDA (the tests and examples use it): a variant of Kokkos 3, always on
+    # from Kokkos 4.0.
+    depends_on("kokkos+cuda_lambda", when="+cuda ^kokkos@:3")
     depends_on("kokkos-kernels+cuda+cublas", when="+cuda")
     for _arch in CudaPackage.cuda_arch_values:
         depends_on(f"kokkos cuda_arch={_arch}", when=f"+cuda cuda_arch={_arch}")

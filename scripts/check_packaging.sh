@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks what HPC sites install KAT with, in under a minute (nothing is built):
+# Checks what HPC sites install KAT with, in about two minutes on 2 cores:
 #   recipe   the Spack recipe (spack/packages/kat/package.py) compiles as Python, and without
 #            Spack its versions, variants, dependencies and cmake_args() agree with
 #            CMakeLists.txt (tests/packaging/check_spack_recipe.py)
@@ -7,8 +7,10 @@
 #            `cmake --list-presets` reads it, and the serial preset configures, with the
 #            preset's values in the cache, kat/version.hpp and kat.pc generated; so do the
 #            openmp, cuda-sm80 and hip-gfx90a presets where scripts/build_kokkos.sh,
-#            check_cuda.sh and check_hip.sh left their Kokkos and compilers (20 s each for CUDA
-#            and HIP), else the script says which it skipped
+#            check_cuda.sh and check_hip.sh left their Kokkos and compilers, else the script
+#            says which it skipped; for CUDA and HIP, the install test's consumer is compiled
+#            and linked with nothing but the installed kat.pc's flags (not run: no GPU here);
+#            about 40 s each
 # The pkg-config file itself is tested by ctest (install_and_pkg_config, scripts/test.sh).
 #   KAT_DEPS_DIR  where scripts/build_kokkos.sh keeps its prefixes (default ~/.cache/kat)
 set -euo pipefail
@@ -63,6 +65,23 @@ configure_preset() {
   echo "preset $name: configured; kat.pc says: $(grep '^Cflags:' "$dir/kat.pc")"
 }
 
+# link_consumer NAME CXX [compiler flags]: installs the configured preset NAME and compiles,
+# then links, the install test's consumer with CXX and nothing but the installed kat.pc's flags
+# (in two steps: hipcc compiles every input of a command that names a .cpp as HIP, archives
+# too). The program is not run: it needs the GPU.
+link_consumer() {
+  local name=$1 cxx=$2 dir=$work/$1
+  shift 2
+  cmake --install "$dir" --prefix "$dir-prefix" >/dev/null
+  local pc=("$dir-prefix"/lib*/pkgconfig)
+  # shellcheck disable=SC2046 # pkg-config's words, split as a user's shell splits them
+  "$cxx" -std=c++17 -O1 "$@" $(PKG_CONFIG_PATH=${pc[0]} pkg-config --cflags kat) \
+    -c tests/install/consumer/main.cpp -o "$dir/consumer.o"
+  # shellcheck disable=SC2046
+  "$cxx" "$@" "$dir/consumer.o" -o "$dir/consumer" $(PKG_CONFIG_PATH=${pc[0]} pkg-config --libs kat)
+  echo "preset $name: the consumer compiled and linked with $(basename "$cxx") and kat.pc's flags"
+}
+
 presets() {
   python3 tests/packaging/check_presets.py
   cmake --list-presets=all
@@ -83,11 +102,14 @@ presets() {
       -DCMAKE_CXX_COMPILER="$deps/kokkos-cuda/bin/nvcc_wrapper"
     grep -q -- '-arch=sm_80' "$work/cuda-sm80/kat.pc" ||
       { echo "check_packaging.sh: the cuda-sm80 preset's kat.pc lacks -arch=sm_80" >&2; return 1; }
+    PATH=/usr/bin:$PATH NVCC_WRAPPER_DEFAULT_COMPILER=g++-11 \
+      link_consumer cuda-sm80 "$deps/kokkos-cuda/bin/nvcc_wrapper"
   else
     echo "preset cuda-sm80: not configured: no CUDA Kokkos in $deps/kokkos-cuda or no Debian nvcc (scripts/check_cuda.sh)"
   fi
   if [ -f "$deps/kokkos-hip/.kat-complete" ] && command -v hipcc >/dev/null; then
     configure_preset hip-gfx90a -DCMAKE_PREFIX_PATH="$deps/kokkos-hip"
+    HCC_AMDGPU_TARGET=gfx908 link_consumer hip-gfx90a hipcc --offload-arch=gfx90a --no-offload-arch=gfx908
   else
     echo "preset hip-gfx90a: not configured: no HIP Kokkos in $deps/kokkos-hip or no hipcc (scripts/check_hip.sh)"
   fi

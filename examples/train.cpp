@@ -15,6 +15,7 @@
 #include "train/run.hpp"
 
 #include <kat/data/dataset.hpp>
+#include <kat/version.hpp>
 #ifdef KAT_ENABLE_MPI
 #include <kat/distributed/comm/mpi_environment.hpp>
 #include <kat/distributed/comm/process_group.hpp>
@@ -34,10 +35,26 @@
 namespace kat_train {
 namespace {
 
+// What --version prints: KAT's version and what this kat_train was built with.
+std::string version_text() {
+  const int k = KOKKOS_VERSION; // major * 10000 + minor * 100 + patch
+  std::string text = std::string("kat_train (KAT) ") + KAT_VERSION_STRING + "\nKokkos " +
+                     std::to_string(k / 10000) + "." + std::to_string(k / 100 % 100) + "." +
+                     std::to_string(k % 100) + ", " + Space::name() + " backend";
+#ifdef KAT_ENABLE_MPI
+  text += ", MPI";
+#endif
+#ifdef KAT_ENABLE_ONEDNN
+  text += ", oneDNN";
+#endif
+  return text;
+}
+
 // The flags every run has: the data, the batch, the epochs, the seed.
 class Basics : public Component {
 public:
   void add_flags(Run &r) override {
+    r.app.set_version_flag("--version", version_text());
     r.data_dir = kat::data::default_fashion_mnist_dir;
     r.app.add_option("--data-dir", r.data_dir, "Directory with the IDX files (raw or .gz)")
         ->capture_default_str();

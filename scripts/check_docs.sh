@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every link and file name a reader of KAT's documentation follows must resolve inside the
-# repository: relative Markdown links (anchors stripped) in README.md, docs/ and examples/,
+# repository: relative Markdown links (anchors stripped) in README.md, CHANGELOG.md, docs/ and examples/,
 # and the repository paths they name in backticks (scripts/…, docs/…, include/kat/…, tests/…,
 # examples/…, bench/…, cmake/…). Headers' comments are checked for the docs/ pages they cite.
 # Prints every broken reference and exits 1 if there is one. Run by ctest (docs_resolve).
@@ -16,7 +16,7 @@ exists() { # exists PATH (a file or directory; a trailing glob such as test_*.cp
   compgen -G "$1" >/dev/null
 }
 
-mapfile -t pages < <(ls README.md docs/*.md examples/*/README.md 2>/dev/null)
+mapfile -t pages < <(ls README.md CHANGELOG.md docs/*.md examples/*/README.md 2>/dev/null)
 for page in "${pages[@]}"; do
   dir=$(dirname "$page")
   prose=$(awk '/^[[:space:]]*```/ { code = !code; next } !code' "$page") # no code blocks

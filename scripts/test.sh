@@ -94,7 +94,7 @@ for backend in $backends; do
   if [ "${KAT_TEST_FAST:-0}" = 1 ]; then
     args+=(-DKAT_ENABLE_EXAMPLES=OFF -DKAT_ENABLE_BENCHMARKS=OFF)
     targets=(--target kat_tests)
-    skip=(-E 'headers_are_self_contained|install_and_find_package|mpi_ranks_(3|4)|training: CNN on a')
+    skip=(-E 'headers_are_self_contained|install_and_find_package|install_and_pkg_config|mpi_ranks_(3|4)|training: CNN on a')
   fi
   stage "$backend: configure and build"
   mkdir -p "$build"

@@ -2,6 +2,17 @@
 /// @file
 /// @brief Umbrella header: everything KAT offers.
 
+// KAT_VERSION, KAT_VERSION_STRING and KAT_VERSION_MAJOR/MINOR/PATCH come from kat/version.hpp,
+// which CMake generates into the build tree (cmake/version.hpp.in) and installs beside these
+// headers; KAT::kat and the pkg-config file put it on the include path. A program that
+// includes KAT straight from a source checkout, without CMake, has no kat/version.hpp: it gets
+// every header below but no KAT_VERSION macros (test with #ifdef KAT_VERSION). The first
+// kat/version.hpp on the include path is the one used, so an older installed KAT ahead of a
+// source checkout would give that version's numbers.
+#if __has_include("kat/version.hpp")
+#include "kat/version.hpp"
+#endif
+
 #include "kat/core/allocation_tracker.hpp"
 #include "kat/core/bfloat16.hpp"
 #include "kat/core/blas.hpp"

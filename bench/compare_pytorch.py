@@ -9,6 +9,11 @@ with kat_train.
     compare_pytorch.py --data-dir DIR --model cnn --epochs 2 --train-subset 0 --threads 2
     compare_pytorch.py --data-dir DIR --model mlp --device cuda --optimizer kfac
 
+`--precision bf16` runs the forward pass and the loss under
+`torch.autocast(device, dtype=torch.bfloat16)` (bf16 matrix products and convolutions, fp32
+parameters and optimizer state), PyTorch's own mixed precision, for kat_train --precision bf16
+(scripts/compare_precision.sh).
+
 On CUDA the whole data set is held on the GPU, matrix products and cuDNN run in strict FP32
 (TF32 off), cuDNN's autotuner is on, and an epoch is timed between two synchronizations.
 
@@ -218,6 +223,8 @@ def main():
     p.add_argument("--damping", type=float, default=0.003)
     p.add_argument("--factor-decay", type=float, default=0.95)
     p.add_argument("--kl-clip", type=float, default=0.001)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: forward and loss under torch.autocast(device, torch.bfloat16)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -251,14 +258,17 @@ def main():
         for i in range(0, len(x), a.batch_size):
             idx = order[i:i + a.batch_size]
             opt.zero_grad(set_to_none=False)
-            loss_fn(net(x[idx]), y[idx]).backward()
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+                loss = loss_fn(net(x[idx]), y[idx])
+            loss.backward()
             if kfac is not None:
                 kfac.step()
             opt.step()
         sync()
         seconds = time.perf_counter() - t0
         net.eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16,
+                                             enabled=a.precision == "bf16"):
             correct = sum(int((net(xt[i:i + 1000]).argmax(1) == yt[i:i + 1000]).sum())
                           for i in range(0, len(xt), 1000))
         print(f"{epoch},{seconds:.3f},{correct / len(xt):.4f}", flush=True)

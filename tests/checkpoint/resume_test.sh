@@ -7,13 +7,14 @@
 # and --resume latest go by the step stored in the files whatever their names.
 #
 #   resume_test.sh KAT_TRAIN DATA_DIR OPTIMIZER [kat_train flags...]
+#   KAT_RESUME_MODEL=cnn  the model (default mlp)
 set -euo pipefail
 train=$1 data=$2 optimizer=$3
 shift 3
 work=$(mktemp -d /tmp/kat-resume-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # 10 steps per epoch, 4 epochs; a cosine schedule with warm-up, so the step counter matters.
-args=(--data-dir "$data" --model mlp --optimizer "$optimizer" --train-subset 640
+args=(--data-dir "$data" --model "${KAT_RESUME_MODEL:-mlp}" --optimizer "$optimizer" --train-subset 640
       --batch-size 64 --epochs 4 --schedule cosine --warmup-steps 5 --seed 7 --progress never "$@")
 final=checkpoint-000000000040.kat
 
@@ -105,10 +106,15 @@ if "$train" "${args[@]}" --checkpoint-dir "$work/c" --resume latest > "$work/d.l
 fi
 grep -q "$(basename "$newest").*CRC-32" "$work/d.log" || fail "unclear error: $(cat "$work/d.log")"
 echo "== another model is refused"
-if "$train" "${args[@]/mlp/cnn}" --resume "$work/a/$final" > "$work/e.log" 2>&1; then
+model=${KAT_RESUME_MODEL:-mlp}
+other=$([ "$model" = cnn ] && echo mlp || echo cnn)
+others=("${args[@]}")
+others[3]=$other # args[2] is --model
+[ "${others[2]}" = --model ] || fail "resume_test.sh: args changed; --model is not args[2]"
+if "$train" "${others[@]}" --resume "$work/a/$final" > "$work/e.log" 2>&1; then
   fail "a checkpoint of another model was accepted"
 fi
-grep -q "run [0-9a-f]* was started with other options: --model was mlp, this run has cnn" \
+grep -q "run [0-9a-f]* was started with other options: --model was $model, this run has $other" \
   "$work/e.log" || fail "unclear error: $(cat "$work/e.log")"
 
 echo "== files that are not checkpoints are refused before they are read"

@@ -18,6 +18,7 @@ packages=(
   libdnnl-dev  # oneDNN: Conv2d on host memory (KAT_ENABLE_ONEDNN)
   ocl-icd-opencl-dev # dnnl-config.cmake calls find_package(OpenCL REQUIRED); only a Recommends
   dpkg-dev     # apt-get source, for the OpenMP Kokkos build
+  python3-matplotlib # scripts/plot_metrics.py: training curves as PNG (scripts/check_plots.sh)
 )
 
 mapfile -t missing < <(kat_missing "${packages[@]}")

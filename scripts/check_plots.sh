@@ -3,7 +3,8 @@
 # on 512 training images; one writes --metrics as CSV, the other as JSON lines), one PNG of
 # both, then the PNG itself: the PNG signature, the IHDR's width and height equal to the
 # --size asked for, more than a minimum of bytes, and each run's line colour present in the
-# pixels (a figure without curves fails). Also checks that the plot script refuses a missing
+# pixels (a figure without curves fails). The same for scripts/plot_epoch_times.py's bars from
+# docs/figures/kat_vs_pytorch_epoch_times.csv. Also checks that the scripts refuse a missing
 # file, an empty file and a file without a needed column, with a message naming the file (and
 # the column). Exits non-zero on any failure.
 #
@@ -52,13 +53,16 @@ width=640 height=480
   --dpi 80 "SGD=$tmp/sgd.csv" "$tmp/adam.jsonl" >"$tmp/plot.log" 2>&1 ||
   { cat "$tmp/plot.log" >&2; fail "plot_metrics.py exited non-zero"; }
 
-# The PNG: signature, IHDR (the first chunk: width and height as big-endian 32-bit integers at
-# bytes 16..23), a minimum size (an empty 640x480 canvas compresses to about 2 KB; the figure
-# with its axes, text and curves is ~30 KB), and the two runs' colours (matplotlib's first two
-# cycle colours, C0 and C1) in the pixels.
-"$python" - "$tmp/curves.png" "$width" "$height" <<'EOF' || fail "the PNG is wrong (above)"
+# check_png FILE WIDTH HEIGHT LABEL:COLOUR...: the PNG signature, the IHDR (the first chunk:
+# width and height as big-endian 32-bit integers at bytes 16..23; WIDTH 0: any size), a
+# minimum size (an empty 640x480 canvas compresses to about 2 KB; a figure with its axes,
+# text and curves is 30-50 KB), and at least 200 pixels of each run's colour (matplotlib's
+# cycle colours C0, C1, ...: a figure without its curves or bars fails).
+check_png() {
+  "$python" - "$@" <<'EOF_PY' || fail "the PNG $1 is wrong (above)"
 import struct, sys
 path, width, height = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+runs = [a.split(":") for a in sys.argv[4:]]
 with open(path, "rb") as f:
     data = f.read()
 errors = []
@@ -68,7 +72,7 @@ elif data[12:16] != b"IHDR":
     errors.append(f"the first chunk is {data[12:16]!r}, expected b'IHDR'")
 else:
     w, h = struct.unpack(">II", data[16:24])
-    if (w, h) != (width, height):
+    if width and (w, h) != (width, height):
         errors.append(f"IHDR says {w}x{h} pixels, expected {width}x{height} (--size)")
 minimum = 10_000
 if len(data) < minimum:
@@ -79,17 +83,25 @@ if not errors:
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
     pixels = plt.imread(path)[:, :, :3]
-    for label, color in (("SGD (C0)", "C0"), ("adam (C1)", "C1")):
+    for label, color in runs:
         r, g, b = to_rgb(color)
         near = (abs(pixels[:, :, 0] - r) < 0.02) & (abs(pixels[:, :, 1] - g) < 0.02) & \
                (abs(pixels[:, :, 2] - b) < 0.02)
         if near.sum() < 200:
-            errors.append(f"run {label}: {int(near.sum())} pixels of its colour {color}, "
-                          "expected at least 200 (its curves)")
+            errors.append(f"{label}: {int(near.sum())} pixels of its colour {color}, "
+                          "expected at least 200 (its curves or bars)")
 for e in errors:
     print(f"check_plots.sh: {path}: {e}", file=sys.stderr)
 sys.exit(1 if errors else 0)
-EOF
+EOF_PY
+}
+check_png "$tmp/curves.png" "$width" "$height" "run SGD:C0" "run adam:C1"
+
+# The bar chart of epoch times, from the CSV of docs/figures.
+"$python" "$root/scripts/plot_epoch_times.py" "$root/docs/figures/kat_vs_pytorch_epoch_times.csv" \
+  --out "$tmp/bars.png" >"$tmp/bars.log" 2>&1 ||
+  { cat "$tmp/bars.log" >&2; fail "plot_epoch_times.py exited non-zero"; }
+check_png "$tmp/bars.png" 0 0 "KAT bars:C0" "PyTorch bars:C1"
 
 # Bad input: a clear error naming the file (and the column), exit status non-zero.
 expect_error() { # expect_error WHAT TEXT FILE...: plot_metrics.py must fail with TEXT in its message
@@ -109,5 +121,9 @@ expect_error "a file without test_accuracy" "'$tmp/renamed.csv' has no column 't
   "$tmp/renamed.csv"
 expect_error "--extra with a column the files lack" "has no column 'density'" --extra density \
   "$tmp/sgd.csv"
+"$python" "$root/scripts/plot_epoch_times.py" "$tmp/sgd.csv" --out "$tmp/bad.png" >"$tmp/bad.log" 2>&1 &&
+  fail "plot_epoch_times.py accepted a metrics file as epoch times"
+grep -qF "'$tmp/sgd.csv' has no column 'setting'" "$tmp/bad.log" ||
+  fail "plot_epoch_times.py on a metrics file: expected a message naming the column 'setting', got: $(cat "$tmp/bad.log")"
 
 echo "check_plots.sh: passed in $((SECONDS - start)) s ($(stat -c %s "$tmp/curves.png") bytes, ${width}x${height})"

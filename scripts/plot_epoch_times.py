@@ -61,6 +61,9 @@ def main(argv):
     a = p.parse_args(argv)
     if not a.out.endswith(".png"):
         raise InputError(f"--out: the file name must end in .png, got '{a.out}'")
+    out_dir = os.path.dirname(a.out) or "."
+    if not os.path.isdir(out_dir):
+        raise InputError(f"--out: the directory '{out_dir}' of '{a.out}' does not exist")
     rows = read(a.csv)
     settings = []
     for row in rows:

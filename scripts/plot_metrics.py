@@ -131,7 +131,8 @@ def main(argv):
                    help="one more row for this column (e.g. density, internode_bytes); repeatable")
     p.add_argument("--log-y", action="store_true", help="logarithmic loss axis")
     p.add_argument("--size", type=parse_size, default=None, metavar="WxH",
-                   help="image size in pixels (default 1000x%%d: 300 per row + title)")
+                   help="image size in pixels (default: 1000 wide, 600 with one --x; 300 high "
+                        "per row, plus 60)")
     p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
     a = p.parse_args(argv)
     if not a.out.endswith(".png"):

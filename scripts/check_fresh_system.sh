@@ -3,6 +3,8 @@
 # (bookworm, debootstrap's minbase variant: essential packages and apt only) in a folder,
 # copies this checkout's tracked files into it, and runs there, as root in a chroot,
 #   scripts/train.sh --epochs 1          (setup.sh installs everything; the Serial trainer)
+#   scripts/check_plots.sh               (that trainer's --metrics drawn by plot_metrics.py:
+#                                         setup.sh's python3-matplotlib is enough)
 #   scripts/test.sh, fast subset         (KAT_BACKENDS=serial KAT_TEST_FAST=1)
 # and checks that the default build kept oneDNN (an optional dependency whose own needs
 # setup.sh must install: without them KAT configures without it, which would pass unnoticed).
@@ -112,6 +114,11 @@ grep -q '^KAT_ENABLE_ONEDNN:BOOL=ON$' "$target/root/kat/build/serial/CMakeCache.
   grep -i 'onednn' "$target/root/kat/build/serial/CMakeCache.txt" >&2 || true
   exit 1
 }
+
+t=$SECONDS
+echo "== fresh system: scripts/check_plots.sh build/serial/examples/kat_train"
+in_system "scripts/check_plots.sh build/serial/examples/kat_train"
+echo "   $((SECONDS - t)) s"
 
 t=$SECONDS
 echo "== fresh system: scripts/test.sh, the fast tests of the Serial configuration"

@@ -19,6 +19,7 @@ packages=(
   ocl-icd-opencl-dev # dnnl-config.cmake calls find_package(OpenCL REQUIRED); only a Recommends
   dpkg-dev     # apt-get source, for the OpenMP Kokkos build
   doxygen graphviz # the API reference from the headers' comments (scripts/api_docs.sh)
+  python3-matplotlib # scripts/plot_metrics.py: training curves as PNG (scripts/check_plots.sh)
 )
 
 mapfile -t missing < <(kat_missing "${packages[@]}")

@@ -58,7 +58,7 @@ for model in ${KAT_MODELS:-mlp cnn resnet vit}; do
     "$build/examples/kat_train" --model "$model" --epochs 1 --train-subset 256 --precision bf16 \
     --data-dir "$data" --progress never "${extra[@]}" 2>/dev/null |
     awk -F, '$1 == "onednn_verbose" && $2 == "exec" && $4 != "reorder" { print $4 ":" $5 }' |
-    sort | uniq -c | sort -rn | awk '{ printf "%s%s x%s", NR > 1 ? ", " : "", $2, $1 }')"
+    sort | uniq -c | sort -rn | awk '{ printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1 }')"
   for seed in ${KAT_SEEDS:-1 2}; do
     for run in "${runs[@]}"; do
       which=${run%-*} precision=${run#*-}
@@ -83,7 +83,7 @@ for model in ${KAT_MODELS:-mlp cnn resnet vit}; do
     # Final accuracy of each seed: mean and (sample) standard deviation.
     for f in "$out/$model-$run"-*.txt; do tail -n 1 "$f"; done |
       awk -F, '{ a[NR] = 100 * $3; s += a[NR] } END { m = s / NR; for (i = 1; i <= NR; ++i) v += (a[i] - m) ^ 2
-        printf "%.2f %.2f %d\n", m, NR > 1 ? sqrt(v / (NR - 1)) : 0, NR }' >"$out/$model-$run.accuracy"
+        printf "%.2f %.2f %d\n", m, (NR > 1 ? sqrt(v / (NR - 1)) : 0), NR }' >"$out/$model-$run.accuracy"
   done
   {
     printf '%s (%s training images, %s epochs):' "$model" "$([ "$subset" = 0 ] && echo 60000 || echo "$subset")" "$epochs"

@@ -5,6 +5,7 @@
 
 #include "kat/core/blas.hpp"
 #include "kat/core/detail/matmul_bf16_onednn.hpp"
+#include "kat/core/policy.hpp"
 #include "kat/core/precision.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
@@ -110,12 +111,8 @@ private:
   static Matrix<Scalar, MemorySpace> round(const ExecSpace &space, const View &src,
                                            Workspace<Scalar, MemorySpace> &scratch) {
     const auto dst = scratch.matrix(src.extent(0), src.extent(1));
-    // Column-major: the row index varies fastest, in memory and in the iteration.
-    using Policy =
-        Kokkos::MDRangePolicy<ExecSpace,
-                              Kokkos::Rank<2, Kokkos::Iterate::Left, Kokkos::Iterate::Left>>;
     Kokkos::parallel_for("kat::gemm_bf16::round",
-                         Policy(space, {0, 0}, {src.extent(0), src.extent(1)}),
+                         matrix_policy(space, dst.extent(0), dst.extent(1)),
                          detail::RoundToBf16<View, Matrix<Scalar, MemorySpace>>{src, dst});
     return dst;
   }

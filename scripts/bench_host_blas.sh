@@ -25,8 +25,8 @@ head=$(git rev-parse --short "${2:-HEAD}")
 rounds=${KAT_ROUNDS:-3}
 coretypes=(unset ${KAT_CORETYPES:-Prescott SkylakeX})
 workloads=${KAT_WORKLOADS:-mlp-sgd cnn-sgd mlp-kfac torch-mlp}
-if [[ " $workloads " == *" torch-mlp "* ]] && [ -n "$(kat_missing python3-torch)" ]; then
-  kat_apt_install -- python3-torch
+if [[ " $workloads " == *" torch-mlp "* ]]; then
+  kat_require_torch
 fi
 out=$root/build/host-blas
 mkdir -p "$out"

@@ -23,11 +23,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/setup.sh"
 torch=${KAT_TORCH:-1}
 if [ "$torch" = 1 ]; then
-  mapfile -t missing < <(kat_missing python3-torch)
-  if ((${#missing[@]})); then
-    echo "installing ${missing[*]} (PyTorch, Debian's CPU build)"
-    kat_apt_install -- "${missing[@]}"
-  fi
+  kat_require_torch
 fi
 build=$root/build/compare-pytorch
 data=/usr/share/datasets/fashion-mnist

@@ -17,11 +17,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/common.sh
 . "$root/scripts/lib/common.sh"
 "$root/scripts/setup.sh"
-mapfile -t missing < <(kat_missing python3-torch)
-if ((${#missing[@]})); then
-  echo "installing ${missing[*]} (PyTorch, Debian's CPU build)"
-  kat_apt_install -- "${missing[@]}"
-fi
+kat_require_torch
 build=$root/build/compare-pytorch
 data=/usr/share/datasets/fashion-mnist
 threads=${KAT_THREADS:-$(nproc)}

@@ -72,6 +72,15 @@ kat_openmp_trainer() {
   kat_env=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OMP_PROC_BIND=false)
 }
 
+# kat_require_torch: installs Debian's python3-torch (PyTorch, CPU build) when it is missing, for
+# the scripts that compare kat_train with PyTorch (run by /usr/bin/python3).
+kat_require_torch() {
+  if [ -n "$(kat_missing python3-torch)" ]; then
+    echo "installing python3-torch (PyTorch, Debian's CPU build)"
+    kat_apt_install -- python3-torch
+  fi
+}
+
 # kat_median: the median of the numbers on standard input, one a line (the lower middle one for
 # an even count); prints nothing for no input.
 kat_median() {

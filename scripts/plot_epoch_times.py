@@ -14,12 +14,9 @@ import csv
 import os
 import sys
 
+from plot_common import InputError, check_out, pyplot, run, save_png
+
 REQUIRED = ("setting", "model", "kat_seconds", "pytorch_seconds")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-class InputError(Exception):
-    """Bad input: the message names the file or argument, what was expected and what was found."""
 
 
 def read(path):
@@ -59,20 +56,14 @@ def main(argv):
     p.add_argument("--linear", action="store_true", help="linear time axis (default logarithmic)")
     p.add_argument("--dpi", type=int, default=80, help="dots per inch (default 80)")
     a = p.parse_args(argv)
-    if not a.out.endswith(".png"):
-        raise InputError(f"--out: the file name must end in .png, got '{a.out}'")
-    out_dir = os.path.dirname(a.out) or "."
-    if not os.path.isdir(out_dir):
-        raise InputError(f"--out: the directory '{out_dir}' of '{a.out}' does not exist")
+    check_out(a.out)
     rows = read(a.csv)
     settings = []
     for row in rows:
         if row["setting"] not in settings:
             settings.append(row["setting"])
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     counts = [sum(r["setting"] == s for r in rows) for s in settings]
     fig, axes = plt.subplots(1, len(settings), figsize=(4 + 1.3 * sum(counts), 4.6), dpi=a.dpi,
@@ -101,21 +92,10 @@ def main(argv):
     if a.title:
         fig.suptitle(a.title)
     fig.tight_layout()
-    fig.savefig(a.out, dpi=a.dpi)
-    plt.close(fig)
-    with open(a.out, "rb") as f:
-        if f.read(8) != PNG_SIGNATURE:
-            raise InputError(f"--out: '{a.out}' was written but does not start with a PNG signature")
+    save_png(plt, fig, a.out, a.dpi)
     print(f"plot_epoch_times.py: wrote {a.out} ({len(rows)} models in {len(settings)} panel(s))")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except InputError as e:
-        print(f"plot_epoch_times.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except OSError as e:
-        print(f"plot_epoch_times.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run("plot_epoch_times.py", main)

@@ -20,14 +20,11 @@ import json
 import os
 import sys
 
+from plot_common import InputError, check_out, pyplot, run, save_png
+
 # The columns every kat_train --metrics file starts with (include/kat/train/metrics_writer.hpp).
 REQUIRED = ("epoch", "wall_seconds", "train_loss", "test_loss", "test_accuracy")
 HEADER = "epoch,wall_seconds,samples_per_second,train_loss,test_loss,test_accuracy,lr"
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-class InputError(Exception):
-    """Bad input: the message names the argument or file, what was expected and what was found."""
 
 
 def read_rows(path):
@@ -135,11 +132,7 @@ def main(argv):
                         "per row, plus 60)")
     p.add_argument("--dpi", type=int, default=100, help="dots per inch (default 100)")
     a = p.parse_args(argv)
-    if not a.out.endswith(".png"):
-        raise InputError(f"--out: the file name must end in .png, got '{a.out}'")
-    out_dir = os.path.dirname(a.out) or "."
-    if not os.path.isdir(out_dir):
-        raise InputError(f"--out: the directory '{out_dir}' of '{a.out}' does not exist")
+    check_out(a.out)
     if not 50 <= a.dpi <= 600:
         raise InputError(f"--dpi: expected an integer in [50, 600], got {a.dpi}")
 
@@ -153,9 +146,7 @@ def main(argv):
                                  f"the file has {', '.join(columns)})")
         runs.append((label, path, rows))
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     xs = ["epoch", "time"] if a.x == "both" else [a.x]
     panels = ["loss", "test_accuracy"] + a.extra
@@ -202,22 +193,10 @@ def main(argv):
     if a.title:
         fig.suptitle(a.title)
     fig.tight_layout()
-    fig.savefig(a.out, dpi=a.dpi)
-    plt.close(fig)
-    with open(a.out, "rb") as f:
-        head = f.read(8)
-    if head != PNG_SIGNATURE:
-        raise InputError(f"--out: '{a.out}' was written but does not start with a PNG signature")
+    save_png(plt, fig, a.out, a.dpi)
     print(f"plot_metrics.py: wrote {a.out} ({width}x{height} pixels, {len(runs)} run(s))")
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except InputError as e:
-        print(f"plot_metrics.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except OSError as e:
-        print(f"plot_metrics.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run("plot_metrics.py", main)

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#if !defined(KAT_TEST_PROJECT_VERSION) || !defined(KAT_TEST_PROJECT_VERSION_MAJOR) ||             \
+#if !defined(KAT_TEST_PROJECT_VERSION) || !defined(KAT_TEST_PROJECT_VERSION_MAJOR) ||              \
     !defined(KAT_TEST_PROJECT_VERSION_MINOR) || !defined(KAT_TEST_PROJECT_VERSION_PATCH)
 #error "tests/CMakeLists.txt passes the project's version to test_version.cpp"
 #endif
@@ -19,8 +19,7 @@ namespace test_version {
 #error "KAT_VERSION is not major * 10000 + minor * 100 + patch"
 #endif
 
-TEST_CASE("version: the KAT_VERSION macros give the version CMakeLists.txt declares",
-          "[version]") {
+TEST_CASE("version: the KAT_VERSION macros give the version CMakeLists.txt declares", "[version]") {
   CHECK(KAT_VERSION_MAJOR == KAT_TEST_PROJECT_VERSION_MAJOR);
   CHECK(KAT_VERSION_MINOR == KAT_TEST_PROJECT_VERSION_MINOR);
   CHECK(KAT_VERSION_PATCH == KAT_TEST_PROJECT_VERSION_PATCH);

@@ -150,7 +150,9 @@ private:
       throw Error(detail::concat("kat::MixedPrecisionGemm: oneDNN's bf16 matmul failed for m = ", m,
                                  ", n = ", n, ", k = ", k, ": ", e.what()));
     }
-    implementation_ = plan->implementation();
+    if (implementation_ != plan->implementation()) { // no string copy per product
+      implementation_ = plan->implementation();
+    }
     return true;
 #else
     (void)space, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A;

@@ -76,13 +76,14 @@ public:
     wei_bf16_ = memory(pd_.weights_desc(), eng);
     to_src_ = reorder(reorder::primitive_desc(eng, src_f32_, eng, pd_.src_desc()));
     to_wei_ = reorder(reorder::primitive_desc(eng, wei_f32_, eng, pd_.weights_desc()));
+    implementation_ = pd_.impl_info_str();
   }
 
   const MatmulProblem &problem() const { return problem_; }
 
   /// The kernel oneDNN chose, e.g. "brg:avx512_core_amx" (AMX tiles) or
   /// "brg:avx512_core_bf16".
-  std::string implementation() const { return pd_.impl_info_str(); }
+  const std::string &implementation() const { return implementation_; }
 
   void run(const float *a, const float *b, float *c) {
     using namespace dnnl;
@@ -109,6 +110,7 @@ private:
   dnnl::matmul matmul_;
   dnnl::memory src_bf16_, wei_bf16_;
   dnnl::reorder to_src_, to_wei_;
+  std::string implementation_; // pd_'s, read once
 };
 
 #endif

@@ -4,6 +4,7 @@
 
 #include "kat/core/error.hpp"
 #include "kat/core/math.hpp"
+#include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
@@ -82,8 +83,7 @@ void relu_mask(const ExecSpace &space, const MatrixView &y, const MatrixView &dy
   const value *yp = y.data();
   const value *dyp = dy.data();
   value *op = out.data();
-  Kokkos::parallel_for("kat::nn::relu_mask", Kokkos::RangePolicy<ExecSpace>(space, 0, out.span()),
-                       ReluMask<value>{yp, dyp, op});
+  parallel_for_elements("kat::nn::relu_mask", space, out.span(), ReluMask<value>{yp, dyp, op});
 }
 
 /// The backward of a ReLU that a layer applies to its own output (Layer::can_fuse_relu): the
@@ -138,9 +138,8 @@ public:
     const std::size_t count = x.span();
     const Scalar *xp = x.data();
     Scalar *yp = y.data();
-    Kokkos::parallel_for("kat::nn::Activation::forward",
-                         Kokkos::RangePolicy<execution_space>(space, 0, count),
-                         detail::ActivationForward<Op, Scalar>{xp, yp});
+    parallel_for_elements("kat::nn::Activation::forward", space, count,
+                          detail::ActivationForward<Op, Scalar>{xp, yp});
   }
 
   void backward(const execution_space &space, const matrix_type &dy,
@@ -155,9 +154,8 @@ public:
     const Scalar *yp = y_.data();
     const Scalar *dyp = dy.data();
     Scalar *dxp = dx.data();
-    Kokkos::parallel_for("kat::nn::Activation::backward",
-                         Kokkos::RangePolicy<execution_space>(space, 0, count),
-                         detail::ActivationBackward<Op, Scalar>{yp, dyp, dxp});
+    parallel_for_elements("kat::nn::Activation::backward", space, count,
+                          detail::ActivationBackward<Op, Scalar>{yp, dyp, dxp});
   }
 
   /// R-operator (see Layer): R{y} = f'(x) R{x}, R{dx} = f'(x) R{dy} + f''(x) R{x} dy.
@@ -173,9 +171,8 @@ public:
     const Scalar *yp = y_.data();
     const Scalar *rxp = rx.data();
     Scalar *ryp = ry.data();
-    Kokkos::parallel_for("kat::nn::Activation::forward_r",
-                         Kokkos::RangePolicy<execution_space>(space, 0, count),
-                         detail::ActivationForwardR<Op, Scalar>{yp, rxp, ryp});
+    parallel_for_elements("kat::nn::Activation::forward_r", space, count,
+                          detail::ActivationForwardR<Op, Scalar>{yp, rxp, ryp});
   }
 
   void backward_r(const execution_space &space, const matrix_type &dy, const matrix_type &rdy,
@@ -194,9 +191,8 @@ public:
     const Scalar *dyp = dy.data();
     const Scalar *rdyp = rdy.data();
     Scalar *rdxp = rdx.data();
-    Kokkos::parallel_for("kat::nn::Activation::backward_r",
-                         Kokkos::RangePolicy<execution_space>(space, 0, count),
-                         detail::ActivationBackwardR<Op, Scalar>{yp, rxp, dyp, rdyp, rdxp});
+    parallel_for_elements("kat::nn::Activation::backward_r", space, count,
+                          detail::ActivationBackwardR<Op, Scalar>{yp, rxp, dyp, rdyp, rdxp});
   }
 
 private:

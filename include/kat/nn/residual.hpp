@@ -3,6 +3,7 @@
 /// @brief Residual block y = f(x) + s(x), with s the identity or a projection.
 
 #include "kat/core/error.hpp"
+#include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
@@ -33,13 +34,11 @@ void elementwise_add(const ExecSpace &space, const MatrixView &a, const MatrixVi
   const value *bp = b.data();
   value *cp = c.data();
   if (relu) {
-    Kokkos::parallel_for("kat::nn::Residual::add_relu",
-                         Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
-                         ResidualAddRelu<value>{ap, bp, cp});
+    parallel_for_elements("kat::nn::Residual::add_relu", space, c.span(),
+                          ResidualAddRelu<value>{ap, bp, cp});
     return;
   }
-  Kokkos::parallel_for("kat::nn::Residual::add", Kokkos::RangePolicy<ExecSpace>(space, 0, c.span()),
-                       ResidualAdd<value>{ap, bp, cp});
+  parallel_for_elements("kat::nn::Residual::add", space, c.span(), ResidualAdd<value>{ap, bp, cp});
 }
 
 } // namespace detail

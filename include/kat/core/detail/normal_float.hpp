@@ -1,0 +1,161 @@
+#pragma once
+/// @file
+/// @brief Internal: the standard normal CDF Φ and density φ in float from arithmetic alone (no
+/// libm call), so that an element-wise kernel over them vectorizes on a host.
+///
+/// glibc's erfcf and expf are scalar calls a compiler cannot vectorize without -ffast-math:
+/// GELU's forward and backward spent 5 ns an element in them (a ViT step's largest kernels,
+/// docs/benchmarks.md, "Mixed precision (bf16) on the CPU"). These are branch-free (selects
+/// only), so GCC vectorizes a loop over them with whatever vector ISA it compiles for, and
+/// the same code runs on a GPU.
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+
+namespace kat::math::detail {
+
+/// The bits of a float and the float of given bits (the type pun every supported compiler
+/// defines for unions; kat::bfloat16 uses the same).
+KOKKOS_INLINE_FUNCTION std::uint32_t float_bits(float f) {
+  union {
+    float f;
+    std::uint32_t u;
+  } v{f};
+  return v.u;
+}
+KOKKOS_INLINE_FUNCTION float float_from_bits(std::uint32_t bits) {
+  union {
+    std::uint32_t u;
+    float f;
+  } v{bits};
+  return v.f;
+}
+
+/// a where `mask` is all ones, b where it is 0, by bit operations: GCC does not if-convert a
+/// select between two computed floats under the default -ftrapping-math, which keeps a loop
+/// over them scalar; integer masks it vectorizes.
+KOKKOS_INLINE_FUNCTION float select_float(std::uint32_t mask, float a, float b) {
+  return float_from_bits((float_bits(a) & mask) | (float_bits(b) & ~mask));
+}
+
+/// All ones where f is a NaN, else 0 (an integer comparison of the bits).
+KOKKOS_INLINE_FUNCTION std::uint32_t nan_mask(float f) {
+  return 0u - static_cast<std::uint32_t>((float_bits(f) & 0x7fffffffu) > 0x7f800000u);
+}
+
+/// 2^n for an integer n in [-126, 127], built from its exponent bits.
+KOKKOS_INLINE_FUNCTION float exp2_int(int n) {
+  return float_from_bits(static_cast<std::uint32_t>(n + 127) << 23);
+}
+
+/// e^a in float for any a: a = n ln2 + r with |r| <= ln2/2 (n = a·log2(e) rounded by a
+/// truncating conversion, which -ffast-math cannot reorder as it can the 1.5·2^23 trick; Cody &
+/// Waite's two-constant reduction), e^r by its Taylor polynomial of degree 7 (remainder below 6e-9
+/// relative), scaled by 2^n as 2^(n/2)·2^(n − n/2) so that results down to the subnormals are
+/// formed. The argument is clamped to [−104, 89] first (a NaN is returned as it came): e^a
+/// underflows to 0 below and overflows to +inf above, as expf's does. Relative error within 2 ulp
+/// over the normal range (tests/test_gelu_math.cpp checks it against double).
+KOKKOS_INLINE_FUNCTION float exp_float(float a) {
+  // The clamp on the bits (sign and magnitude; NaN's magnitude is above every limit): a float
+  // clamp before the int conversion below kept GCC from vectorizing the loop.
+  const std::uint32_t u = float_bits(a), sign = u & 0x80000000u, magnitude = u & 0x7fffffffu;
+  const std::uint32_t limit = sign != 0 ? 0x42d00000u /* 104 */ : 0x42b20000u /* 89 */;
+  const float c = float_from_bits(sign | (magnitude < limit ? magnitude : limit));
+  constexpr float log2e = 1.44269504088896341f;
+  const float scaled = c * log2e;
+  // scaled is in [−150.1, 128.4]: shifted positive, truncation is floor, so n = ⌊scaled + 1/2⌋.
+  const int ni = static_cast<int>(scaled + 256.5f) - 256;
+  const float n = static_cast<float>(ni);
+  constexpr float ln2_hi = 0.693145751953125f; // 12 significant bits: n·ln2_hi is exact
+  constexpr float ln2_lo = 1.42860682030941723212e-6f;
+  const float r = (c - n * ln2_hi) - n * ln2_lo;
+  const float p =
+      1.0f +
+      r * (1.0f + r * (0.5f + r * (1.0f / 6 +
+                                   r * (1.0f / 24 +
+                                        r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+  const int n1 = ni / 2;
+  return select_float(nan_mask(a), a, p * exp2_int(n1) * exp2_int(ni - n1));
+}
+
+/// erfc(z)/2 = Φ(−|x|) for z = |x|/√2 as t·exp(−z² + P(t))/2, t = 1/(1 + z/2), with the
+/// degree-9 polynomial P of Press et al., "Numerical Recipes" (2nd ed., sec. 6.2, erfcc:
+/// fractional error below 1.2e-7 for every z >= 0). `t` and `log_term` = P(t) are returned for
+/// the callers to finish; relative accuracy is kept in the lower tail (Φ(−13) ≈ 6e-39 is
+/// formed, not 1 − erf cancelling to 0).
+KOKKOS_INLINE_FUNCTION void normal_tail_terms(float ax, float &t, float &log_term) {
+  const float z = ax * 0.70710678118654752f;
+  t = 1.0f / (1.0f + 0.5f * z);
+  log_term =
+      -1.26551223f +
+      t * (1.00002368f +
+           t * (0.37409196f +
+                t * (0.09678418f +
+                     t * (-0.18628806f +
+                          t * (0.27886807f +
+                               t * (-1.13520398f +
+                                    t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
+}
+
+/// |x| clamped to 64 (Φ and φ are 0 or 1 in float long before; ±inf would give inf − inf in
+/// minus_half_square) by its bits, as exp_float clamps; a NaN becomes 64, and the callers return
+/// the NaN they were given.
+KOKKOS_INLINE_FUNCTION float clamped_magnitude(float x) {
+  const std::uint32_t m = float_bits(x) & 0x7fffffffu;
+  return float_from_bits(m < 0x42800000u ? m : 0x42800000u); // 64
+}
+
+/// −x²/2 as `head` + `rest` for x = |x| in [0, 64]: `head` = −s²/2 for s, x with its 12 low
+/// significand bits cleared, is exact (s has 12 significant bits), and `rest` = (s − x)(s + x)/2
+/// is below 2^-11·x² in magnitude. exp(head)·exp(rest) then carries no rounding of x² (which
+/// would cost up to x²/2·2^-24 relative: 3e-6 at x = 10), as in fdlibm's erfc.
+KOKKOS_INLINE_FUNCTION void minus_half_square(float ax, float &head, float &rest) {
+  const float s = float_from_bits(float_bits(ax) & 0xfffff000u);
+  head = -0.5f * (s * s);
+  rest = 0.5f * ((s - ax) * (s + ax));
+}
+
+/// Φ(x) = erfc(−x/√2)/2, the standard normal CDF, in float: erfc(−z) = 2 − erfc(z) gives
+/// x > 0 from the tail Φ(−|x|) = t·exp(−x²/2)·exp(P(t))/2 of normal_tail_terms, with −x²/2
+/// split by minus_half_square. Relative error within 1e-6 (about 16 ulp, from the fit and
+/// the float evaluation of P), measured against double precision in tests/test_gelu_math.cpp.
+/// NaN gives NaN; ±inf give 1 and 0.
+KOKKOS_INLINE_FUNCTION float normal_cdf(float x) {
+  const float ax = clamped_magnitude(x);
+  float t, log_term, head, rest;
+  normal_tail_terms(ax, t, log_term);
+  minus_half_square(ax, head, rest);
+  const float tail = 0.5f * t * exp_float(head) * exp_float(rest + log_term);
+  const std::uint32_t negative = 0u - (float_bits(x) >> 31); // −0 too: both are 1/2 there
+  return select_float(nan_mask(x), x, select_float(negative, tail, 1.0f - tail));
+}
+
+/// Φ(x) as normal_cdf and φ(x) = exp(−x²/2)/√(2π), the standard normal density, together
+/// (GELU's backward needs both): φ's exp(rest) is a degree-5 Taylor polynomial (|rest| <= 0.09
+/// where φ is above float's normal range), the other factors are normal_cdf's.
+KOKKOS_INLINE_FUNCTION void normal_cdf_pdf(float x, float &cdf, float &pdf) {
+  const float ax = clamped_magnitude(x);
+  float t, log_term, head, rest;
+  normal_tail_terms(ax, t, log_term);
+  minus_half_square(ax, head, rest);
+  const float e_head = exp_float(head);
+  const float tail = 0.5f * t * e_head * exp_float(rest + log_term);
+  const std::uint32_t negative = 0u - (float_bits(x) >> 31), nan = nan_mask(x);
+  cdf = select_float(nan, x, select_float(negative, tail, 1.0f - tail));
+  const float e_rest =
+      1.0f + rest * (1.0f + rest * (0.5f + rest * (1.0f / 6 + rest * (1.0f / 24 + rest / 120))));
+  pdf = select_float(nan, x, 0.39894228040143267794f * e_head * e_rest);
+}
+
+/// φ(x) = exp(−x²/2)/√(2π) alone, as in normal_cdf_pdf.
+KOKKOS_INLINE_FUNCTION float normal_pdf(float x) {
+  const float ax = clamped_magnitude(x);
+  float head, rest;
+  minus_half_square(ax, head, rest);
+  const float e_rest =
+      1.0f + rest * (1.0f + rest * (0.5f + rest * (1.0f / 6 + rest * (1.0f / 24 + rest / 120))));
+  return select_float(nan_mask(x), x, 0.39894228040143267794f * exp_float(head) * e_rest);
+}
+
+} // namespace kat::math::detail

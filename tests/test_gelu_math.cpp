@@ -1,11 +1,11 @@
 // The float exp, normal CDF and density of kat::math::detail (include/kat/core/detail/
-// normal_float.hpp; GELU's kernels in float) against libm in double, evaluated on the device:
-// relative error bounds over the whole float range where the results are normal numbers, the
-// special values (±inf, NaN, underflow, overflow), and the combined normal_cdf_pdf against the
-// separate functions bit for bit.
+// float_math.hpp; GELU's and attention's kernels in float) against libm in double, evaluated
+// on the device: relative error bounds over the whole float range where the results are normal
+// numbers, the special values (±inf, NaN, underflow, overflow), and the combined normal_cdf_pdf
+// against the separate functions bit for bit.
 #include "test_helpers.hpp"
 
-#include <kat/core/detail/normal_float.hpp>
+#include <kat/core/detail/float_math.hpp>
 
 #include <catch2/catch.hpp>
 

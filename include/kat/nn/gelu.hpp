@@ -2,7 +2,7 @@
 /// @file
 /// @brief GELU activation, the exact form x·Φ(x).
 
-#include "kat/core/detail/normal_float.hpp"
+#include "kat/core/detail/float_math.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/math.hpp"
 #include "kat/core/policy.hpp"

@@ -3,6 +3,7 @@
 /// @brief Internal: the kernels of kat::nn::ScaledDotProductAttention (batched team GEMMs and
 /// batch lanes, forward, backward and the R-operator), as named functors and their launchers.
 
+#include "kat/core/detail/float_math.hpp"
 #include "kat/core/math.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -232,7 +233,7 @@ struct AttentionForwardPass {
       }
       Scalar sum = 0;
       for (std::size_t c = 0; c < end; ++c) {
-        const Scalar e = math::exp(s(t, c) - m);
+        const Scalar e = math::detail::exp_vectorizable(s(t, c) - m);
         s(t, c) = e;
         sum += e;
       }
@@ -284,7 +285,7 @@ struct AttentionForwardPass {
       for (std::size_t s = 0; s < end; ++s) {
         Scalar *as = ap + NH * (t + P * s);
         attention_lanes(team, blk.lanes, [&](const int l) {
-          const Scalar e = math::exp(as[l] - m[l]);
+          const Scalar e = math::detail::exp_vectorizable(as[l] - m[l]);
           as[l] = e;
           acc[l] += e;
         });

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
-/// @brief Internal: the standard normal CDF Φ and density φ in float from arithmetic alone (no
-/// libm call), so that an element-wise kernel over them vectorizes on a host.
+/// @brief Internal: e^x and the standard normal CDF Φ and density φ in float from arithmetic
+/// alone (no libm call), so that an element-wise kernel over them vectorizes on a host.
 ///
 /// glibc's erfcf and expf are scalar calls a compiler cannot vectorize without -ffast-math:
 /// GELU's forward and backward spent 5 ns an element in them (a ViT step's largest kernels,
@@ -9,9 +9,12 @@
 /// only), so GCC vectorizes a loop over them with whatever vector ISA it compiles for, and
 /// the same code runs on a GPU.
 
+#include "kat/core/math.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace kat::math::detail {
 
@@ -114,6 +117,15 @@ KOKKOS_INLINE_FUNCTION void minus_half_square(float ax, float &head, float &rest
   const float s = float_from_bits(float_bits(ax) & 0xfffff000u);
   head = -0.5f * (s * s);
   rest = 0.5f * ((s - ax) * (s + ax));
+}
+
+/// e^x: exp_float for float (vectorizable), libm's (Kokkos's) for other types.
+template <class T> KOKKOS_INLINE_FUNCTION T exp_vectorizable(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return exp_float(x);
+  } else {
+    return math::exp(x);
+  }
 }
 
 /// Φ(x) = erfc(−x/√2)/2, the standard normal CDF, in float: erfc(−z) = 2 − erfc(z) gives

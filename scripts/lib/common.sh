@@ -63,11 +63,18 @@ kat_stage_summary() {
 # kat_openmp_trainer ROOT BUILD THREADS: builds kat_train (Release, OpenMP Kokkos from
 # scripts/build_kokkos.sh, no tests) in BUILD and sets the array kat_env to the environment
 # that runs it on THREADS threads (it links the OpenMP OpenBLAS itself; docs/backends.md).
+# The host code is compiled for KAT_HOST_ARCH (GCC's -march): x86-64-v3 (AVX2, FMA) on x86-64
+# by default, which every machine of this project has (AMD EPYC and Intel Sapphire Rapids
+# alike), so the build does not depend on which; "native" or "" (the generic x86-64, SSE2
+# only: the element-wise kernels run at a third of the speed) as asked. docs/install.md.
 kat_openmp_trainer() {
-  local root=$1 build=$2 threads=$3 prefix
+  local root=$1 build=$2 threads=$3 prefix arch flags=""
   prefix=$("$root/scripts/build_kokkos.sh" openmp | tail -n 1)
+  arch=${KAT_HOST_ARCH-$([ "$(uname -m)" = x86_64 ] && echo x86-64-v3)}
+  [ -z "$arch" ] || flags="-march=$arch"
+  echo "kat_train: host code compiled with CXXFLAGS '$flags' (KAT_HOST_ARCH)" >&2
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=OFF \
-    -DKAT_ENABLE_EXAMPLES=ON -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+    -DKAT_ENABLE_EXAMPLES=ON -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CXX_FLAGS="$flags" >/dev/null
   cmake --build "$build" --target kat_train -j "$(nproc)" >/dev/null
   kat_env=(OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads" OMP_PROC_BIND=false)
 }

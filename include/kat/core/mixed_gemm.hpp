@@ -3,6 +3,7 @@
 /// @brief kat::MixedPrecisionGemm: kat::gemm in a chosen kat::Precision, with bf16 operands
 /// and fp32 accumulation through the vendor library where one serves the space.
 
+#include "kat/core/bfloat16.hpp"
 #include "kat/core/blas.hpp"
 #include "kat/core/detail/matmul_bf16_onednn.hpp"
 #include "kat/core/policy.hpp"
@@ -38,7 +39,84 @@ template <class Src, class Dst> struct RoundToBf16 {
   }
 };
 
+/// dst(i, j) = src(i, j) rounded to bf16, stored as Storage (kat::bfloat16 or the rounded
+/// value in the source's type).
+template <class Src, class Dst> struct StoreBf16 {
+  Src src;
+  Dst dst;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
+    using storage = typename Dst::non_const_value_type;
+    if constexpr (std::is_same_v<storage, bfloat16>) {
+      dst(i, j) = bfloat16::from_float(src(i, j));
+    } else {
+      dst(i, j) = round_to_bf16(src(i, j));
+    }
+  }
+};
+
+/// dst(i, j) = float(src(i, j)) for bf16 src (exact).
+template <class Src, class Dst> struct WidenBf16 {
+  Src src;
+  Dst dst;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
+    dst(i, j) = src(i, j).to_float();
+  }
+};
+
 } // namespace detail
+
+/// A matrix rounded to bf16 once, for several bf16 products of a MixedPrecisionGemm: a Dense
+/// layer rounds its input x and weights W in forward and reuses them for dW = dyᵀx and
+/// dx = dy W in backward, where each product rounded both operands again (half of the
+/// conversions a bf16 ViT step spent more time in than in its products; docs/precision.md).
+///
+/// Where oneDNN's bf16 matmul serves the memory space (float in host memory, KAT built with
+/// KAT_ENABLE_ONEDNN) the values are stored as kat::bfloat16, which the matmul reads directly;
+/// elsewhere as Scalar values rounded to bf16, which kat::gemm multiplies in fp32. Either way a
+/// product of two operands equals MixedPrecisionGemm's product of the unrounded matrices.
+///
+/// The caller owns the validity: after assign(), the operand holds the source's values of
+/// that moment, whatever happens to the source later.
+template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class Bf16Operand {
+public:
+  /// Whether the values are stored as kat::bfloat16 (the oneDNN path) or as Scalar.
+  static constexpr bool stores_bf16 =
+#if defined(KAT_ENABLE_ONEDNN)
+      std::is_same_v<Scalar, float> &&
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
+#else
+      false;
+#endif
+  /// The element type of the stored matrix.
+  using storage_type = std::conditional_t<stores_bf16, bfloat16, Scalar>;
+  /// The stored matrix: column-major, rows() x cols(), contiguous.
+  using matrix_type =
+      Kokkos::View<storage_type **, Kokkos::LayoutLeft, MemorySpace, Kokkos::MemoryUnmanaged>;
+
+  /// Rounds `src` (rows x cols, any rank-2 view of Scalar in MemorySpace) into the operand, on
+  /// `space`. Storage grows to the largest matrix assigned and is then reused.
+  template <class ExecSpace, class View> void assign(const ExecSpace &space, const View &src) {
+    const std::size_t rows = src.extent(0), cols = src.extent(1);
+    if (buffer_.extent(0) < rows * cols) {
+      buffer_ = Kokkos::View<storage_type *, MemorySpace>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::Bf16Operand"), rows * cols);
+    }
+    matrix_ = matrix_type(buffer_.data(), rows, cols);
+    parallel_for_matrix("kat::Bf16Operand::assign", space, rows, cols,
+                        detail::StoreBf16<View, matrix_type>{src, matrix_});
+  }
+
+  /// The rounded matrix of the last assign() (0 x 0 before one or after clear()).
+  const matrix_type &matrix() const { return matrix_; }
+  /// Whether the operand holds a matrix.
+  bool empty() const { return matrix_.extent(0) == 0 || matrix_.extent(1) == 0; }
+  /// Drops the matrix (keeps the storage): empty() afterwards.
+  void clear() { matrix_ = matrix_type(); }
+
+private:
+  Kokkos::View<storage_type *, MemorySpace> buffer_;
+  matrix_type matrix_;
+};
 
 /// Computes `C = alpha op(A) op(B) + beta C` as kat::gemm does, in a chosen Precision.
 ///
@@ -96,6 +174,36 @@ public:
     path_ = Bf16GemmPath::portable;
   }
 
+  /// `C = alpha op(A) op(B) + beta C` in bf16 from operands rounded already (Bf16Operand):
+  /// the same numbers as the product of the unrounded matrices above, without rounding them
+  /// again. oneDNN's matmul reads bf16 storage directly (or, where it has no bf16 matmul for
+  /// the CPU, the operands are widened to Scalar, exactly, for kat::gemm); Scalar storage goes
+  /// to kat::gemm as it is.
+  /// @throws ShapeError if op(A) is not m x k, op(B) k x n and C m x n.
+  /// @throws Error if oneDNN reports a failure while running the product.
+  template <class ExecSpace, class CView>
+  void operator()(const ExecSpace &space, Trans trans_a, Trans trans_b, Scalar alpha,
+                  const Bf16Operand<Scalar, MemorySpace> &A,
+                  const Bf16Operand<Scalar, MemorySpace> &B, Scalar beta, const CView &C) {
+    const auto &a = A.matrix();
+    const auto &b = B.matrix();
+    const std::array<std::size_t, 3> mnk =
+        detail::gemm_dimensions("kat::MixedPrecisionGemm", trans_a, trans_b, a, b, C);
+    const std::size_t m = mnk[0], n = mnk[1], k = mnk[2];
+    if constexpr (Bf16Operand<Scalar, MemorySpace>::stores_bf16) {
+      if (m != 0 && n != 0 && k != 0 &&
+          run_onednn_bf16(space, trans_a, trans_b, m, n, k, alpha, a, b, beta, C)) {
+        path_ = Bf16GemmPath::onednn;
+        return;
+      }
+      ScopedRegion region("kat::gemm_bf16::portable");
+      gemm(space, trans_a, trans_b, alpha, widen(space, a, a_), widen(space, b, b_), beta, C);
+    } else {
+      gemm(space, trans_a, trans_b, alpha, a, b, beta, C);
+    }
+    path_ = Bf16GemmPath::portable;
+  }
+
   /// The path of the last bf16 product.
   Bf16GemmPath last_path() const { return path_; }
 
@@ -117,14 +225,75 @@ private:
     return dst;
   }
 
+  template <class ExecSpace, class View>
+  static Matrix<Scalar, MemorySpace> widen(const ExecSpace &space, const View &src,
+                                           Workspace<Scalar, MemorySpace> &scratch) {
+    const auto dst = scratch.matrix(src.extent(0), src.extent(1));
+    parallel_for_matrix("kat::gemm_bf16::widen", space, dst.extent(0), dst.extent(1),
+                        detail::WidenBf16<View, Matrix<Scalar, MemorySpace>>{src, dst});
+    return dst;
+  }
+
+#if defined(KAT_ENABLE_ONEDNN)
+  /// The oneDNN plan for `p`, or nullptr when oneDNN has no bf16 matmul for this CPU (the
+  /// reason kept in onednn_unavailable_).
+  detail::OnednnBf16MatmulPlan *onednn_plan(const detail::MatmulProblem &p) {
+    if (!onednn_unavailable_.empty()) {
+      return nullptr;
+    }
+    try {
+      return &plans_.get(p);
+    } catch (const dnnl::error &e) {
+      onednn_unavailable_ = e.what();
+      return nullptr;
+    }
+  }
+#endif
+
+  template <class ExecSpace, class AView, class BView, class CView>
+  bool run_onednn_bf16(const ExecSpace &space, Trans trans_a, Trans trans_b, std::size_t m,
+                       std::size_t n, std::size_t k, Scalar alpha, const AView &A, const BView &B,
+                       Scalar beta, const CView &C) {
+#if defined(KAT_ENABLE_ONEDNN)
+    detail::MatmulProblem p;
+    p.trans_a = static_cast<char>(trans_a);
+    p.trans_b = static_cast<char>(trans_b);
+    p.m = m, p.n = n, p.k = k;
+    p.lda = A.extent(0); // Bf16Operand matrices are contiguous
+    p.ldb = B.extent(0);
+    p.ldc = detail::blas_leading_dimension(C);
+    p.alpha = alpha, p.beta = beta;
+    p.bf16_operands = true;
+    if (p.ldc == 0) {
+      return false;
+    }
+    detail::OnednnBf16MatmulPlan *plan = onednn_plan(p);
+    if (plan == nullptr) {
+      return false;
+    }
+    space.fence(); // oneDNN's threads must see what kernels on `space` wrote
+    try {
+      plan->run_bf16(A.data(), B.data(), C.data());
+    } catch (const dnnl::error &e) {
+      throw Error(detail::concat("kat::MixedPrecisionGemm: oneDNN's bf16 matmul failed for m = ", m,
+                                 ", n = ", n, ", k = ", k, ": ", e.what()));
+    }
+    if (implementation_ != plan->implementation()) {
+      implementation_ = plan->implementation();
+    }
+    return true;
+#else
+    (void)space, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A;
+    (void)B, (void)beta, (void)C;
+    return false;
+#endif
+  }
+
   template <class ExecSpace, class AView, class BView, class CView>
   bool run_onednn(const ExecSpace &space, Trans trans_a, Trans trans_b, std::size_t m,
                   std::size_t n, std::size_t k, Scalar alpha, const AView &A, const BView &B,
                   Scalar beta, const CView &C) {
 #if defined(KAT_ENABLE_ONEDNN)
-    if (!onednn_unavailable_.empty()) {
-      return false;
-    }
     detail::MatmulProblem p;
     p.trans_a = static_cast<char>(trans_a);
     p.trans_b = static_cast<char>(trans_b);
@@ -136,11 +305,8 @@ private:
     if (p.lda == 0 || p.ldb == 0 || p.ldc == 0) {
       return false;
     }
-    detail::OnednnBf16MatmulPlan *plan = nullptr;
-    try {
-      plan = &plans_.get(p);
-    } catch (const dnnl::error &e) {
-      onednn_unavailable_ = e.what();
+    detail::OnednnBf16MatmulPlan *plan = onednn_plan(p);
+    if (plan == nullptr) {
       return false;
     }
     space.fence(); // oneDNN's threads must see what kernels on `space` wrote
@@ -163,7 +329,9 @@ private:
 
   Workspace<Scalar, MemorySpace> a_{"kat::MixedPrecisionGemm::a"}, b_{"kat::MixedPrecisionGemm::b"};
 #if defined(KAT_ENABLE_ONEDNN)
-  detail::OnednnPlanCache<detail::MatmulProblem, detail::OnednnBf16MatmulPlan, 16> plans_;
+  // A Dense layer's 3 products in both operand kinds, a Conv2d's more; shapes change with the
+  // evaluation batch.
+  detail::OnednnPlanCache<detail::MatmulProblem, detail::OnednnBf16MatmulPlan, 24> plans_;
 #endif
   Bf16GemmPath path_ = Bf16GemmPath::none;
   std::string implementation_, onednn_unavailable_;

@@ -324,6 +324,7 @@ public:
     kat::detail::require_extent("kat::nn::Dense::forward", "y rows", n, y.extent(0));
     kat::detail::require_extent("kat::nn::Dense::forward", "y columns", out_, y.extent(1));
     x_ = x;
+    rounded_operands_ = false;
     if (uses_sparse_path()) {
       forward_sparse(space, x, y);
       return;
@@ -340,6 +341,14 @@ public:
     }
     if (bias_) {
       detail::fill_rows(space, "kat::nn::Dense::forward_bias", bias_view_, y); // y = b
+    }
+    if (this->precision_ == Precision::bf16) {
+      // x and W rounded once: backward's dW = dyᵀx and dx = dy W reuse them.
+      x_bf16_.assign(space, x);
+      w_bf16_.assign(space, weight_);
+      product_(space, Trans::N, Trans::T, Scalar(1), x_bf16_, w_bf16_, Scalar(bias_ ? 1 : 0), y);
+      rounded_operands_ = true;
+      return;
     }
     product_(space, this->precision_, Trans::N, Trans::T, Scalar(1), x, weight_,
              Scalar(bias_ ? 1 : 0), y);
@@ -363,24 +372,34 @@ public:
     }
     const bool dense_gradient = !has_mask_ || dense_gradient_requested_;
     dense_gradient_requested_ = false;
+    // bf16: x and W as forward rounded them, dy rounded once for both products.
+    const bool rounded = rounded_operands_ && !sparse && this->precision_ == Precision::bf16;
+    if (rounded && (this->parameter_gradients_ || dx.extent(0) != 0)) {
+      dy_bf16_.assign(space, dy);
+    }
+    const auto weight_gradient = [&](Scalar beta, const matrix_type &out) { // out = dyᵀx + β out
+      if (rounded) {
+        product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_, x_bf16_, beta, out);
+      } else {
+        product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, beta, out);
+      }
+    };
     if (!this->parameter_gradients_) {
       // dx only (compute_parameter_gradients(false))
     } else if (dense_gradient) {
       // dW (+)= dyᵀ x
-      product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_,
-               Scalar(accumulate ? 1 : 0), grad_weight_);
+      weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_);
     } else if (sparse) {
       // dW (+)= mask ⊙ dyᵀ x, computed at the active entries only.
       sparse_->sampled_gradient(space, dy, x_, grad_weight_, accumulate);
     } else if (accumulate) {
       // dW += mask ⊙ dyᵀ x: the product goes to scratch first, inactive entries stay as they were.
       const auto g = grad_scratch_.matrix(out_, in_);
-      product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0), g);
+      weight_gradient(Scalar(0), g);
       detail::apply_weight_mask(space, mask_, g, grad_weight_, true);
     } else {
       // dW = mask ⊙ dyᵀ x
-      product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, Scalar(0),
-               grad_weight_);
+      weight_gradient(Scalar(0), grad_weight_);
       detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
     }
     if (bias_ && this->parameter_gradients_) {
@@ -393,6 +412,8 @@ public:
       // dx = dy W
       if (sparse) {
         sparse_->multiply_transposed(space, weight_, dy, dx);
+      } else if (rounded) {
+        product_(space, Trans::N, Trans::N, Scalar(1), dy_bf16_, w_bf16_, Scalar(0), dx);
       } else {
         product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0),
                  dx);
@@ -579,6 +600,10 @@ private:
   Workspace<Scalar, MemorySpace> grad_scratch_;
   // forward() and backward()'s products in the layer's precision (Layer::set_precision).
   MixedPrecisionGemm<Scalar, MemorySpace> product_;
+  // bf16: x and W as the last forward rounded them (valid while rounded_operands_), dy as
+  // backward rounded it.
+  Bf16Operand<Scalar, MemorySpace> x_bf16_, w_bf16_, dy_bf16_;
+  bool rounded_operands_ = false;
 };
 
 } // namespace kat::nn

@@ -20,18 +20,22 @@ struct MatmulProblem {
   char trans_a = 'N', trans_b = 'N';
   std::size_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   float alpha = 1, beta = 0;
+  /// A and B are bf16 already (kat::Bf16Operand), read as they are; else f32, converted.
+  bool bf16_operands = false;
 
   bool operator==(const MatmulProblem &o) const {
     return trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n && k == o.k &&
-           lda == o.lda && ldb == o.ldb && ldc == o.ldc && alpha == o.alpha && beta == o.beta;
+           lda == o.lda && ldb == o.ldb && ldc == o.ldc && alpha == o.alpha && beta == o.beta &&
+           bf16_operands == o.bf16_operands;
   }
 };
 
 #if defined(KAT_ENABLE_ONEDNN)
 
 /// oneDNN's matmul for one MatmulProblem: the two f32 operands are converted (reordered) to
-/// bf16 in the layouts the primitive chose, the product is accumulated in f32 and written to C
-/// with alpha as the output scale and beta as a sum post-op.
+/// bf16 in the layouts the primitive chose, or, with bf16_operands, bf16 operands are read in
+/// their own column-major layouts; the product is accumulated in f32 and written to C with
+/// alpha as the output scale and beta as a sum post-op.
 class OnednnBf16MatmulPlan {
 public:
   /// @throws dnnl::error when oneDNN has no bf16 matmul for this CPU (the caller falls back).
@@ -43,21 +47,15 @@ public:
     // oneDNN's fast matmul kernels write a row-major destination, and KAT's C is column-major:
     // the row-major storage of C^T. So the primitive computes C^T (n x m) = op(B)^T op(A)^T,
     // as dnnl_sgemm does internally. An r x c matrix whose element (x, y) is at x sx + y sy:
-    const auto strided = [](dim r, dim c, std::size_t sx, std::size_t sy) {
-      return memory::desc({r, c}, memory::data_type::f32, memory::dims{dim(sx), dim(sy)});
+    const auto strided = [](dim r, dim c, std::size_t sx, std::size_t sy,
+                            memory::data_type type = memory::data_type::f32) {
+      return memory::desc({r, c}, type, memory::dims{dim(sx), dim(sy)});
     };
     // op(B)^T (n x k): element (j, l) = op(B)(l, j), B(l, j) at l + j ldb or B(j, l) at
     // j + l ldb; op(A)^T (k x m) likewise; C^T (n x m): element (j, i) at i + j ldc.
     src_f32_ = p.trans_b == 'T' ? strided(n, k, 1, p.ldb) : strided(n, k, p.ldb, 1);
     wei_f32_ = p.trans_a == 'T' ? strided(k, m, 1, p.lda) : strided(k, m, p.lda, 1);
     dst_f32_ = strided(n, m, p.ldc, 1);
-    // The bf16 copy of op(B)^T keeps the f32 operand's order (a plain conversion, no
-    // transposition) when oneDNN takes it so; otherwise oneDNN's choice.
-    const bool src_cols = p.trans_b != 'T';
-    const memory::desc src_same({n, k}, memory::data_type::bf16,
-                                src_cols ? memory::format_tag::ba : memory::format_tag::ab);
-    const memory::desc src_any({n, k}, memory::data_type::bf16, memory::format_tag::any);
-    const memory::desc wei_any({k, m}, memory::data_type::bf16, memory::format_tag::any);
     primitive_attr attr;
     if (p.alpha != 1.0f) {
       attr.set_output_scales(0, {p.alpha});
@@ -67,6 +65,23 @@ public:
       ops.append_sum(p.beta);
       attr.set_post_ops(ops);
     }
+    if (p.bf16_operands) {
+      // The same strides in bf16: AMX's brgemm kernels take plain layouts of either order.
+      const auto bf16 = memory::data_type::bf16;
+      src_f32_ = p.trans_b == 'T' ? strided(n, k, 1, p.ldb, bf16) : strided(n, k, p.ldb, 1, bf16);
+      wei_f32_ = p.trans_a == 'T' ? strided(k, m, 1, p.lda, bf16) : strided(k, m, p.lda, 1, bf16);
+      pd_ = matmul::primitive_desc(matmul::desc(src_f32_, wei_f32_, dst_f32_), attr, eng);
+      matmul_ = matmul(pd_);
+      implementation_ = pd_.impl_info_str();
+      return;
+    }
+    // The bf16 copy of op(B)^T keeps the f32 operand's order (a plain conversion, no
+    // transposition) when oneDNN takes it so; otherwise oneDNN's choice.
+    const bool src_cols = p.trans_b != 'T';
+    const memory::desc src_same({n, k}, memory::data_type::bf16,
+                                src_cols ? memory::format_tag::ba : memory::format_tag::ab);
+    const memory::desc src_any({n, k}, memory::data_type::bf16, memory::format_tag::any);
+    const memory::desc wei_any({k, m}, memory::data_type::bf16, memory::format_tag::any);
     pd_ = matmul::primitive_desc(matmul::desc(src_same, wei_any, dst_f32_), attr, eng);
     if (std::string(pd_.impl_info_str()).rfind("ref", 0) == 0) {
       pd_ = matmul::primitive_desc(matmul::desc(src_any, wei_any, dst_f32_), attr, eng);
@@ -85,6 +100,7 @@ public:
   /// "brg:avx512_core_bf16".
   const std::string &implementation() const { return implementation_; }
 
+  /// C from the f32 operands A and B (converted here); not for bf16_operands.
   void run(const float *a, const float *b, float *c) {
     using namespace dnnl;
     const engine &eng = onednn_engine();
@@ -102,10 +118,24 @@ public:
     stream_.wait();
   }
 
+  /// C from bf16 operands A and B (bf16_operands): no conversion.
+  void run_bf16(const void *a, const void *b, float *c) {
+    using namespace dnnl;
+    const engine &eng = onednn_engine();
+    memory b_mem(src_f32_, eng, const_cast<void *>(b));
+    memory a_mem(wei_f32_, eng, const_cast<void *>(a));
+    memory c_mem(dst_f32_, eng, c);
+    ScopedRegion region("kat::gemm_bf16::matmul");
+    matmul_.execute(stream_,
+                    {{DNNL_ARG_SRC, b_mem}, {DNNL_ARG_WEIGHTS, a_mem}, {DNNL_ARG_DST, c_mem}});
+    stream_.wait();
+  }
+
 private:
   MatmulProblem problem_;
   dnnl::stream stream_;
-  dnnl::memory::desc src_f32_, wei_f32_, dst_f32_; // op(B)^T, op(A)^T, C^T in KAT's memory
+  // op(B)^T, op(A)^T, C^T in KAT's memory (the operands in bf16 for bf16_operands)
+  dnnl::memory::desc src_f32_, wei_f32_, dst_f32_;
   dnnl::matmul::primitive_desc pd_;
   dnnl::matmul matmul_;
   dnnl::memory src_bf16_, wei_bf16_;

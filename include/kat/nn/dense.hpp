@@ -110,6 +110,12 @@ enum class DenseInput {
 /// the products run on the active weights only (kat::sparse::CsrWeight, O(N nnz) each)
 /// instead of dense GEMMs (O(N out in)); which path runs changes the time, not the result
 /// (beyond rounding). See docs/sparse.md.
+///
+/// **bf16** (set_precision(Precision::bf16); docs/precision.md): the three products take bf16
+/// operands and accumulate in fp32 (kat::MixedPrecisionGemm). forward rounds x and W once
+/// (kat::Bf16Operand) and backward rounds dy once; dW = dyᵀx and dx = dy W reuse them, so x
+/// and W must hold forward's values until backward (as they must for the fp32 gradient). The
+/// K-FAC recording path with a bias ([x 1][W b]ᵀ) and the sparse path round per product.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Dense final : public Layer<Scalar, MemorySpace> {
   using base = Layer<Scalar, MemorySpace>;

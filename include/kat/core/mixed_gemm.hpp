@@ -192,7 +192,7 @@ public:
     const std::size_t m = mnk[0], n = mnk[1], k = mnk[2];
     if constexpr (Bf16Operand<Scalar, MemorySpace>::stores_bf16) {
       if (m != 0 && n != 0 && k != 0 &&
-          run_onednn_bf16(space, trans_a, trans_b, m, n, k, alpha, a, b, beta, C)) {
+          run_onednn(space, trans_a, trans_b, m, n, k, alpha, a, b, beta, C, true)) {
         path_ = Bf16GemmPath::onednn;
         return;
       }
@@ -250,49 +250,12 @@ private:
   }
 #endif
 
-  template <class ExecSpace, class AView, class BView, class CView>
-  bool run_onednn_bf16(const ExecSpace &space, Trans trans_a, Trans trans_b, std::size_t m,
-                       std::size_t n, std::size_t k, Scalar alpha, const AView &A, const BView &B,
-                       Scalar beta, const CView &C) {
-#if defined(KAT_ENABLE_ONEDNN)
-    detail::MatmulProblem p;
-    p.trans_a = static_cast<char>(trans_a);
-    p.trans_b = static_cast<char>(trans_b);
-    p.m = m, p.n = n, p.k = k;
-    p.lda = A.extent(0); // Bf16Operand matrices are contiguous
-    p.ldb = B.extent(0);
-    p.ldc = detail::blas_leading_dimension(C);
-    p.alpha = alpha, p.beta = beta;
-    p.bf16_operands = true;
-    if (p.ldc == 0) {
-      return false;
-    }
-    detail::OnednnBf16MatmulPlan *plan = onednn_plan(p);
-    if (plan == nullptr) {
-      return false;
-    }
-    space.fence(); // oneDNN's threads must see what kernels on `space` wrote
-    try {
-      plan->run_bf16(A.data(), B.data(), C.data());
-    } catch (const dnnl::error &e) {
-      throw Error(detail::concat("kat::MixedPrecisionGemm: oneDNN's bf16 matmul failed for m = ", m,
-                                 ", n = ", n, ", k = ", k, ": ", e.what()));
-    }
-    if (implementation_ != plan->implementation()) {
-      implementation_ = plan->implementation();
-    }
-    return true;
-#else
-    (void)space, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A;
-    (void)B, (void)beta, (void)C;
-    return false;
-#endif
-  }
-
+  /// The product on oneDNN's bf16 matmul, A and B f32 (converted by the plan) or, with
+  /// `bf16_operands`, Bf16Operand matrices; false where oneDNN cannot take it.
   template <class ExecSpace, class AView, class BView, class CView>
   bool run_onednn(const ExecSpace &space, Trans trans_a, Trans trans_b, std::size_t m,
                   std::size_t n, std::size_t k, Scalar alpha, const AView &A, const BView &B,
-                  Scalar beta, const CView &C) {
+                  Scalar beta, const CView &C, bool bf16_operands = false) {
 #if defined(KAT_ENABLE_ONEDNN)
     detail::MatmulProblem p;
     p.trans_a = static_cast<char>(trans_a);
@@ -302,6 +265,7 @@ private:
     p.ldb = detail::blas_leading_dimension(B);
     p.ldc = detail::blas_leading_dimension(C);
     p.alpha = alpha, p.beta = beta;
+    p.bf16_operands = bf16_operands;
     if (p.lda == 0 || p.ldb == 0 || p.ldc == 0) {
       return false;
     }
@@ -322,7 +286,7 @@ private:
     return true;
 #else
     (void)space, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A;
-    (void)B, (void)beta, (void)C;
+    (void)B, (void)beta, (void)C, (void)bf16_operands;
     return false;
 #endif
   }

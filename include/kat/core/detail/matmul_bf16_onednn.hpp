@@ -100,34 +100,24 @@ public:
   /// "brg:avx512_core_bf16".
   const std::string &implementation() const { return implementation_; }
 
-  /// C from the f32 operands A and B (converted here); not for bf16_operands.
-  void run(const float *a, const float *b, float *c) {
-    using namespace dnnl;
-    const engine &eng = onednn_engine();
-    memory b_mem(src_f32_, eng, const_cast<float *>(b));
-    memory a_mem(wei_f32_, eng, const_cast<float *>(a));
-    memory c_mem(dst_f32_, eng, c);
-    {
-      ScopedRegion region("kat::gemm_bf16::convert");
-      to_src_.execute(stream_, b_mem, src_bf16_);
-      to_wei_.execute(stream_, a_mem, wei_bf16_);
-    }
-    ScopedRegion region("kat::gemm_bf16::matmul");
-    matmul_.execute(
-        stream_, {{DNNL_ARG_SRC, src_bf16_}, {DNNL_ARG_WEIGHTS, wei_bf16_}, {DNNL_ARG_DST, c_mem}});
-    stream_.wait();
-  }
-
-  /// C from bf16 operands A and B (bf16_operands): no conversion.
-  void run_bf16(const void *a, const void *b, float *c) {
+  /// C from A and B: f32 operands converted here, or bf16 operands (bf16_operands) read as
+  /// they are.
+  void run(const void *a, const void *b, float *c) {
     using namespace dnnl;
     const engine &eng = onednn_engine();
     memory b_mem(src_f32_, eng, const_cast<void *>(b));
     memory a_mem(wei_f32_, eng, const_cast<void *>(a));
     memory c_mem(dst_f32_, eng, c);
+    memory src = b_mem, wei = a_mem;
+    if (!problem_.bf16_operands) {
+      ScopedRegion region("kat::gemm_bf16::convert");
+      to_src_.execute(stream_, b_mem, src_bf16_);
+      to_wei_.execute(stream_, a_mem, wei_bf16_);
+      src = src_bf16_;
+      wei = wei_bf16_;
+    }
     ScopedRegion region("kat::gemm_bf16::matmul");
-    matmul_.execute(stream_,
-                    {{DNNL_ARG_SRC, b_mem}, {DNNL_ARG_WEIGHTS, a_mem}, {DNNL_ARG_DST, c_mem}});
+    matmul_.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, c_mem}});
     stream_.wait();
   }
 

@@ -88,9 +88,8 @@ void parallel_for_elements(const char *label, const ExecSpace &space, std::size_
 
 /// Kokkos::parallel_for(label, matrix_policy(space, rows, cols), f) for a kernel f(i, j) over
 /// the elements of LayoutLeft matrices: on a host, work items of up to element_chunk() rows of
-/// one column, each a loop GCC vectorizes (detail::MatrixColumnChunks; Kokkos 3.4's
-/// MDRangePolicy on OpenMP ran Dense's bias fill at a tenth of this speed); on a GPU,
-/// matrix_policy.
+/// one column, each a contiguous loop from a local copy of f, which GCC can vectorize
+/// (detail::MatrixColumnChunks); on a GPU, matrix_policy.
 template <class ExecSpace, class F>
 void parallel_for_matrix(const char *label, const ExecSpace &space, std::size_t rows,
                          std::size_t cols, const F &f) {

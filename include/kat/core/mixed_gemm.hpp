@@ -30,36 +30,19 @@ enum class Bf16GemmPath {
 
 namespace detail {
 
-/// dst(i, j) = round_to_bf16(src(i, j)).
-template <class Src, class Dst> struct RoundToBf16 {
+/// dst(i, j) from src(i, j) across bf16: rounded to a kat::bfloat16 (dst bf16), widened
+/// exactly (src bf16), or rounded to bf16 and kept in the source's type (neither).
+template <class Src, class Dst> struct ConvertBf16 {
   Src src;
   Dst dst;
   KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
-    dst(i, j) = round_to_bf16(src(i, j));
-  }
-};
-
-/// dst(i, j) = src(i, j) rounded to bf16, stored as Storage (kat::bfloat16 or the rounded
-/// value in the source's type).
-template <class Src, class Dst> struct StoreBf16 {
-  Src src;
-  Dst dst;
-  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
-    using storage = typename Dst::non_const_value_type;
-    if constexpr (std::is_same_v<storage, bfloat16>) {
+    if constexpr (std::is_same_v<typename Dst::non_const_value_type, bfloat16>) {
       dst(i, j) = bfloat16::from_float(src(i, j));
+    } else if constexpr (std::is_same_v<typename Src::non_const_value_type, bfloat16>) {
+      dst(i, j) = src(i, j).to_float();
     } else {
       dst(i, j) = round_to_bf16(src(i, j));
     }
-  }
-};
-
-/// dst(i, j) = float(src(i, j)) for bf16 src (exact).
-template <class Src, class Dst> struct WidenBf16 {
-  Src src;
-  Dst dst;
-  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
-    dst(i, j) = src(i, j).to_float();
   }
 };
 
@@ -103,15 +86,11 @@ public:
     }
     matrix_ = matrix_type(buffer_.data(), rows, cols);
     parallel_for_matrix("kat::Bf16Operand::assign", space, rows, cols,
-                        detail::StoreBf16<View, matrix_type>{src, matrix_});
+                        detail::ConvertBf16<View, matrix_type>{src, matrix_});
   }
 
-  /// The rounded matrix of the last assign() (0 x 0 before one or after clear()).
+  /// The rounded matrix of the last assign() (0 x 0 before one).
   const matrix_type &matrix() const { return matrix_; }
-  /// Whether the operand holds a matrix.
-  bool empty() const { return matrix_.extent(0) == 0 || matrix_.extent(1) == 0; }
-  /// Drops the matrix (keeps the storage): empty() afterwards.
-  void clear() { matrix_ = matrix_type(); }
 
 private:
   Kokkos::View<storage_type *, MemorySpace> buffer_;
@@ -168,8 +147,8 @@ public:
       }
     }
     ScopedRegion region("kat::gemm_bf16::portable");
-    const auto a = round(space, A, a_);
-    const auto b = round(space, B, b_);
+    const auto a = convert("kat::gemm_bf16::round", space, A, a_);
+    const auto b = convert("kat::gemm_bf16::round", space, B, b_);
     gemm(space, trans_a, trans_b, alpha, a, b, beta, C);
     path_ = Bf16GemmPath::portable;
   }
@@ -197,7 +176,8 @@ public:
         return;
       }
       ScopedRegion region("kat::gemm_bf16::portable");
-      gemm(space, trans_a, trans_b, alpha, widen(space, a, a_), widen(space, b, b_), beta, C);
+      gemm(space, trans_a, trans_b, alpha, convert("kat::gemm_bf16::widen", space, a, a_),
+           convert("kat::gemm_bf16::widen", space, b, b_), beta, C);
     } else {
       gemm(space, trans_a, trans_b, alpha, a, b, beta, C);
     }
@@ -215,22 +195,15 @@ public:
   const std::string &onednn_unavailable_reason() const { return onednn_unavailable_; }
 
 private:
+  /// `src` into a Scalar matrix of `scratch` through detail::ConvertBf16: rounded to bf16
+  /// (Scalar src) or widened exactly (bf16 src).
   template <class ExecSpace, class View>
-  static Matrix<Scalar, MemorySpace> round(const ExecSpace &space, const View &src,
-                                           Workspace<Scalar, MemorySpace> &scratch) {
+  static Matrix<Scalar, MemorySpace> convert(const char *label, const ExecSpace &space,
+                                             const View &src,
+                                             Workspace<Scalar, MemorySpace> &scratch) {
     const auto dst = scratch.matrix(src.extent(0), src.extent(1));
-    Kokkos::parallel_for("kat::gemm_bf16::round",
-                         matrix_policy(space, dst.extent(0), dst.extent(1)),
-                         detail::RoundToBf16<View, Matrix<Scalar, MemorySpace>>{src, dst});
-    return dst;
-  }
-
-  template <class ExecSpace, class View>
-  static Matrix<Scalar, MemorySpace> widen(const ExecSpace &space, const View &src,
-                                           Workspace<Scalar, MemorySpace> &scratch) {
-    const auto dst = scratch.matrix(src.extent(0), src.extent(1));
-    parallel_for_matrix("kat::gemm_bf16::widen", space, dst.extent(0), dst.extent(1),
-                        detail::WidenBf16<View, Matrix<Scalar, MemorySpace>>{src, dst});
+    parallel_for_matrix(label, space, dst.extent(0), dst.extent(1),
+                        detail::ConvertBf16<View, Matrix<Scalar, MemorySpace>>{src, dst});
     return dst;
   }
 

@@ -47,15 +47,16 @@ public:
     // oneDNN's fast matmul kernels write a row-major destination, and KAT's C is column-major:
     // the row-major storage of C^T. So the primitive computes C^T (n x m) = op(B)^T op(A)^T,
     // as dnnl_sgemm does internally. An r x c matrix whose element (x, y) is at x sx + y sy:
-    const auto strided = [](dim r, dim c, std::size_t sx, std::size_t sy,
-                            memory::data_type type = memory::data_type::f32) {
-      return memory::desc({r, c}, type, memory::dims{dim(sx), dim(sy)});
+    const auto strided = [](dim r, dim c, std::size_t sx, std::size_t sy, memory::data_type t) {
+      return memory::desc({r, c}, t, memory::dims{dim(sx), dim(sy)});
     };
+    // The operands in KAT's memory are f32, or bf16 already with bf16_operands.
+    const auto type = p.bf16_operands ? memory::data_type::bf16 : memory::data_type::f32;
     // op(B)^T (n x k): element (j, l) = op(B)(l, j), B(l, j) at l + j ldb or B(j, l) at
     // j + l ldb; op(A)^T (k x m) likewise; C^T (n x m): element (j, i) at i + j ldc.
-    src_f32_ = p.trans_b == 'T' ? strided(n, k, 1, p.ldb) : strided(n, k, p.ldb, 1);
-    wei_f32_ = p.trans_a == 'T' ? strided(k, m, 1, p.lda) : strided(k, m, p.lda, 1);
-    dst_f32_ = strided(n, m, p.ldc, 1);
+    src_ = p.trans_b == 'T' ? strided(n, k, 1, p.ldb, type) : strided(n, k, p.ldb, 1, type);
+    wei_ = p.trans_a == 'T' ? strided(k, m, 1, p.lda, type) : strided(k, m, p.lda, 1, type);
+    dst_ = strided(n, m, p.ldc, 1, memory::data_type::f32);
     primitive_attr attr;
     if (p.alpha != 1.0f) {
       attr.set_output_scales(0, {p.alpha});
@@ -66,11 +67,8 @@ public:
       attr.set_post_ops(ops);
     }
     if (p.bf16_operands) {
-      // The same strides in bf16: AMX's brgemm kernels take plain layouts of either order.
-      const auto bf16 = memory::data_type::bf16;
-      src_f32_ = p.trans_b == 'T' ? strided(n, k, 1, p.ldb, bf16) : strided(n, k, p.ldb, 1, bf16);
-      wei_f32_ = p.trans_a == 'T' ? strided(k, m, 1, p.lda, bf16) : strided(k, m, p.lda, 1, bf16);
-      pd_ = matmul::primitive_desc(matmul::desc(src_f32_, wei_f32_, dst_f32_), attr, eng);
+      // Read in place: AMX's brgemm kernels take plain layouts of either order.
+      pd_ = matmul::primitive_desc(matmul::desc(src_, wei_, dst_), attr, eng);
       matmul_ = matmul(pd_);
       implementation_ = pd_.impl_info_str();
       return;
@@ -82,15 +80,15 @@ public:
                                 src_cols ? memory::format_tag::ba : memory::format_tag::ab);
     const memory::desc src_any({n, k}, memory::data_type::bf16, memory::format_tag::any);
     const memory::desc wei_any({k, m}, memory::data_type::bf16, memory::format_tag::any);
-    pd_ = matmul::primitive_desc(matmul::desc(src_same, wei_any, dst_f32_), attr, eng);
+    pd_ = matmul::primitive_desc(matmul::desc(src_same, wei_any, dst_), attr, eng);
     if (std::string(pd_.impl_info_str()).rfind("ref", 0) == 0) {
-      pd_ = matmul::primitive_desc(matmul::desc(src_any, wei_any, dst_f32_), attr, eng);
+      pd_ = matmul::primitive_desc(matmul::desc(src_any, wei_any, dst_), attr, eng);
     }
     matmul_ = matmul(pd_);
     src_bf16_ = memory(pd_.src_desc(), eng);
     wei_bf16_ = memory(pd_.weights_desc(), eng);
-    to_src_ = reorder(reorder::primitive_desc(eng, src_f32_, eng, pd_.src_desc()));
-    to_wei_ = reorder(reorder::primitive_desc(eng, wei_f32_, eng, pd_.weights_desc()));
+    to_src_ = reorder(reorder::primitive_desc(eng, src_, eng, pd_.src_desc()));
+    to_wei_ = reorder(reorder::primitive_desc(eng, wei_, eng, pd_.weights_desc()));
     implementation_ = pd_.impl_info_str();
   }
 
@@ -105,9 +103,9 @@ public:
   void run(const void *a, const void *b, float *c) {
     using namespace dnnl;
     const engine &eng = onednn_engine();
-    memory b_mem(src_f32_, eng, const_cast<void *>(b));
-    memory a_mem(wei_f32_, eng, const_cast<void *>(a));
-    memory c_mem(dst_f32_, eng, c);
+    memory b_mem(src_, eng, const_cast<void *>(b));
+    memory a_mem(wei_, eng, const_cast<void *>(a));
+    memory c_mem(dst_, eng, c);
     memory src = b_mem, wei = a_mem;
     if (!problem_.bf16_operands) {
       ScopedRegion region("kat::gemm_bf16::convert");
@@ -125,7 +123,7 @@ private:
   MatmulProblem problem_;
   dnnl::stream stream_;
   // op(B)^T, op(A)^T, C^T in KAT's memory (the operands in bf16 for bf16_operands)
-  dnnl::memory::desc src_f32_, wei_f32_, dst_f32_;
+  dnnl::memory::desc src_, wei_, dst_;
   dnnl::matmul::primitive_desc pd_;
   dnnl::matmul matmul_;
   dnnl::memory src_bf16_, wei_bf16_;

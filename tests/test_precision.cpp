@@ -236,6 +236,11 @@ TEMPLATE_TEST_CASE("precision: MixedPrecisionGemm in bf16 is the fp32 sum of rou
         CHECK(worst_plain <= 1.0);
         CHECK(moved > 1e-4); // the operands were rounded: the products moved
         CHECK(product.last_path() != Bf16GemmPath::none);
+        // Where cuBLAS serves the space (a CUDA build with KAT_ENABLE_CUBLAS), it took both.
+        if (kat::detail::cublas_bf16_available<Space, T, Mem>()) {
+          CHECK(product.last_path() == Bf16GemmPath::cublas);
+          CHECK(from_operands.last_path() == Bf16GemmPath::cublas);
+        }
       }
 }
 

@@ -214,6 +214,7 @@ def main():
     ]
     mapping = {"KAT_ENABLE_MPI": "mpi", "KAT_ENABLE_TESTS": "tests",
                "KAT_ENABLE_ONEDNN": "onednn", "KAT_ENABLE_CUSOLVER": "cuda",
+               "KAT_ENABLE_CUBLAS": "cuda",
                "KAT_ENABLE_ROCSOLVER": "rocm"}
     for combo in combos:
         variants = dict(defaults)

@@ -5,6 +5,7 @@
 
 #include "kat/core/bfloat16.hpp"
 #include "kat/core/blas.hpp"
+#include "kat/core/detail/gemm_bf16_cublas.hpp"
 #include "kat/core/detail/matmul_bf16_onednn.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/precision.hpp"
@@ -25,6 +26,7 @@ namespace kat {
 enum class Bf16GemmPath {
   none,     ///< no bf16 product yet
   onednn,   ///< oneDNN's bf16 matmul (host memory, KAT_ENABLE_ONEDNN)
+  cublas,   ///< cuBLAS's bf16 GEMM, cublasGemmEx (CUDA memory, KAT_ENABLE_CUBLAS)
   portable, ///< operands rounded to bf16 by a Kokkos kernel, then kat::gemm in fp32
 };
 
@@ -53,8 +55,9 @@ template <class Src, class Dst> struct ConvertBf16 {
 /// dx = dy W in backward, where each product rounded both operands again (half of the
 /// conversions a bf16 ViT step spent more time in than in its products; docs/precision.md).
 ///
-/// Where oneDNN's bf16 matmul serves the memory space (float in host memory, KAT built with
-/// KAT_ENABLE_ONEDNN) the values are stored as kat::bfloat16, which the matmul reads directly;
+/// Where a vendor bf16 GEMM serves the memory space (float in host memory with KAT built with
+/// KAT_ENABLE_ONEDNN: oneDNN's matmul; float in CUDA memory with KAT_ENABLE_CUBLAS:
+/// cublasGemmEx) the values are stored as kat::bfloat16, which the library reads directly;
 /// elsewhere as Scalar values rounded to bf16, which kat::gemm multiplies in fp32. Either way a
 /// product of two operands equals MixedPrecisionGemm's product of the unrounded matrices.
 ///
@@ -62,14 +65,13 @@ template <class Src, class Dst> struct ConvertBf16 {
 /// that moment, whatever happens to the source later.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace> class Bf16Operand {
 public:
-  /// Whether the values are stored as kat::bfloat16 (the oneDNN path) or as Scalar.
+  /// Whether the values are stored as kat::bfloat16 (oneDNN's or cuBLAS's path) or as Scalar.
   static constexpr bool stores_bf16 =
 #if defined(KAT_ENABLE_ONEDNN)
-      std::is_same_v<Scalar, float> &&
-      Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible;
-#else
-      false;
+      (std::is_same_v<Scalar, float> &&
+       Kokkos::SpaceAccessibility<Kokkos::HostSpace, MemorySpace>::accessible) ||
 #endif
+      detail::cublas_bf16_memory<Scalar, MemorySpace>();
   /// The element type of the stored matrix.
   using storage_type = std::conditional_t<stores_bf16, bfloat16, Scalar>;
   /// The stored matrix: column-major, rows() x cols(), contiguous.
@@ -106,8 +108,11 @@ private:
 ///   operands and an f32 destination (AMX or AVX512-BF16 kernels where the CPU has them;
 ///   implementation() names the one chosen). Where oneDNN has no bf16 matmul for the CPU,
 ///   the portable path below, chosen once and reported by onednn_unavailable_reason().
-/// - everywhere else (CUDA, HIP, builds without oneDNN, double): the operands are rounded to
-///   bf16 into fp32 scratch matrices by a Kokkos kernel and multiplied by kat::gemm, which
+/// - float views on Kokkos::Cuda, KAT built with KAT_ENABLE_CUBLAS: the operands rounded to
+///   bf16 storage by a Kokkos kernel on the same stream, then cuBLAS's cublasGemmEx with bf16
+///   operands, an fp32 result and CUBLAS_COMPUTE_32F (tensor cores).
+/// - everywhere else (HIP, builds without either library, double): the operands are rounded
+///   to bf16 into fp32 scratch matrices by a Kokkos kernel and multiplied by kat::gemm, which
 ///   gives the same rounding of the operands and an fp32 accumulation.
 ///
 /// Error bound of one entry (bf16's unit roundoff u = 2^-8 per rounded operand): with fp32
@@ -125,7 +130,7 @@ public:
   /// MemorySpace; their first dimension contiguous for the oneDNN path (others take the
   /// portable one).
   /// @throws ShapeError if op(A) is not m x k, op(B) k x n and C m x n.
-  /// @throws Error if oneDNN reports a failure while running a product.
+  /// @throws Error if oneDNN or cuBLAS reports a failure while running a product.
   template <class ExecSpace, class AView, class BView, class CView>
   void operator()(const ExecSpace &space, Precision precision, Trans trans_a, Trans trans_b,
                   Scalar alpha, const AView &A, const BView &B, Scalar beta, const CView &C) {
@@ -146,6 +151,16 @@ public:
         return;
       }
     }
+    if constexpr (detail::cublas_bf16_available<ExecSpace, Scalar, MemorySpace>()) {
+      if (detail::blas_leading_dimension(C) != 0) {
+        a_op_.assign(space, A);
+        b_op_.assign(space, B);
+        if (run_cublas(space, trans_a, trans_b, m, n, k, alpha, a_op_.matrix(), b_op_.matrix(),
+                       beta, C)) {
+          return;
+        }
+      }
+    }
     ScopedRegion region("kat::gemm_bf16::portable");
     const auto a = convert("kat::gemm_bf16::round", space, A, a_);
     const auto b = convert("kat::gemm_bf16::round", space, B, b_);
@@ -155,11 +170,11 @@ public:
 
   /// `C = alpha op(A) op(B) + beta C` in bf16 from operands rounded already (Bf16Operand):
   /// the same numbers as the product of the unrounded matrices above, without rounding them
-  /// again. oneDNN's matmul reads bf16 storage directly (or, where it has no bf16 matmul for
-  /// the CPU, the operands are widened to Scalar, exactly, for kat::gemm); Scalar storage goes
-  /// to kat::gemm as it is.
+  /// again. oneDNN's matmul and cuBLAS's GEMM read bf16 storage directly (or, where oneDNN
+  /// has no bf16 matmul for the CPU or C has no leading dimension, the operands are widened to
+  /// Scalar, exactly, for kat::gemm); Scalar storage goes to kat::gemm as it is.
   /// @throws ShapeError if op(A) is not m x k, op(B) k x n and C m x n.
-  /// @throws Error if oneDNN reports a failure while running the product.
+  /// @throws Error if oneDNN or cuBLAS reports a failure while running the product.
   template <class ExecSpace, class CView>
   void operator()(const ExecSpace &space, Trans trans_a, Trans trans_b, Scalar alpha,
                   const Bf16Operand<Scalar, MemorySpace> &A,
@@ -170,8 +185,13 @@ public:
         detail::gemm_dimensions("kat::MixedPrecisionGemm", trans_a, trans_b, a, b, C);
     const std::size_t m = mnk[0], n = mnk[1], k = mnk[2];
     if constexpr (Bf16Operand<Scalar, MemorySpace>::stores_bf16) {
-      if (m != 0 && n != 0 && k != 0 &&
-          run_onednn(space, trans_a, trans_b, m, n, k, alpha, a, b, beta, C, true)) {
+      if constexpr (detail::cublas_bf16_available<ExecSpace, Scalar, MemorySpace>()) {
+        if (m != 0 && n != 0 && k != 0 &&
+            run_cublas(space, trans_a, trans_b, m, n, k, alpha, a, b, beta, C)) {
+          return;
+        }
+      } else if (m != 0 && n != 0 && k != 0 &&
+                 run_onednn(space, trans_a, trans_b, m, n, k, alpha, a, b, beta, C, true)) {
         path_ = Bf16GemmPath::onednn;
         return;
       }
@@ -187,8 +207,8 @@ public:
   /// The path of the last bf16 product.
   Bf16GemmPath last_path() const { return path_; }
 
-  /// The oneDNN kernel of the last bf16 product on the oneDNN path (e.g.
-  /// "brg:avx512_core_amx"), empty before one.
+  /// The vendor kernel of the last bf16 product on a vendor path: oneDNN's implementation
+  /// (e.g. "brg:avx512_core_amx") or cuBLAS's routine; empty before one.
   const std::string &implementation() const { return implementation_; }
 
   /// Why oneDNN's bf16 matmul could not be used on this CPU (its error), empty if it could.
@@ -222,6 +242,36 @@ private:
     }
   }
 #endif
+
+  /// The product on cuBLAS's bf16 GEMM from bf16 matrices `a` and `b` (contiguous, column-major,
+  /// on `space`'s stream after the kernels that wrote them); false where cuBLAS cannot take it
+  /// (C without a leading dimension, a size beyond 32-bit integers).
+  template <class ExecSpace, class OperandMatrix, class CView>
+  bool run_cublas(const ExecSpace &space, Trans trans_a, Trans trans_b, std::size_t m,
+                  std::size_t n, std::size_t k, Scalar alpha, const OperandMatrix &a,
+                  const OperandMatrix &b, Scalar beta, const CView &C) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(KAT_ENABLE_CUBLAS)
+    static_assert(std::is_same_v<typename OperandMatrix::non_const_value_type, bfloat16>);
+    const std::size_t lda = std::max<std::size_t>(1, a.extent(0));
+    const std::size_t ldb = std::max<std::size_t>(1, b.extent(0));
+    const std::size_t ldc = detail::blas_leading_dimension(C);
+    if (ldc == 0 || !detail::cublas::fits_int(m, n, k, lda, ldb, ldc)) {
+      return false;
+    }
+    detail::cublas::gemm_bf16(space.cuda_stream(), static_cast<char>(trans_a),
+                              static_cast<char>(trans_b), m, n, k, alpha, a.data(), lda, b.data(),
+                              ldb, beta, C.data(), ldc);
+    path_ = Bf16GemmPath::cublas;
+    if (implementation_.empty()) {
+      implementation_ = "cublasGemmEx CUDA_R_16BF CUBLAS_COMPUTE_32F";
+    }
+    return true;
+#else
+    (void)space, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)a;
+    (void)b, (void)beta, (void)C;
+    return false;
+#endif
+  }
 
   /// The product on oneDNN's bf16 matmul, A and B f32 (converted by the plan) or, with
   /// `bf16_operands`, Bf16Operand matrices; false where oneDNN cannot take it.
@@ -265,6 +315,8 @@ private:
   }
 
   Workspace<Scalar, MemorySpace> a_{"kat::MixedPrecisionGemm::a"}, b_{"kat::MixedPrecisionGemm::b"};
+  // The operands of a product of unrounded matrices, rounded for cuBLAS.
+  Bf16Operand<Scalar, MemorySpace> a_op_, b_op_;
 #if defined(KAT_ENABLE_ONEDNN)
   // A Dense layer's 3 products in both operand kinds, a Conv2d's more; shapes change with the
   // evaluation batch.

@@ -82,6 +82,7 @@ class Kat(CMakePackage, CudaPackage, ROCmPackage):
             self.define("KAT_ENABLE_BENCHMARKS", False),
             self.define_from_variant("KAT_ENABLE_ONEDNN", "onednn"),
             self.define_from_variant("KAT_ENABLE_CUSOLVER", "cuda"),
+            self.define_from_variant("KAT_ENABLE_CUBLAS", "cuda"),
             self.define_from_variant("KAT_ENABLE_ROCSOLVER", "rocm"),
             # The BLAS and LAPACK Spack provides, not Debian's OpenMP OpenBLAS directory that
             # cmake/KATOpenMPBLAS.cmake looks for on a Debian system.

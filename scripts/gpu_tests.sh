@@ -78,7 +78,9 @@
 #                   KAT starts (default 200); the build is stopped there
 #   KAT_GPU_TESTS   Catch2 test spec of the cases to run (default ~[mpi]: all but the MPI ones)
 #   KAT_COMPARE     model:optimizer pairs to compare (default: mlp:sgd cnn:sgd mlp:kfac cnn:kfac
-#                   resnet:sgd vit:adam); KAT_COMPARE_ROUNDS alternations (default 1);
+#                   resnet:sgd vit:adam), each with an optional :bf16 (kat_train --precision bf16
+#                   against PyTorch's torch.autocast bf16; e.g. cnn:sgd:bf16);
+#                   KAT_COMPARE_ROUNDS alternations (default 1);
 #                   KAT_COMPARE_RESERVE (all) seconds kept for it from the tests and the trainer;
 #                   KAT_PYTHON the Python with PyTorch (default python3); KAT_COMPARE_DEVICE
 #                   PyTorch's device (default cuda; cpu for a dry run of the script)
@@ -577,7 +579,7 @@ run_compare() {
   # K-FAC: KAISA's schedule and hyperparameters (factors every 10 steps, eigendecompositions
   # every 100, damping 0.003, KL clip 0.001, float32 decompositions) on both sides.
   local data=$dir/data/fashion-mnist log=$out/compare.log py=${KAT_PYTHON:-python3}
-  local rounds=${KAT_COMPARE_ROUNDS:-1} spec model opt r t csv which
+  local rounds=${KAT_COMPARE_ROUNDS:-1} spec model opt precision label r t csv which
   local sgd=(--optimizer sgd --lr 0.05 --momentum 0.9) kat=() torch=()
   local kfac=(--lr 0.05 --momentum 0.9 --factor-update-steps 10 --inv-update-steps 100
     --damping 0.003 --factor-decay 0.95 --kl-clip 0.001)
@@ -589,7 +591,10 @@ run_compare() {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader 2>&1 |
     tee -a "$log" || true
   for spec in ${KAT_COMPARE:-mlp:sgd cnn:sgd mlp:kfac cnn:kfac resnet:sgd vit:adam}; do
-    model=${spec%%:*} opt=${spec#*:}
+    IFS=: read -r model opt precision <<<"$spec"
+    precision=${precision:-fp32}
+    label=$opt
+    [ "$precision" = fp32 ] || label=$opt/$precision
     case $opt in
       sgd) kat=("${sgd[@]}") torch=("${sgd[@]}") ;;
       adam) kat=(--optimizer adam --lr 1e-3) torch=(--optimizer adam --lr 1e-3) ;;
@@ -599,29 +604,31 @@ run_compare() {
         ;;
       *) echo "compare: unknown optimizer in $spec" | tee -a "$log"; return 1 ;;
     esac
+    kat+=(--precision "$precision")
+    torch+=(--precision "$precision")
     for r in $(seq "$rounds"); do
       for which in kat torch; do
         t=$(($(left) - 5))
         if [ "$t" -le 20 ]; then
-          echo "$model $opt $which run $r: not run (time)" | tee -a "$log"
+          echo "$model $label $which run $r: not run (time)" | tee -a "$log"
           continue
         fi
         [ "$t" -lt 150 ] || t=150
-        csv=$work/compare-$model-$opt-$which-$r.csv
+        csv=$work/compare-$model-$opt-$precision-$which-$r.csv
         rm -f "$csv" "$csv.tmp"
         if [ $which = kat ]; then
           timeout -k 5 "$t" "$train_bin" --data-dir "$data" --progress never --model "$model" \
             --epochs 2 --batch-size 128 --seed "$r" "${kat[@]}" --metrics "$csv" \
-            >>"$log" 2>&1 || echo "$model $opt kat run $r: exit $?" | tee -a "$log"
+            >>"$log" 2>&1 || echo "$model $label kat run $r: exit $?" | tee -a "$log"
         else
           timeout -k 5 "$t" "$py" "$root/bench/compare_pytorch.py" --data-dir "$data" \
             --device "${KAT_COMPARE_DEVICE:-cuda}" --model "$model" --epochs 2 --batch-size 128 --seed "$r" \
             "${torch[@]}" >"$csv.tmp" 2>>"$log" && mv "$csv.tmp" "$csv" ||
-            echo "$model $opt torch run $r: exit $?" | tee -a "$log"
+            echo "$model $label torch run $r: exit $?" | tee -a "$log"
         fi
         # kat_train's CSV: epoch, wall_seconds, ..., test_accuracy (column 6);
         # compare_pytorch.py's: epoch, train_seconds, test_accuracy.
-        [ ! -f "$csv" ] || awk -F, -v w="$which" -v name="$model $opt $which run $r" '
+        [ ! -f "$csv" ] || awk -F, -v w="$which" -v name="$model $label $which run $r" '
           NR == 1 { next } { t = t sprintf(" %.3f", $2); acc = (w == "kat") ? $6 : $3 }
           END { printf "%s: epoch seconds%s; test accuracy %.2f%%\n", name, t, 100 * acc }' \
           "$csv" | tee -a "$log"

@@ -346,6 +346,33 @@ TEST_CASE("precision: Conv2d in bf16 stays within the bf16 bound of fp32", "[pre
       FeatureShape{16, 10, 10}, batch, 16 * 9 + 1, 32 * 9, 41);
 }
 
+// The im2col path in chunks (100 positions, 7 a chunk: 15 chunks, the last of 2), as every
+// Conv2d on a GPU and the small convolutions on a host take it: in bf16 there, im2col rounds
+// the patches itself and the GEMM reads them as bf16 where the vendor GEMM does.
+TEST_CASE("precision: Conv2d on the chunked im2col path in bf16 stays within the bf16 bound",
+          "[precision][bf16]") {
+  const std::size_t batch = 6, cols = 16 * 9 + 1;
+  check_layer_bf16(
+      [&](auto s) {
+        using S = decltype(s);
+        auto conv = std::make_unique<nn::Conv2d<S, Mem>>(16, 32, 3, 1, 1);
+        conv->set_backend(nn::Conv2dBackend::im2col);
+        conv->set_chunk_bytes(7 * batch * cols * sizeof(S));
+        return conv;
+      },
+      FeatureShape{16, 10, 10}, batch, cols, 32 * 9, 43);
+  // A strided convolution with padding and no bias, in one chunk.
+  check_layer_bf16(
+      [&](auto s) {
+        using S = decltype(s);
+        auto conv = std::make_unique<nn::Conv2d<S, Mem>>(3, 8, 5, 2, 2, 1, false);
+        conv->set_backend(nn::Conv2dBackend::im2col);
+        conv->set_chunk_bytes(0);
+        return conv;
+      },
+      FeatureShape{3, 11, 9}, batch, 3 * 25, 8 * 25, 47);
+}
+
 // T steps of plain SGD (lr 0.02) on a fixed batch of random images with labels i % classes;
 // returns the losses and leaves the parameters in `model`.
 template <class Model>

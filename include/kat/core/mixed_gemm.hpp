@@ -82,16 +82,24 @@ public:
   /// `space`. Storage grows to the largest matrix assigned and is then reused.
   template <class ExecSpace, class View> void assign(const ExecSpace &space, const View &src) {
     const std::size_t rows = src.extent(0), cols = src.extent(1);
+    resize(rows, cols);
+    parallel_for_matrix("kat::Bf16Operand::assign", space, rows, cols,
+                        detail::ConvertBf16<View, matrix_type>{src, matrix_});
+  }
+
+  /// Makes matrix() a rows x cols matrix without writing it, for a kernel that writes the
+  /// rounded values itself (Conv2d's im2col writes its patches so); storage as in assign().
+  /// Scalar storage must receive values already rounded to bf16 (kat::round_to_bf16).
+  const matrix_type &resize(std::size_t rows, std::size_t cols) {
     if (buffer_.extent(0) < rows * cols) {
       buffer_ = Kokkos::View<storage_type *, MemorySpace>(
           Kokkos::view_alloc(Kokkos::WithoutInitializing, "kat::Bf16Operand"), rows * cols);
     }
     matrix_ = matrix_type(buffer_.data(), rows, cols);
-    parallel_for_matrix("kat::Bf16Operand::assign", space, rows, cols,
-                        detail::ConvertBf16<View, matrix_type>{src, matrix_});
+    return matrix_;
   }
 
-  /// The rounded matrix of the last assign() (0 x 0 before one).
+  /// The rounded matrix of the last assign() or resize() (0 x 0 before one).
   const matrix_type &matrix() const { return matrix_; }
 
 private:
@@ -179,8 +187,16 @@ public:
   void operator()(const ExecSpace &space, Trans trans_a, Trans trans_b, Scalar alpha,
                   const Bf16Operand<Scalar, MemorySpace> &A,
                   const Bf16Operand<Scalar, MemorySpace> &B, Scalar beta, const CView &C) {
-    const auto &a = A.matrix();
-    const auto &b = B.matrix();
+    (*this)(space, trans_a, trans_b, alpha, A.matrix(), B.matrix(), beta, C);
+  }
+
+  /// The same product from rounded matrices in a Bf16Operand's storage: an operand's
+  /// matrix(), or a block of leading columns of one (the weights without their bias column).
+  template <class ExecSpace, class CView>
+  void operator()(const ExecSpace &space, Trans trans_a, Trans trans_b, Scalar alpha,
+                  const typename Bf16Operand<Scalar, MemorySpace>::matrix_type &a,
+                  const typename Bf16Operand<Scalar, MemorySpace>::matrix_type &b, Scalar beta,
+                  const CView &C) {
     const std::array<std::size_t, 3> mnk =
         detail::gemm_dimensions("kat::MixedPrecisionGemm", trans_a, trans_b, a, b, C);
     const std::size_t m = mnk[0], n = mnk[1], k = mnk[2];

@@ -41,10 +41,11 @@ namespace detail {
 ///
 /// One team per patch column; its threads take the output columns ow the range touches. For
 /// one (k, ow) the rows are contiguous in `patches`, and with stride_h == 1 the valid ones are
-/// also contiguous in x, so the copy is a single run.
-template <class ExecSpace, class Scalar>
+/// also contiguous in x, so the copy is a single run. With Out = kat::bfloat16 the entries are
+/// rounded to bf16 as they are written (the patches of a bf16 product).
+template <class ExecSpace, class Scalar, class Out>
 void conv2d_im2col(const ExecSpace &space, const Conv2dGeometry &g, std::size_t n, const Scalar *x,
-                   std::size_t p0, std::size_t p1, std::size_t cols, Scalar *patches) {
+                   std::size_t p0, std::size_t p1, std::size_t cols, Out *patches) {
   using policy = Kokkos::TeamPolicy<ExecSpace>;
   const std::size_t ho = static_cast<std::size_t>(g.out_height);
   const std::size_t rows = n * (p1 - p0);
@@ -54,8 +55,8 @@ void conv2d_im2col(const ExecSpace &space, const Conv2dGeometry &g, std::size_t 
   Kokkos::parallel_for(
       "kat::nn::Conv2d::im2col",
       policy(space, static_cast<int>(cols), Kokkos::AUTO, batch_vector_length<ExecSpace>()),
-      Conv2dIm2col<ExecSpace, Scalar>{g, n, x, p0, p1, patches, ho, rows, ow_first, ow_count,
-                                      patch});
+      Conv2dIm2col<ExecSpace, Scalar, Out>{g, n, x, p0, p1, patches, ho, rows, ow_first, ow_count,
+                                           patch});
 }
 
 /// col2im as a gather: every input element (b, c, ih, iw) of the band [ih_lo, ih_hi] x
@@ -139,6 +140,10 @@ enum class Conv2dBackend {
 ///   N·H_out·W_out·(K+1) scalars through memory twice. Backward walks the chunks last to
 ///   first: the last block is still in the workspace from forward(), the others are rebuilt.
 ///   The first chunk it processes writes every dx element, the others add to them.
+///   In Precision::bf16, where the bf16 GEMM reads bf16 storage (cuBLAS on CUDA memory,
+///   oneDNN's matmul on host memory: kat::Bf16Operand::stores_bf16), im2col writes the chunk's
+///   patches as bf16 directly, [W b] and each chunk of dY are rounded once for both of their
+///   products, and the patch blocks take half the memory.
 ///
 /// As MaxPool2d, the layer learns H and W from output_shape(), which Sequential::add calls;
 /// a standalone layer must be given its input shape that way before forward().
@@ -414,6 +419,7 @@ public:
     full_ = this->recording_;
     x_ = x;
     kept_ = {};
+    kept16_ = {};
     a_view_ = matrix_type();
     g_ = matrix_type();
     dnn_forwarded_ = false;
@@ -436,6 +442,12 @@ public:
     const std::size_t positions = g.positions(), cols = weight_columns();
     // Y = P [W b]ᵀ is (N·H_out·W_out) x C_out column-major: exactly y's memory.
     const matrix_type y_rows(y.data(), n * positions, out_channels());
+    if constexpr (bf16_operand::stores_bf16) {
+      if (this->precision_ == Precision::bf16 && !full_) {
+        forward_bf16(space, x.data(), y_rows);
+        return;
+      }
+    }
     const std::size_t step = full_ ? positions : chunk_positions(n, cols);
     if (full_) {
       a_view_ = a_.matrix(n * positions, cols);
@@ -499,6 +511,12 @@ public:
     }
     const std::size_t positions = g.positions(), cols = weight_columns(), k = patch_size();
     const matrix_type dy_rows(dy.data(), n * positions, out_channels());
+    if constexpr (bf16_operand::stores_bf16) {
+      if (this->precision_ == Precision::bf16 && !full_) {
+        backward_bf16(space, dy_rows, want_dw, want_dx, accumulate, dx.data());
+        return;
+      }
+    }
     if (full_) {
       g_ = dy_rows;
       if (want_dw) {
@@ -697,11 +715,73 @@ public:
   }
 
 private:
+  using bf16_operand = Bf16Operand<Scalar, MemorySpace>;
+
   // Which positions [p0, p1) of the last forward's batch a patch workspace holds (at data).
   struct KeptChunk {
     std::size_t p0 = 0, p1 = 0;
-    const Scalar *data = nullptr;
+    const void *data = nullptr;
   };
+
+  /// The chunked forward in bf16 (see the class comment): im2col rounds each chunk's patches
+  /// into patches16_, [W b] is rounded once into weight16_, and the GEMM reads both.
+  void forward_bf16(const execution_space &space, const Scalar *x, const matrix_type &y_rows) {
+    const std::size_t n = batch_, positions = forward_geometry_.positions();
+    const std::size_t cols = weight_columns(), step = chunk_positions(n, cols);
+    weight16_.assign(space, weight_bias_);
+    for (std::size_t p0 = 0; p0 < positions; p0 += step) {
+      const std::size_t p1 = std::min(positions, p0 + step);
+      const auto &p_c = chunk_patches16(space, x, p0, p1, cols);
+      product_(space, Trans::N, Trans::T, Scalar(1), p_c, weight16_.matrix(), Scalar(0),
+               Kokkos::subview(y_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL()));
+    }
+  }
+
+  /// The chunked backward in bf16: per chunk (last first, as the fp32 path), dY's rows rounded
+  /// once into dy16_ for d[W b] (+)= dYᵀ P and dP = dY W; the patches rebuilt in bf16 unless
+  /// patches16_ still holds them; W read from forward's weight16_ (its first K columns).
+  void backward_bf16(const execution_space &space, const matrix_type &dy_rows, bool want_dw,
+                     bool want_dx, bool accumulate, Scalar *dx) {
+    const std::size_t n = batch_, positions = forward_geometry_.positions();
+    const std::size_t cols = weight_columns(), k = patch_size();
+    const std::size_t step = chunk_positions(n, cols);
+    if (want_dx) {
+      reserve_chunk(dpatches_, n, cols);
+    }
+    const typename bf16_operand::matrix_type w16(weight16_.matrix().data(), out_channels(), k);
+    const std::size_t chunks = (positions + step - 1) / step;
+    for (std::size_t c = chunks; c-- > 0;) {
+      const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
+      const bool first = c + 1 == chunks;
+      dy16_.assign(space, Kokkos::subview(dy_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL()));
+      if (want_dw) {
+        const auto &p_c = chunk_patches16(space, x_.data(), p0, p1, cols);
+        product_(space, Trans::T, Trans::N, Scalar(1), dy16_.matrix(), p_c,
+                 Scalar(accumulate || !first ? 1 : 0), grad_weight_bias_);
+      }
+      if (want_dx) {
+        const matrix_type dp_c = dpatches_.matrix(n * (p1 - p0), k);
+        product_(space, Trans::N, Trans::N, Scalar(1), dy16_.matrix(), w16, Scalar(0), dp_c);
+        col2im_chunk(space, dp_c, p0, p1, first, dx);
+      }
+    }
+  }
+
+  /// The bf16 patch block of x (the last forward's batch) for the positions [p0, p1) in
+  /// patches16_: built by im2col unless kept16_ says patches16_ still holds it.
+  const typename bf16_operand::matrix_type &chunk_patches16(const execution_space &space,
+                                                            const Scalar *x, std::size_t p0,
+                                                            std::size_t p1, std::size_t cols) {
+    if (kept16_.p0 == p0 && kept16_.p1 == p1 && kept16_.data == patches16_.matrix().data() &&
+        kept16_.data != nullptr) {
+      return patches16_.matrix();
+    }
+    const auto &p_c = patches16_.resize(batch_ * (p1 - p0), cols);
+    ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
+    detail::conv2d_im2col(space, forward_geometry_, batch_, x, p0, p1, cols, p_c.data());
+    kept16_ = {p0, p1, p_c.data()};
+    return p_c;
+  }
 
   std::size_t weight_columns() const { return patch_size() + (bias_ ? 1 : 0); }
 
@@ -857,6 +937,10 @@ private:
   Workspace<Scalar, MemorySpace> dpatches_{"kat::nn::Conv2d::dpatches"};
   // forward() and backward()'s products on the im2col path in the layer's precision.
   MixedPrecisionGemm<Scalar, MemorySpace> product_;
+  // The bf16 chunked path: [W b] rounded in forward, a chunk's patches (and which chunk, of
+  // the last forward's batch), a chunk of dY rounded in backward.
+  bf16_operand weight16_, patches16_, dy16_;
+  KeptChunk kept16_;
   matrix_type a_view_, g_;
   // R-operator: the direction's and the product's blocks ([V v_b] and V; likewise for hv),
   // R{x} of the last forward_r (extent 0: zero) and its patch blocks.

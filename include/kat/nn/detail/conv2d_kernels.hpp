@@ -2,9 +2,12 @@
 /// @file
 /// @brief Conv2d's geometry and its im2col and col2im kernels as named functors.
 
+#include "kat/core/bfloat16.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace kat {
 namespace nn {
@@ -41,14 +44,24 @@ struct Conv2dGeometry {
 // across translation units while its function pointers are not, which crashed kernels on the
 // host (docs/backends.md).
 
-/// im2col for the output positions [p0, p1): a team per patch column k (conv2d_im2col).
-template <class ExecSpace, class Scalar> struct Conv2dIm2col {
+/// `v` as an im2col entry of type Out: itself, or rounded to nearest even for kat::bfloat16.
+template <class Out, class Scalar> KOKKOS_INLINE_FUNCTION Out im2col_entry(Scalar v) {
+  if constexpr (std::is_same<Out, bfloat16>::value) {
+    return bfloat16::from_float(static_cast<float>(v));
+  } else {
+    return v;
+  }
+}
+
+/// im2col for the output positions [p0, p1): a team per patch column k (conv2d_im2col),
+/// writing entries of type Out (Scalar, or kat::bfloat16 for a bf16 product).
+template <class ExecSpace, class Scalar, class Out = Scalar> struct Conv2dIm2col {
   Conv2dGeometry g;
   std::size_t n;
   const Scalar *x;
   std::size_t p0;
   std::size_t p1;
-  Scalar *patches;
+  Out *patches;
   std::size_t ho;
   std::size_t rows;
   std::size_t ow_first;
@@ -65,14 +78,14 @@ template <class ExecSpace, class Scalar> struct Conv2dIm2col {
     // Output rows whose input row is inside the image: [oh_valid_lo, oh_valid_hi).
     const int oh_valid_lo = ih0 >= 0 ? 0 : (-ih0 + g.stride_h - 1) / g.stride_h;
     const int oh_valid_hi = g.height - 1 - ih0 < 0 ? 0 : (g.height - 1 - ih0) / g.stride_h + 1;
-    Scalar *column = patches + rows * static_cast<std::size_t>(k);
+    Out *column = patches + rows * static_cast<std::size_t>(k);
     Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ow_count), [&](const int t) {
       const std::size_t ow = ow_first + static_cast<std::size_t>(t);
       const std::size_t q_begin = p0 > ho * ow ? p0 : ho * ow;
       const std::size_t q_end = p1 < ho * (ow + 1) ? p1 : ho * (ow + 1);
       const int oh_begin = static_cast<int>(q_begin - ho * ow);
       const int oh_end = static_cast<int>(q_end - ho * ow);
-      Scalar *dst = column + n * (q_begin - p0); // row of (oh_begin, ow)
+      Out *dst = column + n * (q_begin - p0); // row of (oh_begin, ow)
       const int iw = static_cast<int>(ow) * g.stride_w - g.pad_w + j * g.dilation_w;
       const bool column_inside = k < patch && iw >= 0 && iw < g.width;
       const int a = column_inside ? (oh_valid_lo > oh_begin ? oh_valid_lo : oh_begin)
@@ -80,7 +93,7 @@ template <class ExecSpace, class Scalar> struct Conv2dIm2col {
       const int b = column_inside ? (oh_valid_hi < oh_end ? oh_valid_hi : oh_end) : oh_end;
       const int copy_begin = a < b ? a : oh_end;
       const int copy_end = a < b ? b : oh_end;
-      const Scalar outside = k < patch ? Scalar(0) : Scalar(1);
+      const Out outside = im2col_entry<Out>(k < patch ? Scalar(0) : Scalar(1));
       // Padding (or the bias column's ones) before and after the valid rows.
       Kokkos::parallel_for(
           Kokkos::ThreadVectorRange(team, n * static_cast<std::size_t>(copy_begin - oh_begin)),
@@ -94,17 +107,17 @@ template <class ExecSpace, class Scalar> struct Conv2dIm2col {
       const std::size_t plane =
           static_cast<std::size_t>(g.height) *
           (static_cast<std::size_t>(iw) + static_cast<std::size_t>(g.width) * c);
-      Scalar *out = dst + n * static_cast<std::size_t>(copy_begin - oh_begin);
+      Out *out = dst + n * static_cast<std::size_t>(copy_begin - oh_begin);
       const Scalar *in = x + n * (plane + static_cast<std::size_t>(copy_begin * g.stride_h + ih0));
       if (g.stride_h == 1) {
         Kokkos::parallel_for(
             Kokkos::ThreadVectorRange(team, n * static_cast<std::size_t>(copy_end - copy_begin)),
-            [&](const std::size_t e) { out[e] = in[e]; });
+            [&](const std::size_t e) { out[e] = im2col_entry<Out>(in[e]); });
       } else {
         const std::size_t in_step = n * static_cast<std::size_t>(g.stride_h);
         for (int oh = copy_begin; oh < copy_end; ++oh) {
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, n),
-                               [&](const std::size_t e) { out[e] = in[e]; });
+                               [&](const std::size_t e) { out[e] = im2col_entry<Out>(in[e]); });
           out += n;
           in += in_step;
         }

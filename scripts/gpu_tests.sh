@@ -77,6 +77,7 @@
 #   KAT_GPU_BUILD_RESERVE  with KAT_GPU_BUDGET: seconds kept for the tests when the build of
 #                   KAT starts (default 200); the build is stopped there
 #   KAT_GPU_TESTS   Catch2 test spec of the cases to run (default ~[mpi]: all but the MPI ones)
+#   KAT_GPU_TRAIN   0: `test` runs kat_tests only, not the one-epoch kat_train runs (default 1)
 #   KAT_COMPARE     model:optimizer pairs to compare (default: mlp:sgd cnn:sgd mlp:kfac cnn:kfac
 #                   resnet:sgd vit:adam), each with an optional :bf16 (kat_train --precision bf16
 #                   against PyTorch's torch.autocast bf16; e.g. cnn:sgd:bf16);
@@ -727,7 +728,7 @@ if [ "$action" != build ] && { [ $status -ne 0 ] || [ ! -x "$tests_bin" ]; } &&
 fi
 if { [ "$action" = all ] || [ "$action" = test ]; } && [ $status -eq 0 ]; then
   stage tests "$out/tests-run.log" run_tests
-  stage train "$out/tests-run.log" run_train
+  if [ "${KAT_GPU_TRAIN:-1}" != 0 ]; then stage train "$out/tests-run.log" run_train; fi
 fi
 if { [ "$action" = all ] && [ "$compare_reserve" -gt 0 ]; } || [ "$action" = compare ]; then
   [ -x "$train_bin" ] || train_bin=$work/prebuilt/kat_train

@@ -225,7 +225,7 @@ public:
 
   /// Total (re)allocations of the layer's workspaces; constant after the first step.
   std::size_t workspace_allocations() const {
-    return stats_.allocations() + coefficients_.allocations();
+    return stats_.allocations() + coefficients_.allocations() + partials_.allocations();
   }
 
   /// @throws ShapeError if x's column count is not a positive multiple of channels(), y's
@@ -301,10 +301,16 @@ public:
     if (training) {
       ScopedRegion phase("kat::nn::BatchNorm::forward_statistics");
       const accum_type momentum = static_cast<accum_type>(momentum_);
-      Kokkos::parallel_for("kat::nn::BatchNorm::forward_statistics",
-                           team_policy(space, C, Kokkos::AUTO),
-                           detail::BatchNormForwardStatistics<Scalar, MemorySpace>{
-                               xp, M, stats, eps, running_mean, running_var, momentum});
+      const std::size_t segments = detail::batch_norm_segments(M);
+      const auto partials = partials_.matrix(C * segments, 2);
+      Kokkos::parallel_for(
+          "kat::nn::BatchNorm::forward_moments", team_policy(space, C * segments, Kokkos::AUTO),
+          detail::BatchNormSegmentMoments<Scalar, MemorySpace>{xp, M, segments, partials});
+      Kokkos::parallel_for(
+          "kat::nn::BatchNorm::forward_statistics",
+          Kokkos::RangePolicy<execution_space>(space, 0, C),
+          detail::BatchNormForwardStatistics<Scalar, MemorySpace>{
+              partials, segments, M, stats, eps, running_mean, running_var, momentum});
       ++num_batches_tracked_;
     } else {
       Kokkos::parallel_for("kat::nn::BatchNorm::forward_running_statistics",
@@ -396,10 +402,19 @@ public:
     }
     {
       ScopedRegion phase("kat::nn::BatchNorm::backward_sums");
-      Kokkos::parallel_for("kat::nn::BatchNorm::backward_sums", team_policy(space, C, Kokkos::AUTO),
+      const std::size_t segments = detail::batch_norm_segments(M);
+      const auto partials = partials_.matrix(C * segments, 2);
+      if (need_sums) {
+        Kokkos::parallel_for("kat::nn::BatchNorm::backward_segment_sums",
+                             team_policy(space, C * segments, Kokkos::AUTO),
+                             detail::BatchNormSegmentBackwardSums<Scalar, MemorySpace>{
+                                 xp, dyp, M, segments, stats, partials});
+      }
+      Kokkos::parallel_for("kat::nn::BatchNorm::backward_sums",
+                           Kokkos::RangePolicy<execution_space>(space, 0, C),
                            detail::BatchNormBackwardSums<Scalar, MemorySpace>{
-                               xp, dyp, M, stats, need_sums, affine, grad_gamma, grad_beta,
-                               accumulate, coef, gamma, training});
+                               partials, segments, M, stats, need_sums, affine, grad_gamma,
+                               grad_beta, accumulate, coef, gamma, training});
     }
     if (!need_dx || M == 0) {
       return;
@@ -583,6 +598,8 @@ private:
   matrix_type rx_;
   // stats: C x 2 (mean, inv_std) used by the last forward; coefficients: C x 3 for dx.
   Workspace<Scalar, MemorySpace> stats_, coefficients_;
+  // Per-segment sums of the statistics and backward sums (detail::batch_norm_segments).
+  Workspace<accum_type, MemorySpace> partials_{"kat::nn::BatchNorm::partials"};
   // oneDNN's path (channels16 in training): its problem, whether the last forward took it,
   // and a dx it writes when the caller needs none.
   BatchNormProblem dnn_problem_;

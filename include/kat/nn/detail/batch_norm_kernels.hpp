@@ -95,12 +95,63 @@ template <class Scalar, class MemorySpace> struct BatchNormDnnStatistics {
   }
 };
 
-/// A training forward's mean and 1/σ of the team's channel, and its running averages.
-template <class Scalar, class MemorySpace> struct BatchNormForwardStatistics {
+/// Teams per channel of the statistics and backward sums: a channel's M values split into
+/// segments of batch_norm_block values, each reduced by one team (two passes over 16 to 32 KB,
+/// from cache) and combined in a fixed order by a second kernel, so that few channels still
+/// fill a GPU: a team per channel gave a ResNet-14's 16 to 64 channels 16 to 64 teams on 132
+/// multiprocessors, and the backward sums alone took 20 % of its step on an H200
+/// (docs/benchmarks.md). The same segments on every backend, so hosts test the combination.
+inline std::size_t batch_norm_segments(std::size_t M) {
+  return M == 0 ? 1 : (M + batch_norm_block - 1) / batch_norm_block;
+}
+
+/// Segment `s` of a channel's M values: [begin, end).
+struct BatchNormSegment {
+  std::size_t begin, end;
+};
+KOKKOS_INLINE_FUNCTION BatchNormSegment batch_norm_segment(std::size_t s, std::size_t M) {
+  const std::size_t begin = s * batch_norm_block;
+  return {begin, M - begin < batch_norm_block ? M : begin + batch_norm_block};
+}
+
+/// A training forward's per-segment moments: for team c·segments + s, the sum of channel c's
+/// values in segment s and the sum of their squared deviations from the segment's mean
+/// (two passes, no cancellation), into partials(team, 0) and partials(team, 1).
+template <class Scalar, class MemorySpace> struct BatchNormSegmentMoments {
   using accum_type = std::common_type_t<Scalar, double>; ///< as BatchNorm::accum_type
   using member_type =
       typename Kokkos::TeamPolicy<typename MemorySpace::execution_space>::member_type;
   const Scalar *xp;
+  std::size_t M;
+  std::size_t segments;
+  Matrix<accum_type, MemorySpace> partials;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type &team) const {
+    const std::size_t i = static_cast<std::size_t>(team.league_rank());
+    const auto seg = batch_norm_segment(i % segments, M);
+    const std::size_t n = seg.end - seg.begin;
+    const Scalar *xs = xp + M * (i / segments) + seg.begin;
+    const accum_type sum = batch_norm_team_sum<accum_type>(
+        team, n, [&](const std::size_t m) { return static_cast<accum_type>(xs[m]); });
+    const accum_type mean = sum / static_cast<accum_type>(n);
+    const accum_type m2 = batch_norm_team_sum<accum_type>(team, n, [&](const std::size_t m) {
+      const accum_type d = static_cast<accum_type>(xs[m]) - mean;
+      return d * d;
+    });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      partials(i, 0) = sum;
+      partials(i, 1) = m2;
+    });
+  }
+};
+
+/// A training forward's mean and 1/σ of channel c from its segments' moments (Chan, Golub &
+/// LeVeque's pairwise update: M2 = Σ M2_s + Σ n_s (mean_s − mean)², in segment order), and
+/// its running averages.
+template <class Scalar, class MemorySpace> struct BatchNormForwardStatistics {
+  using accum_type = std::common_type_t<Scalar, double>; ///< as BatchNorm::accum_type
+  Matrix<accum_type, MemorySpace> partials;
+  std::size_t segments;
   std::size_t M;
   Matrix<Scalar, MemorySpace> stats;
   accum_type eps;
@@ -108,32 +159,27 @@ template <class Scalar, class MemorySpace> struct BatchNormForwardStatistics {
   Vector<Scalar, MemorySpace> running_var;
   accum_type momentum;
 
-  KOKKOS_INLINE_FUNCTION void operator()(const member_type &team) const {
-    const std::size_t c = static_cast<std::size_t>(team.league_rank());
-    const Scalar *xc = xp + M * c;
-    const accum_type mean =
-        batch_norm_team_sum<accum_type>(
-            team, M, [&](const std::size_t m) { return static_cast<accum_type>(xc[m]); }) /
-        static_cast<accum_type>(M);
-    // Two-pass variance: sums of squared deviations, no cancellation.
-    const accum_type var =
-        batch_norm_team_sum<accum_type>(team, M,
-                                        [&](const std::size_t m) {
-                                          const accum_type d =
-                                              static_cast<accum_type>(xc[m]) - mean;
-                                          return d * d;
-                                        }) /
-        static_cast<accum_type>(M);
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      stats(c, 0) = static_cast<Scalar>(mean);
-      stats(c, 1) = static_cast<Scalar>(accum_type(1) / math::sqrt(var + eps));
-      const accum_type unbiased = var * static_cast<accum_type>(M) / static_cast<accum_type>(M - 1);
-      running_mean(c) = static_cast<Scalar>(
-          (accum_type(1) - momentum) * static_cast<accum_type>(running_mean(c)) + momentum * mean);
-      running_var(c) =
-          static_cast<Scalar>((accum_type(1) - momentum) * static_cast<accum_type>(running_var(c)) +
-                              momentum * unbiased);
-    });
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c) const {
+    accum_type sum = 0;
+    for (std::size_t s = 0; s < segments; ++s) {
+      sum += partials(c * segments + s, 0);
+    }
+    const accum_type mean = sum / static_cast<accum_type>(M);
+    accum_type m2 = 0;
+    for (std::size_t s = 0; s < segments; ++s) {
+      const auto seg = batch_norm_segment(s, M);
+      const accum_type n = static_cast<accum_type>(seg.end - seg.begin);
+      const accum_type d = partials(c * segments + s, 0) / n - mean;
+      m2 += partials(c * segments + s, 1) + n * d * d;
+    }
+    const accum_type var = m2 / static_cast<accum_type>(M);
+    stats(c, 0) = static_cast<Scalar>(mean);
+    stats(c, 1) = static_cast<Scalar>(accum_type(1) / math::sqrt(var + eps));
+    const accum_type unbiased = var * static_cast<accum_type>(M) / static_cast<accum_type>(M - 1);
+    running_mean(c) = static_cast<Scalar>(
+        (accum_type(1) - momentum) * static_cast<accum_type>(running_mean(c)) + momentum * mean);
+    running_var(c) = static_cast<Scalar>(
+        (accum_type(1) - momentum) * static_cast<accum_type>(running_var(c)) + momentum * unbiased);
   }
 };
 
@@ -203,13 +249,45 @@ template <class Scalar, class MemorySpace> struct BatchNormDnnParameterGradients
   }
 };
 
-/// The backward sums of the team's channel: dγ, dβ and the coefficients of dx.
-template <class Scalar, class MemorySpace> struct BatchNormBackwardSums {
+/// The backward sums of segment s of channel c for team c·segments + s: Σ dy and
+/// Σ dy·(x − μ) into partials(team, 0) and partials(team, 1).
+template <class Scalar, class MemorySpace> struct BatchNormSegmentBackwardSums {
   using accum_type = std::common_type_t<Scalar, double>; ///< as BatchNorm::accum_type
   using member_type =
       typename Kokkos::TeamPolicy<typename MemorySpace::execution_space>::member_type;
   const Scalar *xp;
   const Scalar *dyp;
+  std::size_t M;
+  std::size_t segments;
+  Matrix<Scalar, MemorySpace> stats;
+  Matrix<accum_type, MemorySpace> partials;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member_type &team) const {
+    const std::size_t i = static_cast<std::size_t>(team.league_rank());
+    const std::size_t c = i / segments;
+    const auto seg = batch_norm_segment(i % segments, M);
+    const std::size_t n = seg.end - seg.begin;
+    const Scalar *xs = xp + M * c + seg.begin;
+    const Scalar *dys = dyp + M * c + seg.begin;
+    const accum_type mean = static_cast<accum_type>(stats(c, 0));
+    const accum_type dbeta = batch_norm_team_sum<accum_type>(
+        team, n, [&](const std::size_t m) { return static_cast<accum_type>(dys[m]); });
+    const accum_type dxmu = batch_norm_team_sum<accum_type>(team, n, [&](const std::size_t m) {
+      return static_cast<accum_type>(dys[m]) * (static_cast<accum_type>(xs[m]) - mean);
+    });
+    Kokkos::single(Kokkos::PerTeam(team), [&]() {
+      partials(i, 0) = dbeta;
+      partials(i, 1) = dxmu;
+    });
+  }
+};
+
+/// Channel c's dγ = inv_std Σ dy·(x − μ) and dβ = Σ dy from its segments' sums (in segment
+/// order; zero without need_sums), and the coefficients of dx.
+template <class Scalar, class MemorySpace> struct BatchNormBackwardSums {
+  using accum_type = std::common_type_t<Scalar, double>; ///< as BatchNorm::accum_type
+  Matrix<accum_type, MemorySpace> partials;
+  std::size_t segments;
   std::size_t M;
   Matrix<Scalar, MemorySpace> stats;
   bool need_sums;
@@ -221,37 +299,29 @@ template <class Scalar, class MemorySpace> struct BatchNormBackwardSums {
   Vector<Scalar, MemorySpace> gamma;
   bool training;
 
-  KOKKOS_INLINE_FUNCTION void operator()(const member_type &team) const {
-    const std::size_t c = static_cast<std::size_t>(team.league_rank());
-    const Scalar *xc = xp + M * c;
-    const Scalar *dyc = dyp + M * c;
-    const Scalar mean = stats(c, 0);
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c) const {
     const Scalar inv_std = stats(c, 1);
     accum_type dbeta = 0;
-    accum_type dgamma = 0;
+    accum_type dxmu = 0;
     if (need_sums) {
-      dbeta = batch_norm_team_sum<accum_type>(
-          team, M, [&](const std::size_t m) { return static_cast<accum_type>(dyc[m]); });
-      // Σ dy·x̂ = inv_std · Σ dy·(x − μ)
-      dgamma = static_cast<accum_type>(inv_std) *
-               batch_norm_team_sum<accum_type>(team, M, [&](const std::size_t m) {
-                 return static_cast<accum_type>(dyc[m]) *
-                        (static_cast<accum_type>(xc[m]) - static_cast<accum_type>(mean));
-               });
-    }
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      if (affine) {
-        grad_gamma(c) = static_cast<Scalar>(
-            accumulate ? static_cast<accum_type>(grad_gamma(c)) + dgamma : dgamma);
-        grad_beta(c) =
-            static_cast<Scalar>(accumulate ? static_cast<accum_type>(grad_beta(c)) + dbeta : dbeta);
+      for (std::size_t s = 0; s < segments; ++s) {
+        dbeta += partials(c * segments + s, 0);
+        dxmu += partials(c * segments + s, 1);
       }
-      const accum_type inv_m = accum_type(1) / static_cast<accum_type>(M);
-      coef(c, 0) = affine ? gamma(c) * inv_std : inv_std;
-      coef(c, 1) = training ? static_cast<Scalar>(dbeta * inv_m) : Scalar(0);
-      coef(c, 2) = training ? static_cast<Scalar>(static_cast<accum_type>(inv_std) * dgamma * inv_m)
-                            : Scalar(0);
-    });
+    }
+    // Σ dy·x̂ = inv_std · Σ dy·(x − μ)
+    const accum_type dgamma = static_cast<accum_type>(inv_std) * dxmu;
+    if (affine) {
+      grad_gamma(c) = static_cast<Scalar>(
+          accumulate ? static_cast<accum_type>(grad_gamma(c)) + dgamma : dgamma);
+      grad_beta(c) =
+          static_cast<Scalar>(accumulate ? static_cast<accum_type>(grad_beta(c)) + dbeta : dbeta);
+    }
+    const accum_type inv_m = accum_type(1) / static_cast<accum_type>(M);
+    coef(c, 0) = affine ? gamma(c) * inv_std : inv_std;
+    coef(c, 1) = training ? static_cast<Scalar>(dbeta * inv_m) : Scalar(0);
+    coef(c, 2) = training ? static_cast<Scalar>(static_cast<accum_type>(inv_std) * dgamma * inv_m)
+                          : Scalar(0);
   }
 };
 

@@ -98,8 +98,8 @@ TEST_CASE("batchnorm: float statistics stay accurate far from zero", "[batchnorm
   // Values 1000 ± 1: a one-pass Σx² − Mμ² in float would lose every digit of the variance.
   // 16 x 8 x 8 values a channel: one reduction segment; 16 x 32 x 27 = 13,824: four
   // segments (the last of 1,536), whose moments combine around their own means.
-  const std::size_t h = GENERATE(8, 32);
-  const std::size_t w = h == 8 ? 8 : 27;
+  const int h = GENERATE(8, 32);
+  const int w = h == 8 ? 8 : 27;
   const FeatureShape shape{2, h, w};
   const std::size_t n = 16;
   nn::BatchNorm2d<float, Mem> layer(2);

@@ -114,6 +114,29 @@ KOKKOS_INLINE_FUNCTION BatchNormSegment batch_norm_segment(std::size_t s, std::s
   return {begin, M - begin < batch_norm_block ? M : begin + batch_norm_block};
 }
 
+/// What team `row` = c·segments + s of a segment kernel reduces: channel c's values
+/// [c·M + begin, c·M + begin + count), whose two sums go to row `row` of the partials.
+struct BatchNormSegmentTeam {
+  std::size_t row, channel, offset, count;
+};
+KOKKOS_INLINE_FUNCTION BatchNormSegmentTeam batch_norm_segment_team(std::size_t row,
+                                                                    std::size_t segments,
+                                                                    std::size_t M) {
+  const std::size_t c = row / segments;
+  const BatchNormSegment seg = batch_norm_segment(row % segments, M);
+  return {row, c, M * c + seg.begin, seg.end - seg.begin};
+}
+
+/// Stores a segment team's two sums in its row of `partials`, once per team.
+template <class Member, class Partials, class Accum>
+KOKKOS_INLINE_FUNCTION void batch_norm_store_partials(const Member &team, const Partials &partials,
+                                                      std::size_t row, Accum first, Accum second) {
+  Kokkos::single(Kokkos::PerTeam(team), [&]() {
+    partials(row, 0) = first;
+    partials(row, 1) = second;
+  });
+}
+
 /// A training forward's per-segment moments: for team c·segments + s, the sum of channel c's
 /// values in segment s and the sum of their squared deviations from the segment's mean
 /// (two passes, no cancellation), into partials(team, 0) and partials(team, 1).
@@ -127,21 +150,17 @@ template <class Scalar, class MemorySpace> struct BatchNormSegmentMoments {
   Matrix<accum_type, MemorySpace> partials;
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type &team) const {
-    const std::size_t i = static_cast<std::size_t>(team.league_rank());
-    const auto seg = batch_norm_segment(i % segments, M);
-    const std::size_t n = seg.end - seg.begin;
-    const Scalar *xs = xp + M * (i / segments) + seg.begin;
+    const auto t =
+        batch_norm_segment_team(static_cast<std::size_t>(team.league_rank()), segments, M);
+    const Scalar *xs = xp + t.offset;
     const accum_type sum = batch_norm_team_sum<accum_type>(
-        team, n, [&](const std::size_t m) { return static_cast<accum_type>(xs[m]); });
-    const accum_type mean = sum / static_cast<accum_type>(n);
-    const accum_type m2 = batch_norm_team_sum<accum_type>(team, n, [&](const std::size_t m) {
+        team, t.count, [&](const std::size_t m) { return static_cast<accum_type>(xs[m]); });
+    const accum_type mean = sum / static_cast<accum_type>(t.count);
+    const accum_type m2 = batch_norm_team_sum<accum_type>(team, t.count, [&](const std::size_t m) {
       const accum_type d = static_cast<accum_type>(xs[m]) - mean;
       return d * d;
     });
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      partials(i, 0) = sum;
-      partials(i, 1) = m2;
-    });
+    batch_norm_store_partials(team, partials, t.row, sum, m2);
   }
 };
 
@@ -263,22 +282,18 @@ template <class Scalar, class MemorySpace> struct BatchNormSegmentBackwardSums {
   Matrix<accum_type, MemorySpace> partials;
 
   KOKKOS_INLINE_FUNCTION void operator()(const member_type &team) const {
-    const std::size_t i = static_cast<std::size_t>(team.league_rank());
-    const std::size_t c = i / segments;
-    const auto seg = batch_norm_segment(i % segments, M);
-    const std::size_t n = seg.end - seg.begin;
-    const Scalar *xs = xp + M * c + seg.begin;
-    const Scalar *dys = dyp + M * c + seg.begin;
-    const accum_type mean = static_cast<accum_type>(stats(c, 0));
+    const auto t =
+        batch_norm_segment_team(static_cast<std::size_t>(team.league_rank()), segments, M);
+    const Scalar *xs = xp + t.offset;
+    const Scalar *dys = dyp + t.offset;
+    const accum_type mean = static_cast<accum_type>(stats(t.channel, 0));
     const accum_type dbeta = batch_norm_team_sum<accum_type>(
-        team, n, [&](const std::size_t m) { return static_cast<accum_type>(dys[m]); });
-    const accum_type dxmu = batch_norm_team_sum<accum_type>(team, n, [&](const std::size_t m) {
-      return static_cast<accum_type>(dys[m]) * (static_cast<accum_type>(xs[m]) - mean);
-    });
-    Kokkos::single(Kokkos::PerTeam(team), [&]() {
-      partials(i, 0) = dbeta;
-      partials(i, 1) = dxmu;
-    });
+        team, t.count, [&](const std::size_t m) { return static_cast<accum_type>(dys[m]); });
+    const accum_type dxmu =
+        batch_norm_team_sum<accum_type>(team, t.count, [&](const std::size_t m) {
+          return static_cast<accum_type>(dys[m]) * (static_cast<accum_type>(xs[m]) - mean);
+        });
+    batch_norm_store_partials(team, partials, t.row, dbeta, dxmu);
   }
 };
 

@@ -314,8 +314,9 @@ void check_layer_bf16(MakeLayer make, FeatureShape in, std::size_t batch, std::s
   check_within("y", y16, y32, yab, rel + 2 * (k_fwd + 2) * u_fp32);
   check_within("dx", dx16, dx32, dxab, rel + 2 * (k_dx + 2) * u_fp32);
   // The weight gradient sums over the batch (and positions). The bias gradient sums dy: in
-  // fp32 (Dense, the im2col path) or, in oneDNN's bf16 convolution, the rounded dy (as
-  // PyTorch's bf16 convolution): within u sum |dy| either way.
+  // fp32 (Dense) or, in a bf16 convolution (oneDNN's, or dYᵀ P on the im2col path, whose
+  // patches hold a ones column), the rounded dy, as PyTorch's bf16 convolution: within
+  // u sum |dy| either way.
   const std::size_t k_dw = batch * (out.size() / l32->weight_gradient().extent(0));
   check_within("dW", l16->weight_gradient(), l32->weight_gradient(), lab->weight_gradient(),
                rel + 2 * (k_dw + 2) * u_fp32);

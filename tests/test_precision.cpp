@@ -12,6 +12,7 @@
 // truncation, or one operand left unrounded, would exceed the second bound.
 #include "test_helpers.hpp"
 
+#include <kat/core/bf16_support.hpp>
 #include <kat/core/bfloat16.hpp>
 #include <kat/core/mixed_gemm.hpp>
 #include <kat/core/precision.hpp>
@@ -25,8 +26,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -139,6 +143,51 @@ TEST_CASE("precision: bf16 conversion on the device matches the nearest-value se
       REQUIRE(bits_of(v.to_float()) == h << 16);
     }
   }
+}
+
+// The CPU flags Linux reports (empty where /proc/cpuinfo cannot be read).
+std::string cpu_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      return line + " ";
+    }
+  }
+  return {};
+}
+
+TEST_CASE("precision: bf16_support names the units the products run on", "[precision][bf16]") {
+  const Bf16Support support = bf16_support<Mem>();
+  INFO(support.description);
+  CHECK(!support.description.empty());
+  if (kat::detail::cublas_bf16_memory<float, Mem>()) {
+    CHECK(support.native);
+    CHECK_THAT(support.description, Catch::Contains("cuBLAS"));
+    return;
+  }
+#if defined(KAT_ENABLE_ONEDNN)
+  // On host memory: what oneDNN found, which must agree with the CPU's own flags (unless
+  // ONEDNN_MAX_CPU_ISA lowers it; the tests do not set it).
+  if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible &&
+      std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr && std::getenv("DNNL_MAX_CPU_ISA") == nullptr) {
+    const std::string flags = cpu_flags();
+    if (!flags.empty()) {
+      const bool amx = flags.find(" amx_bf16 ") != std::string::npos;
+      const bool avx512_bf16 = flags.find(" avx512_bf16 ") != std::string::npos;
+      CHECK(support.native == (amx || avx512_bf16));
+      if (amx) {
+        CHECK_THAT(support.description, Catch::Contains("AMX"));
+      } else if (avx512_bf16) {
+        CHECK_THAT(support.description, Catch::Contains("AVX512-BF16"));
+      } else {
+        CHECK_THAT(support.description, Catch::Contains("no bf16 unit"));
+      }
+    }
+    return;
+  }
+#endif
+  CHECK_FALSE(support.native); // the portable path
 }
 
 TEST_CASE("precision: parse_precision names the bad value", "[precision]") {

@@ -2,10 +2,12 @@
 // backend (--conv-backend) and the compute precision (--precision).
 #include "run.hpp"
 
+#include <kat/core/bf16_support.hpp>
 #include <kat/core/precision.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/models.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -83,6 +85,21 @@ public:
       kat::nn::set_conv2d_backend(m.layers(), backend);
       m.set_precision(precision);
     };
+  }
+
+  // In bf16, what computes the products: a user on a CPU without bf16 units learns why bf16
+  // is slower than fp32 there.
+  void describe(Run &) override {
+    if (precision_ != "bf16") {
+      return;
+    }
+    const kat::Bf16Support support = kat::bf16_support<Mem>();
+    if (support.native) {
+      std::printf("precision bf16: products on %s\n", support.description.c_str());
+    } else {
+      std::printf("precision bf16: warning: %s; --precision fp32 is faster here\n",
+                  support.description.c_str());
+    }
   }
 
 private:

@@ -155,7 +155,6 @@ public:
     }
     if constexpr (detail::onednn_gemm_available<ExecSpace, AView, BView, CView>()) {
       if (run_onednn(space, trans_a, trans_b, m, n, k, alpha, A, B, beta, C)) {
-        path_ = Bf16GemmPath::onednn;
         return;
       }
     }
@@ -208,7 +207,6 @@ public:
         }
       } else if (m != 0 && n != 0 && k != 0 &&
                  run_onednn(space, trans_a, trans_b, m, n, k, alpha, a, b, beta, C, true)) {
-        path_ = Bf16GemmPath::onednn;
         return;
       }
       ScopedRegion region("kat::gemm_bf16::portable");
@@ -290,7 +288,8 @@ private:
   }
 
   /// The product on oneDNN's bf16 matmul, A and B f32 (converted by the plan) or, with
-  /// `bf16_operands`, Bf16Operand matrices; false where oneDNN cannot take it.
+  /// `bf16_operands`, Bf16Operand matrices; false where oneDNN cannot take it. Sets path_ and
+  /// implementation_ when it ran, as run_cublas does.
   template <class ExecSpace, class AView, class BView, class CView>
   bool run_onednn(const ExecSpace &space, Trans trans_a, Trans trans_b, std::size_t m,
                   std::size_t n, std::size_t k, Scalar alpha, const AView &A, const BView &B,
@@ -322,6 +321,7 @@ private:
     if (implementation_ != plan->implementation()) { // no string copy per product
       implementation_ = plan->implementation();
     }
+    path_ = Bf16GemmPath::onednn;
     return true;
 #else
     (void)space, (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A;

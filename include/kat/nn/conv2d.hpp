@@ -536,26 +536,20 @@ public:
     if (want_dx) {
       reserve_chunk(dpatches_, n, cols);
     }
-    // Last chunk first: its patch block is still in the workspace (and in cache) from
-    // forward(), so it is not rebuilt.
-    const std::size_t chunks = (positions + step - 1) / step;
-    for (std::size_t c = chunks; c-- > 0;) {
-      const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
-      const bool first = c + 1 == chunks;
+    chunks_last_first(positions, step, [&](std::size_t p0, std::size_t p1, bool first) {
       const auto dy_c = Kokkos::subview(dy_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL());
       if (want_dw) {
         const matrix_type p_c = chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
         product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy_c, p_c,
                  Scalar(accumulate || !first ? 1 : 0), grad_weight_bias_);
       }
-      if (!want_dx) {
-        continue;
+      if (want_dx) {
+        const matrix_type dp_c = dpatches_.matrix(n * (p1 - p0), k);
+        product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy_c, weight_, Scalar(0),
+                 dp_c);
+        col2im_chunk(space, dp_c, p0, p1, first, dx.data());
       }
-      const matrix_type dp_c = dpatches_.matrix(n * (p1 - p0), k);
-      product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy_c, weight_, Scalar(0),
-               dp_c);
-      col2im_chunk(space, dp_c, p0, p1, first, dx.data());
-    }
+    });
   }
 
   bool supports_curvature() const override { return true; }
@@ -625,10 +619,7 @@ public:
     if (has_rx && !full_) {
       reserve_chunk(r_patches_, n, k);
     }
-    // Last chunk first: forward() left its patch block in the workspace.
-    const std::size_t chunks = (positions + step - 1) / step;
-    for (std::size_t c = chunks; c-- > 0;) {
-      const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
+    chunks_last_first(positions, step, [&](std::size_t p0, std::size_t p1, bool) {
       const matrix_type p_c =
           full_ ? a_view_ : chunk_patches(space, x_.data(), p0, p1, cols, patches_, kept_);
       const auto ry_c = Kokkos::subview(ry_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL());
@@ -637,7 +628,7 @@ public:
         const matrix_type prx_c = chunk_patches(space, rx.data(), p0, p1, k, r_patches_, kept_r_);
         gemm(space, Trans::N, Trans::T, Scalar(1), prx_c, weight_, Scalar(1), ry_c);
       }
-    }
+    });
   }
 
   /// After forward(), forward_r() and backward(dy, ·): adds R{d[W b]} to the bound product
@@ -731,7 +722,8 @@ private:
     weight16_.assign(space, weight_bias_);
     for (std::size_t p0 = 0; p0 < positions; p0 += step) {
       const std::size_t p1 = std::min(positions, p0 + step);
-      const auto &p_c = chunk_patches16(space, x, p0, p1, cols);
+      const auto &p_c =
+          fill_patches(space, x, p0, p1, cols, patches16_.resize(n * (p1 - p0), cols), kept16_);
       product_(space, Trans::N, Trans::T, Scalar(1), p_c, weight16_.matrix(), Scalar(0),
                Kokkos::subview(y_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL()));
     }
@@ -749,13 +741,11 @@ private:
       reserve_chunk(dpatches_, n, cols);
     }
     const typename bf16_operand::matrix_type w16(weight16_.matrix().data(), out_channels(), k);
-    const std::size_t chunks = (positions + step - 1) / step;
-    for (std::size_t c = chunks; c-- > 0;) {
-      const std::size_t p0 = c * step, p1 = std::min(positions, p0 + step);
-      const bool first = c + 1 == chunks;
+    chunks_last_first(positions, step, [&](std::size_t p0, std::size_t p1, bool first) {
       dy16_.assign(space, Kokkos::subview(dy_rows, std::make_pair(n * p0, n * p1), Kokkos::ALL()));
       if (want_dw) {
-        const auto &p_c = chunk_patches16(space, x_.data(), p0, p1, cols);
+        const auto &p_c = fill_patches(space, x_.data(), p0, p1, cols,
+                                       patches16_.resize(n * (p1 - p0), cols), kept16_);
         product_(space, Trans::T, Trans::N, Scalar(1), dy16_.matrix(), p_c,
                  Scalar(accumulate || !first ? 1 : 0), grad_weight_bias_);
       }
@@ -764,23 +754,7 @@ private:
         product_(space, Trans::N, Trans::N, Scalar(1), dy16_.matrix(), w16, Scalar(0), dp_c);
         col2im_chunk(space, dp_c, p0, p1, first, dx);
       }
-    }
-  }
-
-  /// The bf16 patch block of x (the last forward's batch) for the positions [p0, p1) in
-  /// patches16_: built by im2col unless kept16_ says patches16_ still holds it.
-  const typename bf16_operand::matrix_type &chunk_patches16(const execution_space &space,
-                                                            const Scalar *x, std::size_t p0,
-                                                            std::size_t p1, std::size_t cols) {
-    if (kept16_.p0 == p0 && kept16_.p1 == p1 && kept16_.data == patches16_.matrix().data() &&
-        kept16_.data != nullptr) {
-      return patches16_.matrix();
-    }
-    const auto &p_c = patches16_.resize(batch_ * (p1 - p0), cols);
-    ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
-    detail::conv2d_im2col(space, forward_geometry_, batch_, x, p0, p1, cols, p_c.data());
-    kept16_ = {p0, p1, p_c.data()};
-    return p_c;
+    });
   }
 
   std::size_t weight_columns() const { return patch_size() + (bias_ ? 1 : 0); }
@@ -842,14 +816,32 @@ private:
   matrix_type chunk_patches(const execution_space &space, const Scalar *src, std::size_t p0,
                             std::size_t p1, std::size_t cols, Workspace<Scalar, MemorySpace> &ws,
                             KeptChunk &kept) {
-    const std::size_t n = batch_;
-    const matrix_type p_c = ws.matrix(n * (p1 - p0), cols);
+    return fill_patches(space, src, p0, p1, cols, ws.matrix(batch_ * (p1 - p0), cols), kept);
+  }
+
+  /// `p_c` (a patch block of Scalar or, for bf16 products, kat::bfloat16) holding the patches
+  /// of `src` for the positions [p0, p1): written by im2col unless `kept` says p_c's storage
+  /// holds them already, and recorded in `kept`.
+  template <class Block>
+  const Block &fill_patches(const execution_space &space, const Scalar *src, std::size_t p0,
+                            std::size_t p1, std::size_t cols, const Block &p_c, KeptChunk &kept) {
     if (!(kept.p0 == p0 && kept.p1 == p1 && kept.data == p_c.data())) {
       ScopedRegion im2col_region("kat::nn::Conv2d::im2col");
-      detail::conv2d_im2col(space, forward_geometry_, n, src, p0, p1, cols, p_c.data());
+      detail::conv2d_im2col(space, forward_geometry_, batch_, src, p0, p1, cols, p_c.data());
       kept = {p0, p1, p_c.data()};
     }
     return p_c;
+  }
+
+  /// Calls f(p0, p1, first) for the chunks [p0, p1) of `step` positions, last chunk first
+  /// (forward() left its patch block in the workspace, and in cache, so it is not rebuilt);
+  /// `first` is true for the first call.
+  template <class F> static void chunks_last_first(std::size_t positions, std::size_t step, F &&f) {
+    const std::size_t chunks = (positions + step - 1) / step;
+    for (std::size_t c = chunks; c-- > 0;) {
+      const std::size_t p0 = c * step;
+      f(p0, std::min(positions, p0 + step), c + 1 == chunks);
+    }
   }
 
   /// col2im of the patch gradients dp_c of the positions [p0, p1) into dx (the last forward's

@@ -79,23 +79,40 @@ std::unique_ptr<Conv> make_conv(const Shape &c, nn::Conv2dBackend backend) {
   return layer;
 }
 
-// A batch of (C, P = H·W) features converted between KAT's layout and channels16, from the
-// two layouts' definitions (kat::ActivationLayout), on the host.
-Matrix<float, Mem> convert(const Matrix<float, Mem> &m, std::size_t c, bool to_blocked) {
-  const std::size_t n = m.extent(0), plane = m.extent(1) / c;
+// Offset of element (b, ch, i, j) (row i, column j) of an (N, C, H, W) batch in `layout`,
+// from the layouts' definitions (kat::ActivationLayout; oneDNN's orders the plane by rows,
+// KAT's by columns).
+std::size_t offset_in(ActivationLayout layout, std::size_t n, const FeatureShape &s, std::size_t b,
+                      std::size_t ch, std::size_t i, std::size_t j) {
+  const std::size_t c = s.channels, h = s.height, w = s.width;
+  if (layout == ActivationLayout::channels16) {
+    return (((b * (c / 16) + ch / 16) * h + i) * w + j) * 16 + ch % 16;
+  }
+  if (layout == ActivationLayout::channels_last) {
+    return ((b * h + i) * w + j) * c + ch;
+  }
+  return b + n * (i + h * (j + w * ch));
+}
+
+// A batch of `shape` features converted between KAT's layout and `layout`, on the host.
+Matrix<float, Mem> convert(const Matrix<float, Mem> &m, const FeatureShape &shape,
+                           ActivationLayout layout, bool to_layout) {
+  const std::size_t n = m.extent(0);
+  REQUIRE(m.extent(1) == shape.size());
   auto in = to_host(m);
   auto out = Kokkos::create_mirror(in);
   for (std::size_t b = 0; b < n; ++b)
-    for (std::size_t ch = 0; ch < c; ++ch)
-      for (std::size_t k = 0; k < plane; ++k) {
-        const std::size_t blocked = ((b * (c / 16) + ch / 16) * plane + k) * 16 + ch % 16;
-        const std::size_t features = b + n * (k + plane * ch);
-        if (to_blocked) {
-          out.data()[blocked] = in.data()[features];
-        } else {
-          out.data()[features] = in.data()[blocked];
+    for (std::size_t ch = 0; ch < std::size_t(shape.channels); ++ch)
+      for (std::size_t i = 0; i < std::size_t(shape.height); ++i)
+        for (std::size_t j = 0; j < std::size_t(shape.width); ++j) {
+          const std::size_t other = offset_in(layout, n, shape, b, ch, i, j);
+          const std::size_t features = offset_in(ActivationLayout::features, n, shape, b, ch, i, j);
+          if (to_layout) {
+            out.data()[other] = in.data()[features];
+          } else {
+            out.data()[features] = in.data()[other];
+          }
         }
-      }
   Matrix<float, Mem> result("converted", n, m.extent(1));
   Kokkos::deep_copy(result, out);
   return result;
@@ -308,42 +325,33 @@ TEST_CASE("conv_dnn: layouts are negotiated between the layers that compute thro
                                       "current mode"));
 }
 
-TEST_CASE("conv_dnn: global average pooling reads either layout", "[dnn][layouts]") {
-  const std::size_t n = 3, c = 32, plane = 6;
-  nn::GlobalAvgPool2d<float, Mem> pool;
-  pool.output_shape(FeatureShape{static_cast<int>(c), 2, 3});
-  REQUIRE(pool.supports_layouts(ActivationLayout::channels16, ActivationLayout::features));
-  REQUIRE_FALSE(pool.supports_layouts(ActivationLayout::features, ActivationLayout::channels16));
-  auto x = random_matrix<float>(n, c * plane, 4);
-  auto dy = random_matrix<float>(n, c, 5);
-  // x in channels16, element by element from its definition.
-  auto xh = to_host(x);
-  auto blocked = Kokkos::create_mirror(xh);
-  for (std::size_t b = 0; b < n; ++b)
-    for (std::size_t ch = 0; ch < c; ++ch)
-      for (std::size_t k = 0; k < plane; ++k)
-        blocked.data()[((b * (c / 16) + ch / 16) * plane + k) * 16 + ch % 16] =
-            xh(b, k + plane * ch);
-  Matrix<float, Mem> xb("xb", n, c * plane);
-  Kokkos::deep_copy(xb, blocked);
-  Matrix<float, Mem> y1("y1", n, c), y2("y2", n, c);
-  Matrix<float, Mem> dx1("dx1", n, c * plane), dx2("dx2", n, c * plane);
-  pool.forward(Space(), x, y1);
-  pool.backward(Space(), dy, dx1);
-  pool.set_layouts(ActivationLayout::channels16, ActivationLayout::features);
-  pool.forward(Space(), xb, y2);
-  pool.backward(Space(), dy, dx2);
-  CHECK(max_diff_over_scale(y2, y1) == 0);
-  auto d1 = to_host(dx1);
-  auto d2 = to_host(dx2);
-  double err = 0;
-  for (std::size_t b = 0; b < n; ++b)
-    for (std::size_t ch = 0; ch < c; ++ch)
-      for (std::size_t k = 0; k < plane; ++k)
-        err = std::max(
-            err, std::abs(double(d2.data()[((b * (c / 16) + ch / 16) * plane + k) * 16 + ch % 16]) -
-                          double(d1(b, k + plane * ch))));
-  CHECK(err == 0);
+TEST_CASE("conv_dnn: global average pooling reads every layout", "[dnn][layouts]") {
+  for (const std::size_t c : {std::size_t(32), std::size_t(5)})
+    for (const auto layout : {ActivationLayout::channels16, ActivationLayout::channels_last}) {
+      INFO("channels " << c << " layout " << to_string(layout));
+      const std::size_t n = 3, plane = 6;
+      nn::GlobalAvgPool2d<float, Mem> pool;
+      const FeatureShape in{static_cast<int>(c), 2, 3};
+      pool.output_shape(in);
+      if (!layout_fits(layout, c)) { // channels16 with 5 channels
+        CHECK_FALSE(pool.supports_layouts(layout, ActivationLayout::features));
+        continue;
+      }
+      REQUIRE(pool.supports_layouts(layout, ActivationLayout::features));
+      REQUIRE_FALSE(pool.supports_layouts(ActivationLayout::features, layout));
+      auto x = random_matrix<float>(n, c * plane, 4);
+      auto dy = random_matrix<float>(n, c, 5);
+      Matrix<float, Mem> y1("y1", n, c), y2("y2", n, c);
+      Matrix<float, Mem> dx1("dx1", n, c * plane), dx2("dx2", n, c * plane);
+      pool.forward(Space(), x, y1);
+      pool.backward(Space(), dy, dx1);
+      pool.set_layouts(layout, ActivationLayout::features);
+      pool.forward(Space(), convert(x, in, layout, true), y2);
+      pool.backward(Space(), dy, dx2);
+      // The plane summed in another order (rows first): 6 values, a few roundings apart.
+      CHECK(max_diff_over_scale(y2, y1) < 1e-6);
+      CHECK(max_diff_over_scale(convert(dx2, in, layout, false), dx1) == 0);
+    }
 }
 
 TEST_CASE("conv_dnn: Hessian-vector products of ResNet-14 agree on either path",
@@ -385,47 +393,185 @@ TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dn
   };
   // The CNN's 2x2 max pooling, and 3x3 windows with stride 2 and padding 1 on an odd image
   // (the last window's bottom/right padding differs from the top/left).
-  const Case cases[] = {{true, 32, 8, 2, 2, 0},
-                        {true, 16, 7, 3, 2, 1},
-                        {false, 32, 8, 2, 2, 0},
-                        {false, 16, 7, 3, 2, 1}};
-  for (const Case &t : cases) {
-    INFO((t.max ? "max" : "avg") << " channels " << t.channels << " size " << t.size << " kernel "
-                                 << t.kernel << " stride " << t.stride << " padding " << t.padding);
-    std::unique_ptr<nn::Layer<float, Mem>> kat_pool, dnn_pool;
-    if (t.max) {
-      kat_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-      dnn_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-    } else {
-      kat_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-      dnn_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+  // channels_last takes any channel count: 5 channels there.
+  const Case cases[] = {{true, 32, 8, 2, 2, 0},  {true, 16, 7, 3, 2, 1}, {false, 32, 8, 2, 2, 0},
+                        {false, 16, 7, 3, 2, 1}, {true, 5, 7, 3, 2, 1},  {false, 5, 6, 2, 2, 0}};
+  for (const auto layout : {ActivationLayout::channels16, ActivationLayout::channels_last})
+    for (const Case &t : cases) {
+      if (!layout_fits(layout, t.channels)) {
+        continue;
+      }
+      INFO((t.max ? "max" : "avg") << " channels " << t.channels << " size " << t.size << " kernel "
+                                   << t.kernel << " stride " << t.stride << " padding " << t.padding
+                                   << " layout " << to_string(layout));
+      std::unique_ptr<nn::Layer<float, Mem>> kat_pool, dnn_pool;
+      if (t.max) {
+        kat_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+        dnn_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+      } else {
+        kat_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+        dnn_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+      }
+      const FeatureShape in{t.channels, t.size, t.size};
+      const FeatureShape out = kat_pool->output_shape(in);
+      dnn_pool->output_shape(in);
+      REQUIRE(dnn_pool->supports_layouts(layout, layout));
+      dnn_pool->set_layouts(layout, layout);
+      const std::size_t n = 3, c = static_cast<std::size_t>(t.channels);
+      auto x = random_matrix<float>(n, in.size(), 40);
+      auto dy = random_matrix<float>(n, out.size(), 41);
+      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+      Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
+      kat_pool->forward(Space(), x, y1);
+      kat_pool->backward(Space(), dy, dx1);
+      dnn_pool->forward(Space(), convert(x, in, layout, true), y2);
+      dnn_pool->backward(Space(), convert(dy, out, layout, true), dx2);
+      CHECK(max_diff_over_scale(convert(y2, out, layout, false), y1) < 1e-6);
+      CHECK(max_diff_over_scale(convert(dx2, in, layout, false), dx1) < 1e-6);
+      // The R passes need KAT's own forward records.
+      Matrix<float, Mem> ry("ry", n, out.size());
+      CHECK_THROWS_WITH(
+          dnn_pool->forward_r(Space(), x, ry),
+          Catch::Contains(std::string("ran in oneDNN's ") + to_string(layout) + " layout"));
     }
-    const FeatureShape in{t.channels, t.size, t.size};
-    const FeatureShape out = kat_pool->output_shape(in);
-    dnn_pool->output_shape(in);
-    REQUIRE(dnn_pool->supports_layouts(ActivationLayout::channels16, ActivationLayout::channels16));
-    dnn_pool->set_layouts(ActivationLayout::channels16, ActivationLayout::channels16);
-    const std::size_t n = 3, c = static_cast<std::size_t>(t.channels);
-    auto x = random_matrix<float>(n, in.size(), 40);
-    auto dy = random_matrix<float>(n, out.size(), 41);
-    Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
-    Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
-    kat_pool->forward(Space(), x, y1);
-    kat_pool->backward(Space(), dy, dx1);
-    dnn_pool->forward(Space(), convert(x, c, true), y2);
-    dnn_pool->backward(Space(), convert(dy, c, true), dx2);
-    CHECK(max_diff_over_scale(convert(y2, c, false), y1) < 1e-6);
-    CHECK(max_diff_over_scale(convert(dx2, c, false), dx1) < 1e-6);
-    // The R passes need KAT's own forward records.
-    Matrix<float, Mem> ry("ry", n, out.size());
-    CHECK_THROWS_WITH(dnn_pool->forward_r(Space(), x, ry),
-                      Catch::Contains("ran in oneDNN's channels16 layout"));
-  }
   // Evaluation mode keeps pooling in KAT's layout.
   nn::MaxPool2d<float, Mem> pool(2);
   pool.output_shape(FeatureShape{16, 4, 4});
   pool.train(false);
   CHECK_FALSE(pool.supports_layouts(ActivationLayout::channels16, ActivationLayout::channels16));
+  CHECK_FALSE(
+      pool.supports_layouts(ActivationLayout::channels_last, ActivationLayout::channels_last));
+  pool.train(true);
+  CHECK(pool.supports_layouts(ActivationLayout::channels_last, ActivationLayout::channels_last));
+  CHECK_FALSE(pool.supports_layouts(ActivationLayout::channels_last, ActivationLayout::channels16));
+}
+
+TEST_CASE("conv_dnn: in bf16 convolutions in channels last equal those in KAT's layout",
+          "[conv2d][dnn][layouts][bf16]") {
+  using L = ActivationLayout;
+  if (!have_dnn || !kat::detail::dnn_bf16_convolutions()) {
+    // Nothing but oneDNN reads channels_last: without its bf16 convolutions no layer offers it.
+    Conv conv(16, 16, 3, 1, 1);
+    conv.output_shape(FeatureShape{16, 8, 8});
+    conv.set_precision(Precision::bf16);
+    CHECK_FALSE(conv.supports_layouts(L::channels_last, L::channels_last));
+    WARN("no bf16 convolutions from a DNN library here: channels_last untested");
+    return;
+  }
+  // The ResNet-14 shapes (the strided and 1x1 ones included) and channel counts that are no
+  // multiple of 16, which channels_last takes.
+  for (const std::size_t t : {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5),
+                              std::size_t(9), std::size_t(10), std::size_t(12), std::size_t(14)}) {
+    const Shape &c = shapes[t];
+    INFO(c);
+    auto last = make_conv(c, nn::Conv2dBackend::dnn);
+    auto kat_layout = make_conv(c, nn::Conv2dBackend::dnn);
+    const FeatureShape out = last->output_shape(c.in());
+    // fp32 computes in channels16 (multiples of 16 only), bf16 in channels_last.
+    CHECK_FALSE(last->supports_layouts(L::channels_last, L::channels_last));
+    CHECK(last->supports_layouts(L::channels16, L::channels16) ==
+          (c.cin % 16 == 0 && c.cout % 16 == 0));
+    last->set_precision(Precision::bf16);
+    kat_layout->set_precision(Precision::bf16);
+    CHECK_FALSE(last->supports_layouts(L::channels16, L::channels16));
+    REQUIRE(last->supports_layouts(L::channels_last, L::channels_last));
+    REQUIRE(last->supports_layouts(L::features, L::channels_last));
+    last->set_layouts(L::channels_last, L::channels_last);
+    auto b1 = bind_fresh<float>(*last, 50 + t);
+    auto b2 = bind_fresh<float>(*kat_layout, 50 + t);
+    const std::size_t n = 5;
+    auto x = random_matrix<float>(n, c.in().size(), 60 + t);
+    auto dy = random_matrix<float>(n, out.size(), 61 + t);
+    Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+    Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
+    const auto x_last = convert(x, c.in(), L::channels_last, true);
+    last->forward(Space(), x_last, y1);
+    last->backward(Space(), convert(dy, out, L::channels_last, true), dx1);
+    kat_layout->forward(Space(), x, y2);
+    kat_layout->backward(Space(), dy, dx2);
+    // The same bf16 operands (rounding is element-wise), fp32 accumulation in another order.
+    CHECK(max_diff_over_scale(convert(y1, out, L::channels_last, false), y2) < 1e-5);
+    CHECK(max_diff_over_scale(convert(dx1, c.in(), L::channels_last, false), dx2) < 1e-5);
+    CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+  }
+}
+
+TEST_CASE("conv_dnn: batch normalization in oneDNN's layouts equals KAT's kernels",
+          "[dnn][layouts]") {
+  using L = ActivationLayout;
+  if (!have_dnn) {
+    WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
+    return;
+  }
+  for (const std::size_t c : {std::size_t(16), std::size_t(5)})
+    for (const L layout : {L::channels16, L::channels_last}) {
+      nn::BatchNorm<float, Mem> dnn_bn(c), kat_bn(c);
+      const FeatureShape in{static_cast<int>(c), 3, 4};
+      dnn_bn.output_shape(in);
+      kat_bn.output_shape(in);
+      INFO("channels " << c << " layout " << to_string(layout));
+      if (!layout_fits(layout, c)) {
+        CHECK_FALSE(dnn_bn.supports_layouts(layout, layout));
+        continue;
+      }
+      REQUIRE(dnn_bn.supports_layouts(layout, layout));
+      CHECK_FALSE(dnn_bn.supports_layouts(L::features, layout));
+      dnn_bn.set_layouts(layout, layout);
+      auto b1 = bind_fresh<float>(dnn_bn, 3);
+      auto b2 = bind_fresh<float>(kat_bn, 3);
+      // γ and β away from 1 and 0.
+      auto p = random_matrix<float>(b1.parameters().extent(0), 1, 70);
+      Kokkos::deep_copy(b1.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
+      Kokkos::deep_copy(b2.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
+      const std::size_t n = 6;
+      auto x = random_matrix<float>(n, in.size(), 71);
+      auto dy = random_matrix<float>(n, in.size(), 72);
+      Matrix<float, Mem> y1("y1", n, in.size()), y2("y2", n, in.size());
+      Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
+      dnn_bn.forward(Space(), convert(x, in, layout, true), y1);
+      dnn_bn.backward(Space(), convert(dy, in, layout, true), dx1);
+      kat_bn.forward(Space(), x, y2);
+      kat_bn.backward(Space(), dy, dx2);
+      CHECK(max_diff_over_scale(convert(y1, in, layout, false), y2) < 1e-5);
+      CHECK(max_diff_over_scale(convert(dx1, in, layout, false), dx2) < 1e-5);
+      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+      CHECK(max_diff_over_scale(dnn_bn.running_mean(), kat_bn.running_mean()) < 1e-6);
+      CHECK(max_diff_over_scale(dnn_bn.running_var(), kat_bn.running_var()) < 1e-6);
+    }
+}
+
+TEST_CASE("conv_dnn: in bf16 ResNet-14 and the CNN compute channels last between oneDNN layers",
+          "[dnn][layouts][bf16]") {
+  using L = ActivationLayout;
+  const L expected =
+      have_dnn && kat::detail::dnn_bf16_convolutions() ? L::channels_last : L::features;
+  const FeatureShape in{1, 28, 28};
+  auto resnet = nn::models::resnet<float, Mem>(in, 10);
+  resnet.compile(Space(), 3);
+  resnet.set_precision(Precision::bf16);
+  auto x = random_matrix<float>(4, in.size(), 5);
+  resnet.forward(Space(), x);
+  const std::size_t layers = resnet.layers().size();
+  CHECK(resnet.layer(0).input_layout() == L::features);
+  for (std::size_t i = 0; i + 2 < layers; ++i) {
+    INFO("layer " << i << " " << resnet.layer(i).name());
+    CHECK(resnet.layer(i).output_layout() == expected);
+  }
+  CHECK(resnet.layer(layers - 2).output_layout() == L::features); // global average pool
+  // Back to fp32: channels16 again where oneDNN serves the space.
+  resnet.set_precision(Precision::fp32);
+  resnet.forward(Space(), x);
+  CHECK(resnet.layer(0).output_layout() == (have_dnn ? L::channels16 : L::features));
+  // The CNN: conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, ...
+  auto cnn = nn::models::cnn<float, Mem>(in, 10);
+  cnn.compile(Space(), 2);
+  cnn.set_precision(Precision::bf16);
+  cnn.forward(Space(), x);
+  CHECK(cnn.layer(0).output_layout() == expected);
+  CHECK(cnn.layer(1).output_layout() == expected);
+  CHECK(cnn.layer(3).input_layout() == expected);
+  // The second pooling's output goes to Flatten: KAT's layout from the second convolution on.
+  CHECK(cnn.layer(3).output_layout() == L::features);
 }
 
 TEST_CASE("conv_dnn: the CNN keeps its first convolution's output blocked through pooling",

@@ -18,27 +18,59 @@ enum class ActivationLayout : std::uint8_t {
   /// element (n, c, h, w) is at n + N (h + H (w + W c)) and each channel's N·H·W values are
   /// contiguous.
   features = 0,
-  /// oneDNN's nChw16c, the layout its CPU convolutions compute in: element (n, c, h, w) at
+  /// oneDNN's nChw16c, the layout its CPU f32 convolutions compute in: element (n, c, h, w) at
   /// (((n (C/16) + c/16) H + h) W + w) 16 + c mod 16. Only for C a multiple of 16, so it
   /// holds exactly N·C·H·W values, in the same N x (C·H·W) matrix (whose element indices
-  /// then mean nothing). Used between layers that compute through oneDNN, so consecutive
-  /// convolutions, batch normalizations, activations and residual additions exchange
-  /// activations without converting them.
+  /// then mean nothing). Used between layers that compute through oneDNN in fp32, so
+  /// consecutive convolutions, batch normalizations, activations and residual additions
+  /// exchange activations without converting them.
   channels16 = 1,
+  /// Channels last (oneDNN's nhwc, PyTorch's torch.channels_last): element (n, c, h, w) at
+  /// ((n H + h) W + w) C + c, any C, in the same N x (C·H·W) matrix. Used between layers
+  /// that compute through oneDNN in Precision::bf16: its AMX convolutions read bf16 and write
+  /// f32 in this order, so the activations between them need only a conversion to bf16, no
+  /// transposition (with channels16 every convolution reordered its input and its output).
+  channels_last = 2,
 };
 
-/// "features" or "channels16".
+/// The layouts, in the order containers prefer them (kat::nn::detail::LayerChain picks the
+/// first one both neighbouring layers support).
+inline constexpr ActivationLayout activation_layouts_by_preference[] = {
+    ActivationLayout::channels_last, ActivationLayout::channels16, ActivationLayout::features};
+
+/// "features", "channels16" or "channels_last".
 inline const char *to_string(ActivationLayout layout) {
-  return layout == ActivationLayout::features ? "features" : "channels16";
+  switch (layout) {
+  case ActivationLayout::channels16:
+    return "channels16";
+  case ActivationLayout::channels_last:
+    return "channels_last";
+  default:
+    return "features";
+  }
+}
+
+/// Whether a batch of `channels` channels can take `layout`: features and channels_last with
+/// any count, channels16 with a positive multiple of 16.
+constexpr bool layout_fits(ActivationLayout layout, long long channels) {
+  return channels > 0 && (layout != ActivationLayout::channels16 || channels % 16 == 0);
 }
 
 namespace detail {
-/// Offset of element (n, c, hw) of an (N, C, P = H·W) batch in `layout`.
+/// Offset of element (n, c, hw) of an (N, C, P = H·W) batch in `layout`, where hw indexes the
+/// plane in the layout's own order (h + H w in features, h W + w in oneDNN's layouts): for
+/// kernels that treat every position of a plane alike (a global average).
 KOKKOS_INLINE_FUNCTION std::size_t activation_offset(ActivationLayout layout, std::size_t N,
                                                      std::size_t C, std::size_t P, std::size_t n,
                                                      std::size_t c, std::size_t hw) {
-  return layout == ActivationLayout::features ? n + N * (hw + P * c)
-                                              : ((n * (C / 16) + c / 16) * P + hw) * 16 + c % 16;
+  switch (layout) {
+  case ActivationLayout::channels16:
+    return ((n * (C / 16) + c / 16) * P + hw) * 16 + c % 16;
+  case ActivationLayout::channels_last:
+    return (n * P + hw) * C + c;
+  default:
+    return n + N * (hw + P * c);
+  }
 }
 } // namespace detail
 

@@ -80,9 +80,9 @@ struct Conv2dProblem {
   /// @}
   /// Whether a bias (C_out) is added.
   bool bias = true;
-  /// Layout of x and dx (channels16 needs C_in a multiple of 16).
+  /// Layout of x and dx (channels16 needs C_in a multiple of 16; channels_last takes any).
   ActivationLayout input_layout = ActivationLayout::features;
-  /// Layout of y and dy (channels16 needs C_out a multiple of 16).
+  /// Layout of y and dy (channels16 needs C_out a multiple of 16; channels_last takes any).
   ActivationLayout output_layout = ActivationLayout::features;
   /// y = max(0, conv(x) + b): a ReLU applied by the convolution (oneDNN's eltwise post-op).
   bool relu = false;
@@ -185,14 +185,16 @@ inline dnnl::memory::desc onednn_batch_desc(std::size_t n, int c, int h, int w) 
                             dnnl::memory::dims{1, dn * dh * dw, dn, dn * dh});
 }
 
-/// The descriptor of an (N, C, H, W) batch in `layout`.
+/// The f32 descriptor of an (N, C, H, W) batch in `layout`.
 inline dnnl::memory::desc onednn_activation_desc(ActivationLayout layout, std::size_t n, int c,
                                                  int h, int w) {
   if (layout == ActivationLayout::features) {
     return onednn_batch_desc(n, c, h, w);
   }
-  return dnnl::memory::desc({static_cast<dnnl::memory::dim>(n), c, h, w},
-                            dnnl::memory::data_type::f32, dnnl::memory::format_tag::nChw16c);
+  return dnnl::memory::desc(
+      {static_cast<dnnl::memory::dim>(n), c, h, w}, dnnl::memory::data_type::f32,
+      layout == ActivationLayout::channels16 ? dnnl::memory::format_tag::nChw16c
+                                             : dnnl::memory::format_tag::nhwc);
 }
 
 /// ... and for KAT's weight layout: W(o, i + k_h (j + k_w c)) column-major, C_out rows.
@@ -671,6 +673,35 @@ void onednn_guarded(const char *who, const char *pass, const std::string &what, 
 }
 
 #endif // KAT_ENABLE_ONEDNN
+
+/// Whether the DNN library computes bf16 convolutions (bf16 x, weights and dy; f32 y, dx, dw)
+/// on this CPU, natively or emulated: found once per process by creating the primitive of a
+/// small channels-last problem (oneDNN 2.x has none below AVX-512). Always false without
+/// oneDNN. Layers offer ActivationLayout::channels_last in Precision::bf16 only where this
+/// holds, since no other path of theirs reads that layout.
+inline bool dnn_bf16_convolutions() {
+#if defined(KAT_ENABLE_ONEDNN)
+  static const bool available = [] {
+    using namespace dnnl;
+    const memory::dims x{1, 16, 4, 4}, w{16, 16, 3, 3}, one{1, 1};
+    const memory::desc x_desc(x, memory::data_type::bf16, memory::format_tag::nhwc);
+    const memory::desc y_desc(x, memory::data_type::f32, memory::format_tag::nhwc);
+    const memory::desc w_desc(w, memory::data_type::bf16, memory::format_tag::any);
+    try {
+      const convolution_forward::primitive_desc pd(
+          convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
+                                    x_desc, w_desc, y_desc, one, {0, 0}, one, one),
+          onednn_engine());
+      return true;
+    } catch (const dnnl::error &) {
+      return false;
+    }
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
 
 /// What a layer holds where no DNN library serves its space: nothing. A template, so that a
 /// member of this type is dependent and the calls under `if constexpr (dnn_available<...>())`

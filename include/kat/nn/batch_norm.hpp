@@ -129,13 +129,12 @@ public:
   }
 
   /// KAT's features layout in and out, or, in training for float on a host space with oneDNN
-  /// (kat::dnn_available) and C a multiple of 16, channels16 in and out: oneDNN's batch
-  /// normalization (the layer's own kernels would read each channel with a stride there).
+  /// (kat::dnn_available), channels16 (C a multiple of 16) or channels_last in and out: oneDNN's
+  /// batch normalization (the layer's own kernels would read each channel with a stride there).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
-    return in == out &&
-           (in == ActivationLayout::features ||
-            (in == ActivationLayout::channels16 && dnn_available<execution_space, Scalar>() &&
-             this->training_ && channels_ % 16 == 0));
+    return in == out && (in == ActivationLayout::features ||
+                         (dnn_available<execution_space, Scalar>() && this->training_ &&
+                          layout_fits(in, static_cast<long long>(channels_))));
   }
 
   /// In training (the R-operator, evaluation only, never sees it): y = max(0, BN(x)) in the
@@ -273,8 +272,8 @@ public:
     relu_.remember(y);
     this->require_layouts_supported(where);
     if constexpr (dnn_available<execution_space, Scalar>()) {
-      if (this->in_layout_ == ActivationLayout::channels16) {
-        // oneDNN's batch statistics and normalization on the blocked batch; the statistics
+      if (this->in_layout_ != ActivationLayout::features) {
+        // oneDNN's batch statistics and normalization in its layout; the statistics
         // and the running averages are then formed from its mean and biased variance as on
         // KAT's own path (in accum_type).
         dnn_problem_ = BatchNormProblem{n,
@@ -282,7 +281,7 @@ public:
                                         static_cast<int>(cols / C),
                                         affine_,
                                         eps_,
-                                        ActivationLayout::channels16,
+                                        this->in_layout_,
                                         forward_fused_};
         dnn_.forward(space, dnn_problem_, xp, affine_ ? gamma_.data() : nullptr, y.data());
         const Scalar *mean = dnn_.mean();
@@ -600,8 +599,8 @@ private:
   Workspace<Scalar, MemorySpace> stats_, coefficients_;
   // Per-segment sums of the statistics and backward sums (detail::batch_norm_segments).
   Workspace<accum_type, MemorySpace> partials_{"kat::nn::BatchNorm::partials"};
-  // oneDNN's path (channels16 in training): its problem, whether the last forward took it,
-  // and a dx it writes when the caller needs none.
+  // oneDNN's path (channels16 or channels_last, in training): its problem, whether the last forward
+  // took it, and a dx it writes when the caller needs none.
   BatchNormProblem dnn_problem_;
   bool dnn_forwarded_ = false;
   bool forward_fused_ = false; // whether the last forward applied the following ReLU

@@ -289,14 +289,26 @@ public:
     return backend_ == Conv2dBackend::dnn || in != ActivationLayout::features ||
            out != ActivationLayout::features || patch_size() >= automatic_min_patch_size;
   }
-  /// KAT's features layout; in training on the DNN path also channels16, for a side whose
-  /// channel count is a multiple of 16, unless an R-operator direction is bound (the R passes
-  /// build patch matrices from x in KAT's layout; kat::nn::hessian_vector_product runs the
-  /// model in evaluation mode, so in KAT's layout).
+  /// The layout besides KAT's features that the DNN path computes in: channels16 in fp32
+  /// (oneDNN's f32 convolutions compute in it), channels_last in bf16 (its AMX convolutions
+  /// read bf16 and write f32 channels last; on channels16 it would pick slower kernels).
+  ActivationLayout dnn_layout() const {
+    return this->precision_ == Precision::bf16 ? ActivationLayout::channels_last
+                                               : ActivationLayout::channels16;
+  }
+
+  /// KAT's features layout; in training on the DNN path also dnn_layout() (channels16 for a
+  /// side whose channel count is a multiple of 16; channels_last, in bf16 where oneDNN has
+  /// bf16 convolutions, for any), unless an R-operator direction is bound (the R passes build
+  /// patch matrices from x in KAT's layout; kat::nn::hessian_vector_product runs the model in
+  /// evaluation mode, so in KAT's layout).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
+    const ActivationLayout other = dnn_layout();
+    const bool dnn =
+        uses_dnn() && this->training_ && v_weight_bias_.extent(0) == 0 &&
+        (other != ActivationLayout::channels_last || kat::detail::dnn_bf16_convolutions());
     const auto ok = [&](ActivationLayout l, int channels) {
-      return l == ActivationLayout::features ||
-             (uses_dnn() && this->training_ && v_weight_bias_.extent(0) == 0 && channels % 16 == 0);
+      return l == ActivationLayout::features || (dnn && l == other && layout_fits(l, channels));
     };
     return ok(in, geometry_.in_channels) && ok(out, geometry_.out_channels);
   }
@@ -438,6 +450,13 @@ public:
         dnn_forwarded_ = true;
         return;
       }
+    }
+    if (this->in_layout_ != ActivationLayout::features ||
+        this->out_layout_ != ActivationLayout::features) {
+      // Only the DNN library reads and writes the other layouts (supports_layouts()).
+      throw Error(kat::detail::concat(where, ": layouts ", to_string(this->in_layout_), " -> ",
+                                      to_string(this->out_layout_),
+                                      " need the DNN library, which refused this convolution"));
     }
     const std::size_t positions = g.positions(), cols = weight_columns();
     // Y = P [W b]ᵀ is (N·H_out·W_out) x C_out column-major: exactly y's memory.
@@ -803,10 +822,10 @@ private:
     }
     if (forward_layouts_[0] != ActivationLayout::features ||
         forward_layouts_[1] != ActivationLayout::features || forward_fused_) {
-      throw Error(kat::detail::concat(where,
-                                      ": the last forward() ran in oneDNN's channels16 layout "
-                                      "or applied the following ReLU; run forward() again now "
-                                      "that a direction is bound"));
+      throw Error(kat::detail::concat(
+          where, ": the last forward() ran in oneDNN's layouts (", to_string(forward_layouts_[0]),
+          " -> ", to_string(forward_layouts_[1]),
+          ") or applied the following ReLU; run forward() again now that a direction is bound"));
     }
   }
 

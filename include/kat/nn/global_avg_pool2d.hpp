@@ -80,13 +80,12 @@ public:
     return FeatureShape{input.channels, 1, 1};
   }
 
-  /// Output in KAT's layout; input in it or, for a channel count that is a multiple of 16,
-  /// in oneDNN's channels16 (so a network computing in that layout ends here without
-  /// converting its last activation).
+  /// Output in KAT's layout; input in it, in channels_last or, for a channel count that is a
+  /// multiple of 16, in oneDNN's channels16 (so a network computing in those layouts ends here
+  /// without converting its last activation).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     return out == ActivationLayout::features &&
-           (in == ActivationLayout::features || (in == ActivationLayout::channels16 &&
-                                                 shape_channels_ > 0 && shape_channels_ % 16 == 0));
+           (in == ActivationLayout::features || layout_fits(in, shape_channels_));
   }
 
   /// @throws ShapeError if y's rows differ from x's, y has no columns, or x's columns are

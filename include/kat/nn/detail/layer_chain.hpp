@@ -244,9 +244,10 @@ public:
     return plan_layouts(in, out, nullptr);
   }
 
-  /// Sets every layer's layouts for the next forward(): ActivationLayout::channels16 for each
-  /// activation where both neighbouring layers (and, through same-layout layers such as
-  /// activations, the rest of the chain) support it, features elsewhere.
+  /// Sets every layer's layouts for the next forward(): for each activation the first of
+  /// kat::activation_layouts_by_preference (channels_last, channels16, features) that both
+  /// neighbouring layers (and, through same-layout layers such as activations, the rest of the
+  /// chain) support.
   /// @throws Error if no assignment exists (see layouts_feasible()).
   void negotiate_layouts(ActivationLayout in, ActivationLayout out) {
     std::vector<ActivationLayout> chosen;
@@ -474,15 +475,16 @@ private:
     return layers_[i]->passes_through() || (i < absorbed_.size() && absorbed_[i]);
   }
 
-  // Bit masks of layouts: bit 0 features, bit 1 channels16.
+  // Bit masks of layouts: bit 0 features, bit 1 channels16, bit 2 channels_last.
   static unsigned layout_bit(ActivationLayout l) { return 1u << static_cast<unsigned>(l); }
 
   /// The layouts of the activations after each layer (into `chosen` unless null): from the
-  /// last layer back, which layouts can still reach `out`; then from the first forward,
-  /// channels16 wherever reachable and producible from the previous choice.
+  /// last layer back, which layouts can still reach `out`; then from the first forward, the
+  /// first of activation_layouts_by_preference reachable and producible from the previous
+  /// choice.
   bool plan_layouts(ActivationLayout in, ActivationLayout out,
                     std::vector<ActivationLayout> *chosen) const {
-    const ActivationLayout all[] = {ActivationLayout::features, ActivationLayout::channels16};
+    const auto &all = activation_layouts_by_preference;
     const std::size_t n = layers_.size();
     if (n == 0) {
       return in == out;
@@ -507,7 +509,7 @@ private:
     }
     for (std::size_t i = 0; i < n; ++i) {
       bool found = false;
-      for (ActivationLayout b : {ActivationLayout::channels16, ActivationLayout::features}) {
+      for (ActivationLayout b : activation_layouts_by_preference) {
         if ((reachable[i] & layout_bit(b)) && layers_[i]->supports_layouts(cur, b)) {
           cur = b;
           found = true;

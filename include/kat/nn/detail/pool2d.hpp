@@ -319,15 +319,13 @@ public:
   /// layer; calling it again with another shape re-targets the layer).
   /// @throws ShapeError if a dimension is < 1 or the padded input is smaller than the kernel.
   /// KAT's layout in and out; in training, for float on a host space with oneDNN
-  /// (kat::dnn_available) and a channel count that is a multiple of 16, also oneDNN's
-  /// channels16 in and out (its pooling), unless an R-operator direction is bound (the R
+  /// (kat::dnn_available), also oneDNN's channels16 (a channel count that is a multiple of 16)
+  /// or channels_last in and out (its pooling), unless an R-operator direction is bound (the R
   /// passes reuse KAT's own forward records).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
-    return in == out &&
-           (in == ActivationLayout::features ||
-            (in == ActivationLayout::channels16 && dnn_available<execution_space, Scalar>() &&
-             this->training_ && !direction_bound_ && geometry_.channels > 0 &&
-             geometry_.channels % 16 == 0));
+    return in == out && (in == ActivationLayout::features ||
+                         (dnn_available<execution_space, Scalar>() && this->training_ &&
+                          !direction_bound_ && layout_fits(in, geometry_.channels)));
   }
 
   void bind_direction(Scalar * /*v*/, Scalar * /*hv*/) override { direction_bound_ = true; }
@@ -481,20 +479,17 @@ protected:
     return forward_geometry_;
   }
 
-  /// On oneDNN's blocked path (the input layout is channels16): y = pooled x through oneDNN,
-  /// and true; false (nothing done) on KAT's layout. Call after begin_forward().
+  /// On oneDNN's path (the input layout is channels16 or channels_last): y = pooled x through
+  /// oneDNN, and true; false (nothing done) on KAT's layout. Call after begin_forward().
   bool dnn_forward(const execution_space &space, const matrix_type &x, const matrix_type &y,
                    bool max) {
     if constexpr (dnn_available<execution_space, Scalar>()) {
-      if (this->in_layout_ == ActivationLayout::channels16) {
+      if (this->in_layout_ != ActivationLayout::features) {
         const Pool2dGeometry &g = forward_geometry_;
-        dnn_problem_ = Pool2dProblem{batch_,       g.channels,
-                                     g.height,     g.width,
-                                     g.out_height, g.out_width,
-                                     g.kernel_h,   g.kernel_w,
-                                     g.stride_h,   g.stride_w,
-                                     g.pad_h,      g.pad_w,
-                                     max,          ActivationLayout::channels16};
+        dnn_problem_ =
+            Pool2dProblem{batch_,      g.channels, g.height,   g.width,         g.out_height,
+                          g.out_width, g.kernel_h, g.kernel_w, g.stride_h,      g.stride_w,
+                          g.pad_h,     g.pad_w,    max,        this->in_layout_};
         if (batch_ != 0) {
           dnn_.forward(space, dnn_problem_, x.data(), y.data());
         }
@@ -523,9 +518,10 @@ protected:
   /// The R passes need KAT's own forward.
   void require_kat_forward(const char *what) const {
     if (dnn_forwarded_) {
-      throw Error(kat::detail::concat("kat::nn::", type_, "::", what,
-                                      ": the last forward() ran in oneDNN's channels16 layout; "
-                                      "run forward() again now that a direction is bound"));
+      throw Error(kat::detail::concat(
+          "kat::nn::", type_, "::", what, ": the last forward() ran in oneDNN's ",
+          to_string(dnn_problem_.layout),
+          " layout; run forward() again now that a direction is bound"));
     }
   }
 

@@ -417,7 +417,7 @@ TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dn
       dnn_pool->output_shape(in);
       REQUIRE(dnn_pool->supports_layouts(layout, layout));
       dnn_pool->set_layouts(layout, layout);
-      const std::size_t n = 3, c = static_cast<std::size_t>(t.channels);
+      const std::size_t n = 3;
       auto x = random_matrix<float>(n, in.size(), 40);
       auto dy = random_matrix<float>(n, out.size(), 41);
       Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());

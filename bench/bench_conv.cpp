@@ -210,9 +210,10 @@ BENCHMARK(BM_Conv2dBackends)
     ->Unit(benchmark::kMillisecond);
 
 // BatchNorm2d forward + backward in training (batch 128) on ResNet-14's activation shapes:
-// KAT's kernels on its features layout against oneDNN's on channels16, alternately.
-// Arguments: channels (16 at 28x28, 32 at 14x14, 64 at 7x7), and 1 to fuse a following
-// ReLU into both. Iteration time: oneDNN's.
+// KAT's kernels on its features layout against oneDNN's on channels16 or channels_last,
+// alternately. Arguments: channels (16 at 28x28, 32 at 14x14, 64 at 7x7), 1 to fuse a
+// following ReLU into both, and oneDNN's layout (1: channels16, the fp32 mode's; 2:
+// channels_last, the bf16 mode's). Iteration time: oneDNN's.
 void BM_BatchNormLayouts(benchmark::State &state) {
   if (!kat::dnn_available<Space, float>()) {
     state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
@@ -231,7 +232,10 @@ void BM_BatchNormLayouts(benchmark::State &state) {
       layer.reset_parameters(Space(), 1);
     }
   } kat_bn(channels), dnn_bn(channels);
-  dnn_bn.layer.set_layouts(kat::ActivationLayout::channels16, kat::ActivationLayout::channels16);
+  const auto layout = state.range(2) == 2 ? kat::ActivationLayout::channels_last
+                                           : kat::ActivationLayout::channels16;
+  state.SetLabel(kat::to_string(layout));
+  dnn_bn.layer.set_layouts(layout, layout);
   if (state.range(1) != 0) { // a following ReLU applied by the layer (Layer::fuse_relu)
     kat_bn.layer.fuse_relu(true);
     dnn_bn.layer.fuse_relu(true);
@@ -261,8 +265,8 @@ void BM_BatchNormLayouts(benchmark::State &state) {
   state.counters["speedup"] = kat_s / dnn_s;
 }
 BENCHMARK(BM_BatchNormLayouts)
-    ->ArgNames({"channels", "relu"})
-    ->ArgsProduct({{16, 32, 64}, {0, 1}})
+    ->ArgNames({"channels", "relu", "layout"})
+    ->ArgsProduct({{16, 32, 64}, {0, 1}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -233,7 +233,7 @@ void BM_BatchNormLayouts(benchmark::State &state) {
     }
   } kat_bn(channels), dnn_bn(channels);
   const auto layout = state.range(2) == 2 ? kat::ActivationLayout::channels_last
-                                           : kat::ActivationLayout::channels16;
+                                          : kat::ActivationLayout::channels16;
   state.SetLabel(kat::to_string(layout));
   dnn_bn.layer.set_layouts(layout, layout);
   if (state.range(1) != 0) { // a following ReLU applied by the layer (Layer::fuse_relu)

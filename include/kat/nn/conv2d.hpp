@@ -304,9 +304,8 @@ public:
   /// evaluation mode, so in KAT's layout).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     const ActivationLayout other = dnn_layout();
-    const bool dnn =
-        uses_dnn() && this->training_ && v_weight_bias_.extent(0) == 0 &&
-        (other != ActivationLayout::channels_last || kat::detail::dnn_bf16_convolutions());
+    const bool dnn = uses_dnn() && this->training_ && v_weight_bias_.extent(0) == 0 &&
+                     (this->precision_ == Precision::fp32 || kat::detail::dnn_bf16_convolutions());
     const auto ok = [&](ActivationLayout l, int channels) {
       return l == ActivationLayout::features || (dnn && l == other && layout_fits(l, channels));
     };

@@ -484,7 +484,6 @@ private:
   /// choice.
   bool plan_layouts(ActivationLayout in, ActivationLayout out,
                     std::vector<ActivationLayout> *chosen) const {
-    const auto &all = activation_layouts_by_preference;
     const std::size_t n = layers_.size();
     if (n == 0) {
       return in == out;
@@ -492,8 +491,8 @@ private:
     std::vector<unsigned> reachable(n, 0); // layouts after layer i that can reach `out`
     reachable[n - 1] = layout_bit(out);
     for (std::size_t i = n - 1; i > 0; --i) {
-      for (ActivationLayout a : all) {
-        for (ActivationLayout b : all) {
+      for (ActivationLayout a : activation_layouts_by_preference) {
+        for (ActivationLayout b : activation_layouts_by_preference) {
           if ((reachable[i] & layout_bit(b)) && layers_[i]->supports_layouts(a, b)) {
             reachable[i - 1] |= layout_bit(a);
           }

@@ -4,6 +4,7 @@
 // batch), in float, where oneDNN serves this build's memory space.
 #include "test_helpers.hpp"
 
+#include <kat/core/bfloat16.hpp>
 #include <kat/core/dnn.hpp>
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/nn/avg_pool2d.hpp>
@@ -14,6 +15,7 @@
 #include <kat/nn/hessian_vector_product.hpp>
 #include <kat/nn/max_pool2d.hpp>
 #include <kat/nn/models.hpp>
+#include <kat/nn/residual.hpp>
 #include <kat/nn/sequential.hpp>
 #include <kat/nn/softmax_cross_entropy.hpp>
 
@@ -88,7 +90,7 @@ std::size_t offset_in(ActivationLayout layout, std::size_t n, const FeatureShape
   if (layout == ActivationLayout::channels16) {
     return (((b * (c / 16) + ch / 16) * h + i) * w + j) * 16 + ch % 16;
   }
-  if (layout == ActivationLayout::channels_last) {
+  if (layout == ActivationLayout::channels_last || layout == ActivationLayout::channels_last_bf16) {
     return ((b * h + i) * w + j) * c + ch;
   }
   return b + n * (i + h * (j + w * ch));
@@ -116,6 +118,71 @@ Matrix<float, Mem> convert(const Matrix<float, Mem> &m, const FeatureShape &shap
   Matrix<float, Mem> result("converted", n, m.extent(1));
   Kokkos::deep_copy(result, out);
   return result;
+}
+
+// m's values rounded to bf16 (kept as float), so that storing them in bf16 loses nothing.
+Matrix<float, Mem> bf16_values(const Matrix<float, Mem> &m) {
+  auto h = to_host(m);
+  for (std::size_t i = 0; i < h.span(); ++i)
+    h.data()[i] = bfloat16::from_float(h.data()[i]).to_float();
+  Matrix<float, Mem> result("bf16_values", m.extent(0), m.extent(1));
+  Kokkos::deep_copy(result, h);
+  return result;
+}
+
+// A batch in KAT's layout stored as ActivationLayout::channels_last_bf16 (rounded to nearest
+// even), in a float matrix of the same extents whose first half holds the bf16 values.
+Matrix<float, Mem> to_bf16_last(const Matrix<float, Mem> &m, const FeatureShape &shape) {
+  auto last = to_host(convert(m, shape, ActivationLayout::channels_last, true));
+  auto out = Kokkos::create_mirror(last);
+  Kokkos::deep_copy(out, 0.0f);
+  auto *b = reinterpret_cast<bfloat16 *>(out.data());
+  for (std::size_t i = 0; i < last.span(); ++i)
+    b[i] = bfloat16::from_float(last.data()[i]);
+  Matrix<float, Mem> result("bf16_last", m.extent(0), m.extent(1));
+  Kokkos::deep_copy(result, out);
+  return result;
+}
+
+// ... and back: the bf16 values of a channels_last_bf16 batch, widened (exactly), in KAT's layout.
+Matrix<float, Mem> from_bf16_last(const Matrix<float, Mem> &m, const FeatureShape &shape) {
+  auto h = to_host(m);
+  auto wide = Kokkos::create_mirror(h);
+  const auto *b = reinterpret_cast<const bfloat16 *>(h.data());
+  for (std::size_t i = 0; i < h.span(); ++i)
+    wide.data()[i] = b[i].to_float();
+  Matrix<float, Mem> result("widened", m.extent(0), m.extent(1));
+  Kokkos::deep_copy(result, wide);
+  return convert(result, shape, ActivationLayout::channels_last, false);
+}
+
+// The largest |a - b| - 2^-8 |b| over the elements, relative to max |b|: at most a few 1e-6
+// when a is b rounded to bf16 (8-bit significand: a relative error of at most 2^-9) after
+// fp32 sums in another order.
+double excess_over_bf16_rounding(const Matrix<float, Mem> &a, const Matrix<float, Mem> &b) {
+  auto ha = to_host(a);
+  auto hb = to_host(b);
+  REQUIRE(ha.span() == hb.span());
+  double scale = 0, worst = 0;
+  for (std::size_t i = 0; i < hb.span(); ++i)
+    scale = std::max(scale, std::abs(double(hb.data()[i])));
+  for (std::size_t i = 0; i < hb.span(); ++i) {
+    const double d = std::abs(double(ha.data()[i]) - double(hb.data()[i]));
+    worst = std::max(worst, d - std::ldexp(std::abs(double(hb.data()[i])), -8));
+  }
+  return scale > 0 ? worst / scale : worst;
+}
+
+// Whether two float matrices hold the same bits in their first `count` bf16 values.
+bool same_bf16(const Matrix<float, Mem> &a, const Matrix<float, Mem> &b, std::size_t count) {
+  auto ha = to_host(a);
+  auto hb = to_host(b);
+  const auto *pa = reinterpret_cast<const bfloat16 *>(ha.data());
+  const auto *pb = reinterpret_cast<const bfloat16 *>(hb.data());
+  for (std::size_t i = 0; i < count; ++i)
+    if (pa[i].bits != pb[i].bits)
+      return false;
+  return true;
 }
 
 } // namespace
@@ -540,11 +607,11 @@ TEST_CASE("conv_dnn: batch normalization in oneDNN's layouts equals KAT's kernel
     }
 }
 
-TEST_CASE("conv_dnn: in bf16 ResNet-14 and the CNN compute channels last between oneDNN layers",
+TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 channels last between its layers",
           "[dnn][layouts][bf16]") {
   using L = ActivationLayout;
-  const L expected =
-      have_dnn && kat::detail::dnn_bf16_convolutions() ? L::channels_last : L::features;
+  const bool bf16_dnn = have_dnn && kat::detail::dnn_bf16_convolutions();
+  const L expected = bf16_dnn ? L::channels_last_bf16 : L::features;
   const FeatureShape in{1, 28, 28};
   auto resnet = nn::models::resnet<float, Mem>(in, 10);
   resnet.compile(Space(), 3);
@@ -558,20 +625,226 @@ TEST_CASE("conv_dnn: in bf16 ResNet-14 and the CNN compute channels last between
     CHECK(resnet.layer(i).output_layout() == expected);
   }
   CHECK(resnet.layer(layers - 2).output_layout() == L::features); // global average pool
+  // Inside the residual blocks too (their additions and ReLUs run on bf16 values).
+  std::size_t inner = 0;
+  for (nn::Layer<float, Mem> *l : resnet.layer(3).sublayers()) {
+    INFO("block 1, sublayer " << inner++ << " " << l->name());
+    CHECK(l->input_layout() == expected);
+    CHECK(l->output_layout() == expected);
+  }
+  CHECK(inner >= 4);
   // Back to fp32: channels16 again where oneDNN serves the space.
   resnet.set_precision(Precision::fp32);
   resnet.forward(Space(), x);
   CHECK(resnet.layer(0).output_layout() == (have_dnn ? L::channels16 : L::features));
-  // The CNN: conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, ...
+  for (nn::Layer<float, Mem> *l : resnet.layer(3).sublayers()) {
+    CHECK(l->output_layout() == (have_dnn ? L::channels16 : L::features));
+  }
+  // The CNN: conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, ...; pooling takes no bf16
+  // values, so the convolutions write fp32 channels last.
+  const L last = bf16_dnn ? L::channels_last : L::features;
   auto cnn = nn::models::cnn<float, Mem>(in, 10);
   cnn.compile(Space(), 2);
   cnn.set_precision(Precision::bf16);
   cnn.forward(Space(), x);
-  CHECK(cnn.layer(0).output_layout() == expected);
-  CHECK(cnn.layer(1).output_layout() == expected);
-  CHECK(cnn.layer(3).input_layout() == expected);
+  CHECK(cnn.layer(0).output_layout() == last);
+  CHECK(cnn.layer(1).output_layout() == last);
+  CHECK(cnn.layer(3).input_layout() == last);
   // The second pooling's output goes to Flatten: KAT's layout from the second convolution on.
   CHECK(cnn.layer(3).output_layout() == L::features);
+}
+
+TEST_CASE("conv_dnn: in bf16 convolutions read and write bf16 channels last",
+          "[conv2d][dnn][layouts][bf16]") {
+  using L = ActivationLayout;
+  if (!have_dnn || !kat::detail::dnn_bf16_convolutions()) {
+    Conv conv(16, 16, 3, 1, 1);
+    conv.output_shape(FeatureShape{16, 8, 8});
+    conv.set_precision(Precision::bf16);
+    CHECK_FALSE(conv.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+    WARN("no bf16 convolutions from a DNN library here: channels_last_bf16 untested");
+    return;
+  }
+  // ResNet-14's stem (KAT's layout in), its 3x3, strided and 1x1 shapes, and channel counts
+  // that are no multiple of 16. The reference is the same layer on fp32 channels last, with
+  // the same bf16 operands (x and dy already bf16 values): y and dx then differ by their
+  // rounding to bf16 only, the weight gradients (fp32 in both) by summation order.
+  for (const std::size_t t : {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5),
+                              std::size_t(10), std::size_t(14)}) {
+    const Shape &c = shapes[t];
+    const L in_layout = t == 2 ? L::features : L::channels_last_bf16;
+    INFO(c << " input " << to_string(in_layout));
+    auto b16 = make_conv(c, nn::Conv2dBackend::dnn);
+    auto ref = make_conv(c, nn::Conv2dBackend::dnn);
+    const FeatureShape out = b16->output_shape(c.in());
+    // Only in bf16: fp32 never stores activations in bf16.
+    CHECK_FALSE(b16->supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+    b16->set_precision(Precision::bf16);
+    ref->set_precision(Precision::bf16);
+    REQUIRE(b16->supports_layouts(in_layout, L::channels_last_bf16));
+    REQUIRE(b16->supports_layouts(L::channels_last_bf16, L::channels_last));
+    b16->set_layouts(in_layout, L::channels_last_bf16);
+    ref->set_layouts(in_layout == L::features ? L::features : L::channels_last, L::channels_last);
+    auto b1 = bind_fresh<float>(*b16, 80 + t);
+    auto b2 = bind_fresh<float>(*ref, 80 + t);
+    const std::size_t n = 5;
+    const auto x = bf16_values(random_matrix<float>(n, c.in().size(), 90 + t));
+    const auto dy = bf16_values(random_matrix<float>(n, out.size(), 91 + t));
+    Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+    Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
+    const auto x_ref = in_layout == L::features ? x : convert(x, c.in(), L::channels_last, true);
+    b16->forward(Space(), in_layout == L::features ? x : to_bf16_last(x, c.in()), y1);
+    b16->backward(Space(), to_bf16_last(dy, out), dx1);
+    ref->forward(Space(), x_ref, y2);
+    ref->backward(Space(), convert(dy, out, L::channels_last, true), dx2);
+    const auto y_ref = convert(y2, out, L::channels_last, false);
+    CHECK(excess_over_bf16_rounding(from_bf16_last(y1, out), y_ref) < 1e-5);
+    if (in_layout == L::features) {
+      CHECK(max_diff_over_scale(dx1, dx2) < 1e-5); // dx in KAT's layout, fp32
+    } else {
+      CHECK(excess_over_bf16_rounding(from_bf16_last(dx1, c.in()),
+                                      convert(dx2, c.in(), L::channels_last, false)) < 1e-5);
+    }
+    CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+  }
+}
+
+TEST_CASE("conv_dnn: in bf16 batch normalization reads and writes bf16 channels last",
+          "[dnn][layouts][bf16]") {
+  using L = ActivationLayout;
+  if (!have_dnn) {
+    WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
+    return;
+  }
+  for (const std::size_t c : {std::size_t(16), std::size_t(5)})
+    for (const bool relu : {false, true}) {
+      INFO("channels " << c << " fused ReLU " << relu);
+      nn::BatchNorm<float, Mem> b16(c), kat_bn(c);
+      const FeatureShape in{static_cast<int>(c), 3, 4};
+      b16.output_shape(in);
+      kat_bn.output_shape(in);
+      CHECK_FALSE(b16.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+      b16.set_precision(Precision::bf16);
+      REQUIRE(b16.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+      CHECK_FALSE(b16.supports_layouts(L::channels_last_bf16, L::channels_last));
+      b16.set_layouts(L::channels_last_bf16, L::channels_last_bf16);
+      b16.fuse_relu(relu);
+      kat_bn.fuse_relu(relu);
+      auto b1 = bind_fresh<float>(b16, 3);
+      auto b2 = bind_fresh<float>(kat_bn, 3);
+      auto p = random_matrix<float>(b1.parameters().extent(0), 1, 73);
+      Kokkos::deep_copy(b1.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
+      Kokkos::deep_copy(b2.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
+      const std::size_t n = 6;
+      const auto x = bf16_values(random_matrix<float>(n, in.size(), 74));
+      const auto dy = bf16_values(random_matrix<float>(n, in.size(), 75));
+      Matrix<float, Mem> y1("y1", n, in.size()), y2("y2", n, in.size());
+      Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
+      b16.forward(Space(), to_bf16_last(x, in), y1);
+      b16.backward(Space(), to_bf16_last(dy, in), dx1);
+      kat_bn.forward(Space(), x, y2);
+      kat_bn.backward(Space(), dy, dx2);
+      // The statistics in fp32 from the same values: y and dx are the fp32 results rounded.
+      CHECK(excess_over_bf16_rounding(from_bf16_last(y1, in), y2) < 1e-5);
+      CHECK(excess_over_bf16_rounding(from_bf16_last(dx1, in), dx2) < 1e-5);
+      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+      CHECK(max_diff_over_scale(b16.running_mean(), kat_bn.running_mean()) < 1e-6);
+      CHECK(max_diff_over_scale(b16.running_var(), kat_bn.running_var()) < 1e-6);
+    }
+}
+
+TEST_CASE("conv_dnn: ReLU residual sums and global average pooling on bf16 values",
+          "[dnn][layouts][bf16]") {
+  using L = ActivationLayout;
+  const FeatureShape in{5, 3, 2};
+  const std::size_t n = 4, count = n * in.size();
+  // Values with ties to round (sums of two bf16 values need more than 8 bits) and zeros.
+  auto x = bf16_values(random_matrix<float>(n, in.size(), 11));
+  auto dy = bf16_values(random_matrix<float>(n, in.size(), 12));
+  const auto x16 = to_bf16_last(x, in), dy16 = to_bf16_last(dy, in);
+  const auto hx = to_host(convert(x, in, L::channels_last, true));
+  const auto hdy = to_host(convert(dy, in, L::channels_last, true));
+  const auto bf = [](double v) { return bfloat16::from_float(static_cast<float>(v)); };
+  // Expected values in channels-last order, then stored as bf16 (every one exact in bf16 or
+  // rounded once, as the kernels round).
+  const auto expect = [&](auto f) {
+    Matrix<float, Mem> e("expected", n, in.size());
+    auto he = Kokkos::create_mirror_view(e);
+    Kokkos::deep_copy(he, 0.0f);
+    auto *b = reinterpret_cast<bfloat16 *>(he.data());
+    for (std::size_t i = 0; i < count; ++i)
+      b[i] = f(double(hx.data()[i]), double(hdy.data()[i]));
+    Kokkos::deep_copy(e, he);
+    return e;
+  };
+  {
+    INFO("ReLU");
+    nn::ReLU<float, Mem> relu;
+    CHECK_FALSE(
+        nn::GELU<float, Mem>().supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+    REQUIRE(relu.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+    relu.set_layouts(L::channels_last_bf16, L::channels_last_bf16);
+    Matrix<float, Mem> y("y", n, in.size()), dx("dx", n, in.size());
+    relu.forward(Space(), x16, y);
+    relu.backward(Space(), dy16, dx);
+    CHECK(same_bf16(y, expect([&](double a, double) { return bf(a > 0 ? a : 0); }), count));
+    CHECK(same_bf16(dx, expect([&](double a, double d) { return bf(a > 0 ? d : 0); }), count));
+    Matrix<float, Mem> ry("ry", n, in.size());
+    CHECK_THROWS_WITH(relu.forward_r(Space(), x16, ry), Catch::Contains("channels_last_bf16"));
+  }
+  for (const bool fused : {false, true}) {
+    INFO("Residual with a ReLU body, identity shortcut, fused ReLU " << fused);
+    nn::Residual<float, Mem> block(in);
+    block.add<nn::ReLU>();
+    CHECK_FALSE(block.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+    block.set_precision(Precision::bf16);
+    REQUIRE(block.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+    block.set_layouts(L::channels_last_bf16, L::channels_last_bf16);
+    block.fuse_relu(fused);
+    Matrix<float, Mem> y("y", n, in.size()), dx("dx", n, in.size());
+    block.forward(Space(), x16, y);
+    block.backward(Space(), dy16, dx);
+    // y = relu(x) + x rounded once (then the fused ReLU); dx = relu'(x) dy + dy, masked by
+    // y > 0 when fused.
+    const auto y_of = [&](double a) {
+      const double v = bf(a > 0 ? a : 0).to_float() + a;
+      return fused ? std::max(v, 0.0) : v;
+    };
+    CHECK(same_bf16(y, expect([&](double a, double) { return bf(y_of(a)); }), count));
+    CHECK(same_bf16(dx, expect([&](double a, double d) {
+                      const double g = fused && bf(y_of(a)).to_float() <= 0 ? 0 : d;
+                      return bf((a > 0 ? g : 0) + g);
+                    }),
+                    count));
+  }
+  {
+    INFO("global average pooling");
+    nn::GlobalAvgPool2d<float, Mem> pool;
+    pool.output_shape(in);
+    CHECK_FALSE(pool.supports_layouts(L::channels_last_bf16, L::features));
+    pool.set_precision(Precision::bf16);
+    REQUIRE(pool.supports_layouts(L::channels_last_bf16, L::features));
+    pool.set_layouts(L::channels_last_bf16, L::features);
+    const std::size_t c = in.channels, plane = in.height * in.width;
+    Matrix<float, Mem> y("y", n, c), dx("dx", n, in.size());
+    auto g = random_matrix<float>(n, c, 13);
+    pool.forward(Space(), x16, y);
+    pool.backward(Space(), g, dx);
+    const auto hy = to_host(y);
+    const auto hg = to_host(g);
+    const auto hxf = to_host(x);
+    const auto hdx = to_host(from_bf16_last(dx, in));
+    for (std::size_t b = 0; b < n; ++b)
+      for (std::size_t ch = 0; ch < c; ++ch) {
+        double mean = 0;
+        for (std::size_t k = 0; k < plane; ++k)
+          mean += hxf(b, ch * plane + k);
+        mean /= double(plane);
+        CHECK(std::abs(hy(b, ch) - mean) <= 1e-6 * (1 + std::abs(mean)));
+        for (std::size_t k = 0; k < plane; ++k)
+          CHECK(hdx(b, ch * plane + k) == bf(hg(b, ch) / float(plane)).to_float());
+      }
+  }
 }
 
 TEST_CASE("conv_dnn: the CNN keeps its first convolution's output blocked through pooling",

@@ -31,16 +31,32 @@ enum class ActivationLayout : std::uint8_t {
   /// f32 in this order, so the activations between them need only a conversion to bf16, no
   /// transposition (with channels16 every convolution reordered its input and its output).
   channels_last = 2,
+  /// Channels last with the values stored as kat::bfloat16 (round to nearest even): element
+  /// (n, c, h, w) is the bf16 value number ((n H + h) W + w) C + c of the buffer, so the
+  /// N·C·H·W values take the first half of the N x (C·H·W) float matrix. Used in
+  /// Precision::bf16 between layers that read and write bf16 activations themselves (oneDNN's
+  /// convolutions and batch normalization, a ReLU), as autocast keeps a convolution's output
+  /// in bf16: half the memory traffic, and no conversion before the next convolution. Only
+  /// layers that say so take it (layout_fits() is false for it); their docs name it.
+  channels_last_bf16 = 3,
 };
 
 /// The layouts, in the order containers prefer them (kat::nn::detail::LayerChain picks the
 /// first one both neighbouring layers support).
 inline constexpr ActivationLayout activation_layouts_by_preference[] = {
-    ActivationLayout::channels_last, ActivationLayout::channels16, ActivationLayout::features};
+    ActivationLayout::channels_last_bf16, ActivationLayout::channels_last,
+    ActivationLayout::channels16, ActivationLayout::features};
 
-/// "features", "channels16" or "channels_last".
+/// Whether `layout` stores bf16 values (channels_last_bf16) rather than the layer's Scalar.
+constexpr bool layout_stores_bf16(ActivationLayout layout) {
+  return layout == ActivationLayout::channels_last_bf16;
+}
+
+/// "features", "channels16", "channels_last" or "channels_last_bf16".
 inline const char *to_string(ActivationLayout layout) {
   switch (layout) {
+  case ActivationLayout::channels_last_bf16:
+    return "channels_last_bf16";
   case ActivationLayout::channels16:
     return "channels16";
   case ActivationLayout::channels_last:
@@ -50,10 +66,13 @@ inline const char *to_string(ActivationLayout layout) {
   }
 }
 
-/// Whether a batch of `channels` channels can take `layout`: features and channels_last with
-/// any count, channels16 with a positive multiple of 16.
+/// Whether a batch of `channels` Scalar values per position can take `layout`: features and
+/// channels_last with any count, channels16 with a positive multiple of 16; never
+/// channels_last_bf16, which stores other values (the layers that take it check for it
+/// themselves).
 constexpr bool layout_fits(ActivationLayout layout, long long channels) {
-  return channels > 0 && (layout != ActivationLayout::channels16 || channels % 16 == 0);
+  return channels > 0 && !layout_stores_bf16(layout) &&
+         (layout != ActivationLayout::channels16 || channels % 16 == 0);
 }
 
 namespace detail {
@@ -67,6 +86,7 @@ KOKKOS_INLINE_FUNCTION std::size_t activation_offset(ActivationLayout layout, st
   case ActivationLayout::channels16:
     return ((n * (C / 16) + c / 16) * P + hw) * 16 + c % 16;
   case ActivationLayout::channels_last:
+  case ActivationLayout::channels_last_bf16: // in bf16 values
     return (n * P + hw) * C + c;
   default:
     return n + N * (hw + P * c);

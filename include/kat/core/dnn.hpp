@@ -80,14 +80,15 @@ struct Conv2dProblem {
   /// @}
   /// Whether a bias (C_out) is added.
   bool bias = true;
-  /// Layout of x and dx (channels16 needs C_in a multiple of 16; channels_last takes any).
+  /// Layout of x and dx (channels16 needs C_in a multiple of 16; channels_last takes any;
+  /// channels_last_bf16, with Precision::bf16 only, holds x and dx as bf16).
   ActivationLayout input_layout = ActivationLayout::features;
-  /// Layout of y and dy (channels16 needs C_out a multiple of 16; channels_last takes any).
+  /// Layout of y and dy (as input_layout; with channels_last_bf16 y and dy are bf16).
   ActivationLayout output_layout = ActivationLayout::features;
   /// y = max(0, conv(x) + b): a ReLU applied by the convolution (oneDNN's eltwise post-op).
   bool relu = false;
   /// Precision::bf16: x, the weights and dy enter the three passes as bf16 (rounded to nearest
-  /// even), accumulation and y, dx, dw, db stay fp32.
+  /// even), accumulation, dw and db stay fp32, y and dx too unless their layout stores bf16.
   Precision precision = Precision::fp32;
 
   /// Whether every field is equal (the same primitive serves both).
@@ -117,7 +118,8 @@ struct BatchNormProblem {
   bool affine = true;
   /// Added to the variance.
   double eps = 1e-5;
-  /// Of x, y, dx and dy.
+  /// Of x, y, dx and dy (with channels_last_bf16 all four hold bf16; the statistics, γ, β
+  /// and their gradients stay f32).
   ActivationLayout layout = ActivationLayout::channels16;
   /// y = max(0, BN(x)), backward masked accordingly (oneDNN's fuse_norm_relu).
   bool relu = false;
@@ -185,14 +187,20 @@ inline dnnl::memory::desc onednn_batch_desc(std::size_t n, int c, int h, int w) 
                             dnnl::memory::dims{1, dn * dh * dw, dn, dn * dh});
 }
 
-/// The f32 descriptor of an (N, C, H, W) batch in `layout`.
+/// The data type of the values a batch in `layout` holds: bf16 for channels_last_bf16, f32
+/// for the others.
+inline dnnl::memory::data_type onednn_activation_type(ActivationLayout layout) {
+  return layout_stores_bf16(layout) ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+/// The descriptor of an (N, C, H, W) batch in `layout` (f32, or bf16 for channels_last_bf16).
 inline dnnl::memory::desc onednn_activation_desc(ActivationLayout layout, std::size_t n, int c,
                                                  int h, int w) {
   if (layout == ActivationLayout::features) {
     return onednn_batch_desc(n, c, h, w);
   }
   return dnnl::memory::desc(
-      {static_cast<dnnl::memory::dim>(n), c, h, w}, dnnl::memory::data_type::f32,
+      {static_cast<dnnl::memory::dim>(n), c, h, w}, onednn_activation_type(layout),
       layout == ActivationLayout::channels16 ? dnnl::memory::format_tag::nChw16c
                                              : dnnl::memory::format_tag::nhwc);
 }
@@ -283,13 +291,14 @@ public:
     const memory::dims w_dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w};
     const auto any = memory::format_tag::any;
     // In bf16 the operands of the products (x, w, dy) are bf16; what the passes write (y, dx,
-    // dw, db) and their accumulation stay f32.
+    // dw, db) and their accumulation stay f32, except y and dx in a layout that stores bf16
+    // (channels_last_bf16: the next layer reads bf16, so oneDNN rounds them itself).
     const auto in_type =
         p.precision == Precision::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
     const memory::desc x_any(x_dims, in_type, any);
-    const memory::desc y_any(y_dims, memory::data_type::f32, any);
+    const memory::desc y_any(y_dims, onednn_activation_type(p.output_layout), any);
     const memory::desc w_any(w_dims, in_type, any);
-    const memory::desc dx_any(x_dims, memory::data_type::f32, any);
+    const memory::desc dx_any(x_dims, onednn_activation_type(p.input_layout), any);
     const memory::desc dy_any(y_dims, in_type, any);
     const memory::desc dw_any(w_dims, memory::data_type::f32, any);
     const memory::dims strides{p.stride_h, p.stride_w};

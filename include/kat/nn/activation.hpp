@@ -2,6 +2,7 @@
 /// @file
 /// @brief Element-wise activations: ReLU, Tanh, Sigmoid.
 
+#include "kat/core/bfloat16.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/math.hpp"
 #include "kat/core/policy.hpp"
@@ -14,6 +15,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <string>
+#include <type_traits>
 
 namespace kat::nn {
 
@@ -96,11 +98,22 @@ public:
   /// @param region  the profiling region of mask(), also the workspace's label
   explicit FusedReluBackward(const char *region) : region_(region), masked_(region) {}
 
-  void remember(const matrix_type &y) { y_ = y; }
+  /// Remembers the output y, in `layout` (channels_last_bf16: y and the later dy hold bf16).
+  void remember(const matrix_type &y, ActivationLayout layout = ActivationLayout::features) {
+    y_ = y;
+    bf16_ = layout_stores_bf16(layout);
+  }
 
   template <class ExecSpace> matrix_type mask(const ExecSpace &space, const matrix_type &dy) {
     ScopedRegion region(region_);
     const matrix_type masked = masked_.matrix(dy.extent(0), dy.extent(1));
+    if (bf16_) {
+      parallel_for_elements("kat::nn::relu_mask_bf16", space, masked.span(),
+                            ReluMaskBf16{reinterpret_cast<const bfloat16 *>(y_.data()),
+                                         reinterpret_cast<const bfloat16 *>(dy.data()),
+                                         reinterpret_cast<bfloat16 *>(masked.data())});
+      return masked;
+    }
     relu_mask(space, y_, dy, masked);
     return masked;
   }
@@ -111,6 +124,7 @@ private:
   const char *region_;
   Workspace<Scalar, MemorySpace> masked_;
   matrix_type y_;
+  bool bf16_ = false; // y_ holds bf16 values
 };
 
 } // namespace detail
@@ -126,16 +140,27 @@ public:
 
   std::string name() const override { return Op::name(); }
   FeatureShape output_shape(const FeatureShape &input) const override { return input; }
-  /// Element-wise, so any layout, the same in and out.
+  /// Element-wise, so any layout of Scalar values, the same in and out; a ReLU also
+  /// channels_last_bf16 (max(0, x) and its backward are exact on bf16 values).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
-    return in == out;
+    return in == out && (!layout_stores_bf16(in) || std::is_same_v<Op, detail::ReLUOp>);
   }
 
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region(std::string("kat::nn::") + Op::name() + "::forward");
     require_same(x, y, "y");
+    this->require_layouts_supported(std::string("kat::nn::") + Op::name() + "::forward");
     y_ = y;
     const std::size_t count = x.span();
+    forward_bf16_ = layout_stores_bf16(this->in_layout_);
+    if constexpr (std::is_same_v<Op, detail::ReLUOp>) {
+      if (forward_bf16_) { // the span's count of bf16 values, in the first half of the buffers
+        parallel_for_elements("kat::nn::Activation::forward_bf16", space, count,
+                              detail::ReluForwardBf16{reinterpret_cast<const bfloat16 *>(x.data()),
+                                                      reinterpret_cast<bfloat16 *>(y.data())});
+        return;
+      }
+    }
     const Scalar *xp = x.data();
     Scalar *yp = y.data();
     parallel_for_elements("kat::nn::Activation::forward", space, count,
@@ -151,6 +176,15 @@ public:
     require_same(y_, dy, "dy");
     require_same(y_, dx, "dx");
     const std::size_t count = dy.span();
+    if constexpr (std::is_same_v<Op, detail::ReLUOp>) {
+      if (forward_bf16_) {
+        parallel_for_elements("kat::nn::Activation::backward_bf16", space, count,
+                              detail::ReluMaskBf16{reinterpret_cast<const bfloat16 *>(y_.data()),
+                                                   reinterpret_cast<const bfloat16 *>(dy.data()),
+                                                   reinterpret_cast<bfloat16 *>(dx.data())});
+        return;
+      }
+    }
     const Scalar *yp = y_.data();
     const Scalar *dyp = dy.data();
     Scalar *dxp = dx.data();
@@ -164,6 +198,11 @@ public:
   void forward_r(const execution_space &space, const matrix_type &rx,
                  const matrix_type &ry) override {
     ScopedRegion region(std::string("kat::nn::") + Op::name() + "::forward_r");
+    if (forward_bf16_) {
+      throw Error(kat::detail::concat("kat::nn::", Op::name(),
+                                      "::forward_r: the forward ran on bf16 values "
+                                      "(channels_last_bf16); the R-operator needs KAT's layout"));
+    }
     require_same(y_, rx, "rx");
     require_same(y_, ry, "ry");
     rx_ = rx;
@@ -206,6 +245,7 @@ private:
   }
 
   matrix_type y_, rx_;
+  bool forward_bf16_ = false; // the last forward ran on channels_last_bf16
 };
 
 /// Rectified linear unit, y = max(x, 0) (Nair & Hinton 2010); the derivative at 0 is 0, as

@@ -129,12 +129,20 @@ public:
   }
 
   /// KAT's features layout in and out, or, in training for float on a host space with oneDNN
-  /// (kat::dnn_available), channels16 (C a multiple of 16) or channels_last in and out: oneDNN's
-  /// batch normalization (the layer's own kernels would read each channel with a stride there).
+  /// (kat::dnn_available), channels16 (C a multiple of 16), channels_last or, in
+  /// Precision::bf16, channels_last_bf16 in and out: oneDNN's batch normalization (the layer's
+  /// own kernels would read each channel with a stride there). On channels_last_bf16 x, y, dy
+  /// and dx are bf16; the statistics, γ, β and their gradients are computed and kept in fp32.
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
-    return in == out && (in == ActivationLayout::features ||
-                         (dnn_available<execution_space, Scalar>() && this->training_ &&
-                          layout_fits(in, static_cast<long long>(channels_))));
+    if (in != out) {
+      return false;
+    }
+    if (in == ActivationLayout::features) {
+      return true;
+    }
+    const bool fits = layout_stores_bf16(in) ? this->precision_ == Precision::bf16
+                                             : layout_fits(in, static_cast<long long>(channels_));
+    return dnn_available<execution_space, Scalar>() && this->training_ && fits;
   }
 
   /// In training (the R-operator, evaluation only, never sees it): y = max(0, BN(x)) in the

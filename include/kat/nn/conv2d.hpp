@@ -289,25 +289,29 @@ public:
     return backend_ == Conv2dBackend::dnn || in != ActivationLayout::features ||
            out != ActivationLayout::features || patch_size() >= automatic_min_patch_size;
   }
-  /// The layout besides KAT's features that the DNN path computes in: channels16 in fp32
-  /// (oneDNN's f32 convolutions compute in it), channels_last in bf16 (its AMX convolutions
-  /// read bf16 and write f32 channels last; on channels16 it would pick slower kernels).
-  ActivationLayout dnn_layout() const {
-    return this->precision_ == Precision::bf16 ? ActivationLayout::channels_last
-                                               : ActivationLayout::channels16;
+  /// Whether the DNN path computes in `layout` in the current precision: channels16 in fp32
+  /// (oneDNN's f32 convolutions compute in it); channels_last and channels_last_bf16 in bf16
+  /// (its AMX convolutions read bf16 channels last and write f32 or bf16 in the same order;
+  /// on channels16 it would pick slower kernels). KAT's features layout is not one of them.
+  bool dnn_layout(ActivationLayout layout) const {
+    if (this->precision_ == Precision::bf16) {
+      return layout == ActivationLayout::channels_last ||
+             layout == ActivationLayout::channels_last_bf16;
+    }
+    return layout == ActivationLayout::channels16;
   }
 
-  /// KAT's features layout; in training on the DNN path also dnn_layout() (channels16 for a
-  /// side whose channel count is a multiple of 16; channels_last, in bf16 where oneDNN has
-  /// bf16 convolutions, for any), unless an R-operator direction is bound (the R passes build
-  /// patch matrices from x in KAT's layout; kat::nn::hessian_vector_product runs the model in
-  /// evaluation mode, so in KAT's layout).
+  /// KAT's features layout; in training on the DNN path also a dnn_layout() (channels16 for a
+  /// side whose channel count is a multiple of 16; channels_last and channels_last_bf16, in
+  /// bf16 where oneDNN has bf16 convolutions, for any), unless an R-operator direction is
+  /// bound (the R passes build patch matrices from x in KAT's layout;
+  /// kat::nn::hessian_vector_product runs the model in evaluation mode, so in KAT's layout).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
-    const ActivationLayout other = dnn_layout();
     const bool dnn = uses_dnn() && this->training_ && v_weight_bias_.extent(0) == 0 &&
                      (this->precision_ == Precision::fp32 || kat::detail::dnn_bf16_convolutions());
     const auto ok = [&](ActivationLayout l, int channels) {
-      return l == ActivationLayout::features || (dnn && l == other && layout_fits(l, channels));
+      return l == ActivationLayout::features ||
+             (dnn && dnn_layout(l) && (layout_stores_bf16(l) || layout_fits(l, channels)));
     };
     return ok(in, geometry_.in_channels) && ok(out, geometry_.out_channels);
   }
@@ -439,7 +443,7 @@ public:
     }
     forward_layouts_ = {this->in_layout_, this->out_layout_};
     forward_fused_ = this->fused_relu_;
-    relu_.remember(y);
+    relu_.remember(y, this->out_layout_);
     this->require_layouts_supported(where);
     if constexpr (dnn_available<execution_space, Scalar>()) {
       if (dnn_for(this->in_layout_, this->out_layout_) &&

@@ -109,9 +109,9 @@ public:
 
   std::string name() const override { return "GELU"; }
   FeatureShape output_shape(const FeatureShape &input) const override { return input; }
-  /// Element-wise, so any layout, the same in and out.
+  /// Element-wise, so any layout of Scalar values (not channels_last_bf16), the same in and out.
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
-    return in == out;
+    return in == out && !layout_stores_bf16(in);
   }
 
   /// @throws ShapeError if y's extents differ from x's or either is not contiguous.

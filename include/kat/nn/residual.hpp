@@ -25,11 +25,25 @@ namespace kat::nn {
 namespace detail {
 
 /// c = a + b element-wise over equally shaped contiguous matrices (c may alias a), or
-/// c = max(0, a + b) with `relu`.
+/// c = max(0, a + b) with `relu`; with `bf16` the matrices hold bf16 values
+/// (ActivationLayout::channels_last_bf16), summed in fp32 and rounded once.
 template <class ExecSpace, class MatrixView>
 void elementwise_add(const ExecSpace &space, const MatrixView &a, const MatrixView &b,
-                     const MatrixView &c, bool relu = false) {
+                     const MatrixView &c, bool relu = false, bool bf16 = false) {
   using value = typename MatrixView::non_const_value_type;
+  if (bf16) {
+    const auto *ap = reinterpret_cast<const bfloat16 *>(a.data());
+    const auto *bp = reinterpret_cast<const bfloat16 *>(b.data());
+    auto *cp = reinterpret_cast<bfloat16 *>(c.data());
+    if (relu) {
+      parallel_for_elements("kat::nn::Residual::add_relu_bf16", space, c.span(),
+                            ResidualAddBf16<true>{ap, bp, cp});
+    } else {
+      parallel_for_elements("kat::nn::Residual::add_bf16", space, c.span(),
+                            ResidualAddBf16<false>{ap, bp, cp});
+    }
+    return;
+  }
   const value *ap = a.data();
   const value *bp = b.data();
   value *cp = c.data();
@@ -145,8 +159,9 @@ public:
     kat::detail::require_extent("kat::nn::Residual::forward", "y columns", fx.extent(1),
                                 y.extent(1));
     forward_fused_ = this->fused_relu_;
-    relu_.remember(y);
-    detail::elementwise_add(space, fx, sx, y, forward_fused_);
+    forward_bf16_ = layout_stores_bf16(this->in_layout_);
+    relu_.remember(y, this->in_layout_);
+    detail::elementwise_add(space, fx, sx, y, forward_fused_, forward_bf16_);
   }
 
   /// In scope `name`: the body's layers in scope "body", the shortcut's in "shortcut", and an
@@ -198,12 +213,12 @@ private:
     // dL/dx = f'(x)ᵀ dy + s'(x)ᵀ dy: the body writes into dx, the shortcut's part is added.
     body_.backward(space, dy, dx, acc);
     if (shortcut_.empty()) {
-      detail::elementwise_add(space, dx, dy, dx);
+      detail::elementwise_add(space, dx, dy, dx, false, forward_bf16_);
       return;
     }
     const matrix_type ds = sum_ws_.matrix(dx.extent(0), dx.extent(1));
     shortcut_.backward(space, dy, ds, acc);
-    detail::elementwise_add(space, dx, ds, dx);
+    detail::elementwise_add(space, dx, ds, dx, false, forward_bf16_);
   }
 
 public:
@@ -281,9 +296,11 @@ public:
   /// @}
 
   /// The same layout in and out (the addition is element-wise, and an identity shortcut
-  /// passes x through), one both branches can take to itself.
+  /// passes x through), one both branches can take to itself; channels_last_bf16 only in
+  /// Precision::bf16 (the sums are then rounded to bf16, as autocast's are).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
-    return in == out && body_.layouts_feasible(in, out) && shortcut_.layouts_feasible(in, out);
+    return in == out && (!layout_stores_bf16(in) || this->precision_ == Precision::bf16) &&
+           body_.layouts_feasible(in, out) && shortcut_.layouts_feasible(in, out);
   }
 
   void train(bool on) override {
@@ -364,6 +381,7 @@ private:
   Workspace<Scalar, MemorySpace> sum_ws_, r_sum_ws_;
   detail::FusedReluBackward<Scalar, MemorySpace> relu_{"kat::nn::Residual::relu_backward"};
   bool forward_fused_ = false; // whether the last forward applied the following ReLU
+  bool forward_bf16_ = false;  // whether the last forward ran on channels_last_bf16
   bool direction_bound_ = false;
 };
 

@@ -3,6 +3,8 @@
 /// @brief The element-wise kernels of the activations (ReLU, Tanh, Sigmoid, GELU) as named
 /// functors, over raw contiguous spans.
 
+#include "kat/core/bfloat16.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
@@ -26,6 +28,30 @@ template <class Value> struct ReluMask {
     // mispredicts half the time).
     const Value d = dyp[i];
     op[i] = yp[i] > Value(0) ? d : Value(0);
+  }
+};
+
+/// y[i] = max(0, x[i]) on bf16 values (a ReLU on ActivationLayout::channels_last_bf16):
+/// exact, as in fp32 (NaN gives 0, as `x > 0 ? x : 0` does).
+struct ReluForwardBf16 {
+  const bfloat16 *xp;
+  bfloat16 *yp;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    const bfloat16 x = xp[i];
+    yp[i] = x.to_float() > 0.0f ? x : bfloat16{};
+  }
+};
+
+/// out[i] = dy[i] where y[i] > 0, 0 elsewhere, on bf16 values (ReluMask's bf16 form).
+struct ReluMaskBf16 {
+  const bfloat16 *yp;
+  const bfloat16 *dyp;
+  bfloat16 *op;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    const bfloat16 d = dyp[i];
+    op[i] = yp[i].to_float() > 0.0f ? d : bfloat16{};
   }
 };
 

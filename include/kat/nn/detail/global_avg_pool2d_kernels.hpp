@@ -3,6 +3,7 @@
 /// @brief The kernels of GlobalAvgPool2d as named functors.
 
 #include "kat/core/activation_layout.hpp"
+#include "kat/core/bfloat16.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -29,8 +30,15 @@ template <class MatrixView> struct GlobalAvgPool2dForward {
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t c) const {
     Scalar sum = 0;
-    for (std::size_t k = 0; k < plane; ++k) {
-      sum += xp[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)];
+    if (layout_stores_bf16(layout)) { // x holds bf16 values, summed in Scalar
+      const auto *xb = reinterpret_cast<const bfloat16 *>(xp);
+      for (std::size_t k = 0; k < plane; ++k) {
+        sum += xb[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)].to_float();
+      }
+    } else {
+      for (std::size_t k = 0; k < plane; ++k) {
+        sum += xp[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)];
+      }
     }
     y(i, c) = sum / count;
   }
@@ -49,7 +57,13 @@ template <class MatrixView> struct GlobalAvgPool2dBackward {
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t j) const {
     const std::size_t c = j / plane, k = j % plane;
-    dxp[kat::detail::activation_offset(layout, n, channels, plane, i, c, k)] = dy(i, c) / count;
+    const std::size_t at = kat::detail::activation_offset(layout, n, channels, plane, i, c, k);
+    if (layout_stores_bf16(layout)) { // dx holds bf16 values
+      reinterpret_cast<bfloat16 *>(dxp)[at] =
+          bfloat16::from_float(static_cast<float>(dy(i, c) / count));
+    } else {
+      dxp[at] = dy(i, c) / count;
+    }
   }
 };
 

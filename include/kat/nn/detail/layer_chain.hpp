@@ -245,7 +245,8 @@ public:
   }
 
   /// Sets every layer's layouts for the next forward(): for each activation the first of
-  /// kat::activation_layouts_by_preference (channels_last, channels16, features) that both
+  /// kat::activation_layouts_by_preference (channels_last_bf16, channels_last, channels16,
+  /// features) that both
   /// neighbouring layers (and, through same-layout layers such as activations, the rest of the
   /// chain) support.
   /// @throws Error if no assignment exists (see layouts_feasible()).
@@ -475,7 +476,8 @@ private:
     return layers_[i]->passes_through() || (i < absorbed_.size() && absorbed_[i]);
   }
 
-  // Bit masks of layouts: bit 0 features, bit 1 channels16, bit 2 channels_last.
+  // Bit masks of layouts: bit 0 features, bit 1 channels16, bit 2 channels_last, bit 3
+  // channels_last_bf16.
   static unsigned layout_bit(ActivationLayout l) { return 1u << static_cast<unsigned>(l); }
 
   /// The layouts of the activations after each layer (into `chosen` unless null): from the

@@ -2,6 +2,8 @@
 /// @file
 /// @brief The element-wise sums of Residual as named functors.
 
+#include "kat/core/bfloat16.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
@@ -34,6 +36,19 @@ template <class Value> struct ResidualAdd {
   Value *cp;
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const { cp[i] = ap[i] + bp[i]; }
+};
+
+/// c[i] = a[i] + b[i] on bf16 values (ActivationLayout::channels_last_bf16), or
+/// max(0, a[i] + b[i]) with Relu: the sum of the two bf16 values in fp32, rounded once to bf16.
+template <bool Relu> struct ResidualAddBf16 {
+  const bfloat16 *ap;
+  const bfloat16 *bp;
+  bfloat16 *cp;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    const float v = ap[i].to_float() + bp[i].to_float();
+    cp[i] = bfloat16::from_float(Relu ? (v > 0.0f ? v : 0.0f) : v);
+  }
 };
 
 } // namespace detail

@@ -7,6 +7,7 @@
 // Ratios are measured inside one benchmark, interleaving the two timings each iteration,
 // because the machines are shared and noisy.
 #include "common.hpp"
+#include <kat/core/bfloat16.hpp>
 #include <kat/core/blas.hpp>
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/core/views.hpp>
@@ -210,10 +211,11 @@ BENCHMARK(BM_Conv2dBackends)
     ->Unit(benchmark::kMillisecond);
 
 // BatchNorm2d forward + backward in training (batch 128) on ResNet-14's activation shapes:
-// KAT's kernels on its features layout against oneDNN's on channels16 or channels_last,
-// alternately. Arguments: channels (16 at 28x28, 32 at 14x14, 64 at 7x7), 1 to fuse a
-// following ReLU into both, and oneDNN's layout (1: channels16, the fp32 mode's; 2:
-// channels_last, the bf16 mode's). Iteration time: oneDNN's.
+// KAT's kernels on its features layout against oneDNN's on channels16, channels_last or
+// channels_last_bf16, alternately. Arguments: channels (16 at 28x28, 32 at 14x14, 64 at 7x7),
+// 1 to fuse a following ReLU into both, and oneDNN's layout (1: channels16, the fp32 mode's;
+// 2: channels_last, fp32 values next to pooling in bf16; 3: channels_last_bf16, the bf16
+// mode's between convolutions). Iteration time: oneDNN's.
 void BM_BatchNormLayouts(benchmark::State &state) {
   if (!kat::dnn_available<Space, float>()) {
     state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
@@ -232,19 +234,38 @@ void BM_BatchNormLayouts(benchmark::State &state) {
       layer.reset_parameters(Space(), 1);
     }
   } kat_bn(channels), dnn_bn(channels);
-  const auto layout = state.range(2) == 2 ? kat::ActivationLayout::channels_last
-                                          : kat::ActivationLayout::channels16;
+  using L = kat::ActivationLayout;
+  const L layout = state.range(2) == 3   ? L::channels_last_bf16
+                   : state.range(2) == 2 ? L::channels_last
+                                         : L::channels16;
   state.SetLabel(kat::to_string(layout));
+  if (kat::layout_stores_bf16(layout)) {
+    dnn_bn.layer.set_precision(kat::Precision::bf16);
+  }
   dnn_bn.layer.set_layouts(layout, layout);
   if (state.range(1) != 0) { // a following ReLU applied by the layer (Layer::fuse_relu)
     kat_bn.layer.fuse_relu(true);
     dnn_bn.layer.fuse_relu(true);
   }
   const M x = filled(n, cols, 6), dy = filled(n, cols, 7);
+  // The same values as bf16 (the first half of each buffer) for channels_last_bf16.
+  const auto as_bf16 = [&](const M &m) {
+    M out("bf16", n, cols);
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+    auto o = Kokkos::create_mirror_view(out);
+    auto *b = reinterpret_cast<kat::bfloat16 *>(o.data());
+    for (std::size_t i = 0; i < h.span(); ++i) {
+      b[i] = kat::bfloat16::from_float(h.data()[i]);
+    }
+    Kokkos::deep_copy(out, o);
+    return out;
+  };
+  const M x16 = as_bf16(x), dy16 = as_bf16(dy);
   M y("y", n, cols), dx("dx", n, cols);
   const auto run = [&](Bn &bn) {
-    bn.layer.forward(Space(), x, y);
-    bn.layer.backward(Space(), dy, dx);
+    const bool bf16 = kat::layout_stores_bf16(bn.layer.input_layout());
+    bn.layer.forward(Space(), bf16 ? x16 : x, y);
+    bn.layer.backward(Space(), bf16 ? dy16 : dy, dx);
     Space().fence();
   };
   run(kat_bn);
@@ -266,7 +287,7 @@ void BM_BatchNormLayouts(benchmark::State &state) {
 }
 BENCHMARK(BM_BatchNormLayouts)
     ->ArgNames({"channels", "relu", "layout"})
-    ->ArgsProduct({{16, 32, 64}, {0, 1}, {1, 2}})
+    ->ArgsProduct({{16, 32, 64}, {0, 1}, {1, 2, 3}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -48,7 +48,7 @@ inline constexpr ActivationLayout activation_layouts_by_preference[] = {
     ActivationLayout::channels16, ActivationLayout::features};
 
 /// Whether `layout` stores bf16 values (channels_last_bf16) rather than the layer's Scalar.
-constexpr bool layout_stores_bf16(ActivationLayout layout) {
+KOKKOS_INLINE_FUNCTION constexpr bool layout_stores_bf16(ActivationLayout layout) {
   return layout == ActivationLayout::channels_last_bf16;
 }
 

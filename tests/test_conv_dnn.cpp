@@ -185,6 +185,20 @@ bool same_bf16(const Matrix<float, Mem> &a, const Matrix<float, Mem> &b, std::si
   return true;
 }
 
+// Whether oneDNN's bf16 convolutions serve this build, so a bf16 Conv2d offers `layout`; if
+// not, checks that it is refused (nothing but oneDNN reads it) and warns that it is untested.
+bool bf16_convolutions_offer(ActivationLayout layout) {
+  if (have_dnn && kat::detail::dnn_bf16_convolutions()) {
+    return true;
+  }
+  Conv conv(16, 16, 3, 1, 1);
+  conv.output_shape(FeatureShape{16, 8, 8});
+  conv.set_precision(Precision::bf16);
+  CHECK_FALSE(conv.supports_layouts(layout, layout));
+  WARN("no bf16 convolutions from a DNN library here: " << to_string(layout) << " untested");
+  return false;
+}
+
 } // namespace
 
 TEST_CASE("conv_dnn: oneDNN and im2col agree on y dx and gradients", "[conv2d][dnn]") {
@@ -516,13 +530,7 @@ TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dn
 TEST_CASE("conv_dnn: in bf16 convolutions in channels last equal those in KAT's layout",
           "[conv2d][dnn][layouts][bf16]") {
   using L = ActivationLayout;
-  if (!have_dnn || !kat::detail::dnn_bf16_convolutions()) {
-    // Nothing but oneDNN reads channels_last: without its bf16 convolutions no layer offers it.
-    Conv conv(16, 16, 3, 1, 1);
-    conv.output_shape(FeatureShape{16, 8, 8});
-    conv.set_precision(Precision::bf16);
-    CHECK_FALSE(conv.supports_layouts(L::channels_last, L::channels_last));
-    WARN("no bf16 convolutions from a DNN library here: channels_last untested");
+  if (!bf16_convolutions_offer(L::channels_last)) {
     return;
   }
   // The ResNet-14 shapes (the strided and 1x1 ones included) and channel counts that are no
@@ -657,12 +665,7 @@ TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 channels last between its laye
 TEST_CASE("conv_dnn: in bf16 convolutions read and write bf16 channels last",
           "[conv2d][dnn][layouts][bf16]") {
   using L = ActivationLayout;
-  if (!have_dnn || !kat::detail::dnn_bf16_convolutions()) {
-    Conv conv(16, 16, 3, 1, 1);
-    conv.output_shape(FeatureShape{16, 8, 8});
-    conv.set_precision(Precision::bf16);
-    CHECK_FALSE(conv.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-    WARN("no bf16 convolutions from a DNN library here: channels_last_bf16 untested");
+  if (!bf16_convolutions_offer(L::channels_last_bf16)) {
     return;
   }
   // ResNet-14's stem (KAT's layout in), its 3x3, strided and 1x1 shapes, and channel counts

@@ -671,45 +671,50 @@ TEST_CASE("conv_dnn: in bf16 convolutions read and write bf16 channels last",
   // ResNet-14's stem (KAT's layout in), its 3x3, strided and 1x1 shapes, and channel counts
   // that are no multiple of 16. The reference is the same layer on fp32 channels last, with
   // the same bf16 operands (x and dy already bf16 values): y and dx then differ by their
-  // rounding to bf16 only, the weight gradients (fp32 in both) by summation order.
-  for (const std::size_t t : {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5),
-                              std::size_t(10), std::size_t(14)}) {
-    const Shape &c = shapes[t];
-    const L in_layout = t == 2 ? L::features : L::channels_last_bf16;
-    INFO(c << " input " << to_string(in_layout));
-    auto b16 = make_conv(c, nn::Conv2dBackend::dnn);
-    auto ref = make_conv(c, nn::Conv2dBackend::dnn);
-    const FeatureShape out = b16->output_shape(c.in());
-    // Only in bf16: fp32 never stores activations in bf16.
-    CHECK_FALSE(b16->supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-    b16->set_precision(Precision::bf16);
-    ref->set_precision(Precision::bf16);
-    REQUIRE(b16->supports_layouts(in_layout, L::channels_last_bf16));
-    REQUIRE(b16->supports_layouts(L::channels_last_bf16, L::channels_last));
-    b16->set_layouts(in_layout, L::channels_last_bf16);
-    ref->set_layouts(in_layout == L::features ? L::features : L::channels_last, L::channels_last);
-    auto b1 = bind_fresh<float>(*b16, 80 + t);
-    auto b2 = bind_fresh<float>(*ref, 80 + t);
-    const std::size_t n = 5;
-    const auto x = bf16_values(random_matrix<float>(n, c.in().size(), 90 + t));
-    const auto dy = bf16_values(random_matrix<float>(n, out.size(), 91 + t));
-    Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
-    Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
-    const auto x_ref = in_layout == L::features ? x : convert(x, c.in(), L::channels_last, true);
-    b16->forward(Space(), in_layout == L::features ? x : to_bf16_last(x, c.in()), y1);
-    b16->backward(Space(), to_bf16_last(dy, out), dx1);
-    ref->forward(Space(), x_ref, y2);
-    ref->backward(Space(), convert(dy, out, L::channels_last, true), dx2);
-    const auto y_ref = convert(y2, out, L::channels_last, false);
-    CHECK(excess_over_bf16_rounding(from_bf16_last(y1, out), y_ref) < 1e-5);
-    if (in_layout == L::features) {
-      CHECK(max_diff_over_scale(dx1, dx2) < 1e-5); // dx in KAT's layout, fp32
-    } else {
-      CHECK(excess_over_bf16_rounding(from_bf16_last(dx1, c.in()),
-                                      convert(dx2, c.in(), L::channels_last, false)) < 1e-5);
+  // rounding to bf16 only, the weight gradients (fp32 in both) by summation order. With a
+  // fused ReLU, the backward masks dy by the sign of the bf16 y (the sign survives rounding).
+  for (const bool relu : {false, true})
+    for (const std::size_t t : {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5),
+                                std::size_t(10), std::size_t(14)}) {
+      const Shape &c = shapes[t];
+      const L in_layout = t == 2 ? L::features : L::channels_last_bf16;
+      INFO(c << " input " << to_string(in_layout) << " fused ReLU " << relu);
+      auto b16 = make_conv(c, nn::Conv2dBackend::dnn);
+      auto ref = make_conv(c, nn::Conv2dBackend::dnn);
+      const FeatureShape out = b16->output_shape(c.in());
+      // Only in bf16: fp32 never stores activations in bf16.
+      CHECK_FALSE(b16->supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
+      b16->set_precision(Precision::bf16);
+      ref->set_precision(Precision::bf16);
+      REQUIRE(b16->supports_layouts(in_layout, L::channels_last_bf16));
+      REQUIRE(b16->supports_layouts(L::channels_last_bf16, L::channels_last));
+      b16->set_layouts(in_layout, L::channels_last_bf16);
+      ref->set_layouts(in_layout == L::features ? L::features : L::channels_last, L::channels_last);
+      REQUIRE(b16->can_fuse_relu());
+      b16->fuse_relu(relu);
+      ref->fuse_relu(relu);
+      auto b1 = bind_fresh<float>(*b16, 80 + t);
+      auto b2 = bind_fresh<float>(*ref, 80 + t);
+      const std::size_t n = 5;
+      const auto x = bf16_values(random_matrix<float>(n, c.in().size(), 90 + t));
+      const auto dy = bf16_values(random_matrix<float>(n, out.size(), 91 + t));
+      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+      Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
+      const auto x_ref = in_layout == L::features ? x : convert(x, c.in(), L::channels_last, true);
+      b16->forward(Space(), in_layout == L::features ? x : to_bf16_last(x, c.in()), y1);
+      b16->backward(Space(), to_bf16_last(dy, out), dx1);
+      ref->forward(Space(), x_ref, y2);
+      ref->backward(Space(), convert(dy, out, L::channels_last, true), dx2);
+      const auto y_ref = convert(y2, out, L::channels_last, false);
+      CHECK(excess_over_bf16_rounding(from_bf16_last(y1, out), y_ref) < 1e-5);
+      if (in_layout == L::features) {
+        CHECK(max_diff_over_scale(dx1, dx2) < 1e-5); // dx in KAT's layout, fp32
+      } else {
+        CHECK(excess_over_bf16_rounding(from_bf16_last(dx1, c.in()),
+                                        convert(dx2, c.in(), L::channels_last, false)) < 1e-5);
+      }
+      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
     }
-    CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
-  }
 }
 
 TEST_CASE("conv_dnn: in bf16 batch normalization reads and writes bf16 channels last",

@@ -77,11 +77,19 @@ struct SigmoidOp {
   }
 };
 
-/// out = dy where y > 0, 0 elsewhere (a ReLU's backward from its output y).
+/// out = dy where y > 0, 0 elsewhere (a ReLU's backward from its output y); with `bf16` the
+/// three matrices hold bf16 values (ActivationLayout::channels_last_bf16).
 template <class ExecSpace, class MatrixView>
 void relu_mask(const ExecSpace &space, const MatrixView &y, const MatrixView &dy,
-               const MatrixView &out) {
+               const MatrixView &out, bool bf16 = false) {
   using value = typename MatrixView::non_const_value_type;
+  if (bf16) {
+    parallel_for_elements("kat::nn::relu_mask_bf16", space, out.span(),
+                          ReluMaskBf16{reinterpret_cast<const bfloat16 *>(y.data()),
+                                       reinterpret_cast<const bfloat16 *>(dy.data()),
+                                       reinterpret_cast<bfloat16 *>(out.data())});
+    return;
+  }
   const value *yp = y.data();
   const value *dyp = dy.data();
   value *op = out.data();
@@ -107,14 +115,7 @@ public:
   template <class ExecSpace> matrix_type mask(const ExecSpace &space, const matrix_type &dy) {
     ScopedRegion region(region_);
     const matrix_type masked = masked_.matrix(dy.extent(0), dy.extent(1));
-    if (bf16_) {
-      parallel_for_elements("kat::nn::relu_mask_bf16", space, masked.span(),
-                            ReluMaskBf16{reinterpret_cast<const bfloat16 *>(y_.data()),
-                                         reinterpret_cast<const bfloat16 *>(dy.data()),
-                                         reinterpret_cast<bfloat16 *>(masked.data())});
-      return masked;
-    }
-    relu_mask(space, y_, dy, masked);
+    relu_mask(space, y_, dy, masked, bf16_);
     return masked;
   }
 
@@ -176,14 +177,9 @@ public:
     require_same(y_, dy, "dy");
     require_same(y_, dx, "dx");
     const std::size_t count = dy.span();
-    if constexpr (std::is_same_v<Op, detail::ReLUOp>) {
-      if (forward_bf16_) {
-        parallel_for_elements("kat::nn::Activation::backward_bf16", space, count,
-                              detail::ReluMaskBf16{reinterpret_cast<const bfloat16 *>(y_.data()),
-                                                   reinterpret_cast<const bfloat16 *>(dy.data()),
-                                                   reinterpret_cast<bfloat16 *>(dx.data())});
-        return;
-      }
+    if (forward_bf16_) { // only a ReLU takes bf16 values (supports_layouts())
+      detail::relu_mask(space, y_, dy, dx, true);
+      return;
     }
     const Scalar *yp = y_.data();
     const Scalar *dyp = dy.data();

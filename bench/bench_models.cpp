@@ -90,12 +90,13 @@ BENCHMARK_CAPTURE(BM_Epoch, vit, std::string("vit"))
 // One forward + backward of a batch of 128 (random inputs and output gradients) of a model
 // in training, under kat::RegionTimer: the step's time and the exclusive time of every
 // profiling region above 1 % of it (oneDNN's passes and reorders, KAT's kernels, the GEMMs),
-// in ms per step. Argument: 0 for Conv2dBackend::automatic (oneDNN where built with it), 1
-// for im2col everywhere.
+// in ms per step. Arguments: im2col 0 for Conv2dBackend::automatic (oneDNN where built with
+// it), 1 for im2col everywhere; bf16 1 for Precision::bf16 (mixed precision), 0 for fp32.
 void BM_StepProfile(benchmark::State &state, const std::string &name) {
   const Space space;
   const kat::FeatureShape input{1, 28, 28};
   auto model = kat::nn::models::by_name<float, Mem>(name, input, 10);
+  model.set_precision(state.range(1) != 0 ? kat::Precision::bf16 : kat::Precision::fp32);
   model.compile(space, 0);
   kat::nn::set_conv2d_backend(model.layers(), state.range(0) != 0
                                                   ? kat::nn::Conv2dBackend::im2col
@@ -128,24 +129,22 @@ void BM_StepProfile(benchmark::State &state, const std::string &name) {
   }
 }
 BENCHMARK_CAPTURE(BM_StepProfile, cnn, std::string("cnn"))
-    ->ArgName("im2col")
-    ->Arg(0)
-    ->Arg(1)
+    ->ArgNames({"im2col", "bf16"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
     ->Iterations(30)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_StepProfile, resnet, std::string("resnet"))
-    ->ArgName("im2col")
-    ->Arg(0)
-    ->Arg(1)
+    ->ArgNames({"im2col", "bf16"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
     ->Iterations(30)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
 } // namespace
 BENCHMARK_CAPTURE(BM_StepProfile, vit, std::string("vit"))
-    ->ArgName("im2col")
-    ->Arg(0)
+    ->ArgNames({"im2col", "bf16"})
+    ->ArgsProduct({{0}, {0, 1}})
     ->Iterations(30)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -211,11 +211,12 @@ BENCHMARK(BM_Conv2dBackends)
     ->Unit(benchmark::kMillisecond);
 
 // BatchNorm2d forward + backward in training (batch 128) on ResNet-14's activation shapes:
-// KAT's kernels on its features layout against oneDNN's on channels16, channels_last or
-// channels_last_bf16, alternately. Arguments: channels (16 at 28x28, 32 at 14x14, 64 at 7x7),
-// 1 to fuse a following ReLU into both, and oneDNN's layout (1: channels16, the fp32 mode's;
-// 2: channels_last, fp32 values next to pooling in bf16; 3: channels_last_bf16, the bf16
-// mode's between convolutions). Iteration time: oneDNN's.
+// KAT's kernels on its features layout against oneDNN's on channels16, channels_last,
+// channels_last_bf16 or channels16_bf16, alternately. Arguments: channels (16 at 28x28, 32 at
+// 14x14, 64 at 7x7), 1 to fuse a following ReLU into both, and oneDNN's layout (1: channels16,
+// the fp32 mode's; 2: channels_last, fp32 values next to pooling in bf16; 3:
+// channels_last_bf16, the bf16 mode's between convolutions on CPUs with AMX; 4:
+// channels16_bf16, the same on CPUs with AVX512-BF16 alone). Iteration time: oneDNN's.
 void BM_BatchNormLayouts(benchmark::State &state) {
   if (!kat::dnn_available<Space, float>()) {
     state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
@@ -235,7 +236,8 @@ void BM_BatchNormLayouts(benchmark::State &state) {
     }
   } kat_bn(channels), dnn_bn(channels);
   using L = kat::ActivationLayout;
-  const L layout = state.range(2) == 3   ? L::channels_last_bf16
+  const L layout = state.range(2) == 4   ? L::channels16_bf16
+                   : state.range(2) == 3 ? L::channels_last_bf16
                    : state.range(2) == 2 ? L::channels_last
                                          : L::channels16;
   state.SetLabel(kat::to_string(layout));
@@ -248,7 +250,7 @@ void BM_BatchNormLayouts(benchmark::State &state) {
     dnn_bn.layer.fuse_relu(true);
   }
   const M x = filled(n, cols, 6), dy = filled(n, cols, 7);
-  // The same values as bf16 (the first half of each buffer) for channels_last_bf16.
+  // The same values as bf16 (the first half of each buffer) for the bf16-storage layouts.
   const auto as_bf16 = [&](const M &m) {
     M out("bf16", n, cols);
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
@@ -287,7 +289,7 @@ void BM_BatchNormLayouts(benchmark::State &state) {
 }
 BENCHMARK(BM_BatchNormLayouts)
     ->ArgNames({"channels", "relu", "layout"})
-    ->ArgsProduct({{16, 32, 64}, {0, 1}, {1, 2, 3}})
+    ->ArgsProduct({{16, 32, 64}, {0, 1}, {1, 2, 3, 4}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

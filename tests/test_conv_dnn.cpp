@@ -87,7 +87,7 @@ std::unique_ptr<Conv> make_conv(const Shape &c, nn::Conv2dBackend backend) {
 std::size_t offset_in(ActivationLayout layout, std::size_t n, const FeatureShape &s, std::size_t b,
                       std::size_t ch, std::size_t i, std::size_t j) {
   const std::size_t c = s.channels, h = s.height, w = s.width;
-  if (layout == ActivationLayout::channels16) {
+  if (layout_blocks16(layout)) {
     return (((b * (c / 16) + ch / 16) * h + i) * w + j) * 16 + ch % 16;
   }
   if (layout == ActivationLayout::channels_last || layout == ActivationLayout::channels_last_bf16) {
@@ -130,22 +130,31 @@ Matrix<float, Mem> bf16_values(const Matrix<float, Mem> &m) {
   return result;
 }
 
-// A batch in KAT's layout stored as ActivationLayout::channels_last_bf16 (rounded to nearest
-// even), in a float matrix of the same extents whose first half holds the bf16 values.
-Matrix<float, Mem> to_bf16_last(const Matrix<float, Mem> &m, const FeatureShape &shape) {
-  auto last = to_host(convert(m, shape, ActivationLayout::channels_last, true));
+// The layout of Scalar values in the order of a bf16-storage layout: channels_last for
+// channels_last_bf16, channels16 for channels16_bf16.
+ActivationLayout fp32_order(ActivationLayout bf16_layout) {
+  return layout_blocks16(bf16_layout) ? ActivationLayout::channels16
+                                      : ActivationLayout::channels_last;
+}
+
+// A batch in KAT's layout stored in `layout` (channels_last_bf16 or channels16_bf16; rounded to
+// nearest even), in a float matrix of the same extents whose first half holds the bf16 values.
+Matrix<float, Mem> to_bf16(const Matrix<float, Mem> &m, const FeatureShape &shape,
+                           ActivationLayout layout) {
+  auto last = to_host(convert(m, shape, fp32_order(layout), true));
   auto out = Kokkos::create_mirror(last);
   Kokkos::deep_copy(out, 0.0f);
   auto *b = reinterpret_cast<bfloat16 *>(out.data());
   for (std::size_t i = 0; i < last.span(); ++i)
     b[i] = bfloat16::from_float(last.data()[i]);
-  Matrix<float, Mem> result("bf16_last", m.extent(0), m.extent(1));
+  Matrix<float, Mem> result("bf16_layout", m.extent(0), m.extent(1));
   Kokkos::deep_copy(result, out);
   return result;
 }
 
-// ... and back: the bf16 values of a channels_last_bf16 batch, widened (exactly), in KAT's layout.
-Matrix<float, Mem> from_bf16_last(const Matrix<float, Mem> &m, const FeatureShape &shape) {
+// ... and back: the bf16 values of a batch in `layout`, widened (exactly), in KAT's layout.
+Matrix<float, Mem> from_bf16(const Matrix<float, Mem> &m, const FeatureShape &shape,
+                             ActivationLayout layout) {
   auto h = to_host(m);
   auto wide = Kokkos::create_mirror(h);
   const auto *b = reinterpret_cast<const bfloat16 *>(h.data());
@@ -153,8 +162,12 @@ Matrix<float, Mem> from_bf16_last(const Matrix<float, Mem> &m, const FeatureShap
     wide.data()[i] = b[i].to_float();
   Matrix<float, Mem> result("widened", m.extent(0), m.extent(1));
   Kokkos::deep_copy(result, wide);
-  return convert(result, shape, ActivationLayout::channels_last, false);
+  return convert(result, shape, fp32_order(layout), false);
 }
+
+// The two layouts that store bf16 values.
+constexpr ActivationLayout bf16_layouts[] = {ActivationLayout::channels_last_bf16,
+                                             ActivationLayout::channels16_bf16};
 
 // The largest |a - b| - 2^-8 |b| over the elements, relative to max |b|: at most a few 1e-6
 // when a is b rounded to bf16 (8-bit significand: a relative error of at most 2^-9) after
@@ -527,48 +540,53 @@ TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dn
   CHECK_FALSE(pool.supports_layouts(ActivationLayout::channels_last, ActivationLayout::channels16));
 }
 
-TEST_CASE("conv_dnn: in bf16 convolutions in channels last equal those in KAT's layout",
+TEST_CASE("conv_dnn: in bf16 convolutions in oneDNN's layouts equal those in KAT's layout",
           "[conv2d][dnn][layouts][bf16]") {
   using L = ActivationLayout;
   if (!bf16_convolutions_offer(L::channels_last)) {
     return;
   }
   // The ResNet-14 shapes (the strided and 1x1 ones included) and channel counts that are no
-  // multiple of 16, which channels_last takes.
-  for (const std::size_t t : {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5),
-                              std::size_t(9), std::size_t(10), std::size_t(12), std::size_t(14)}) {
-    const Shape &c = shapes[t];
-    INFO(c);
-    auto last = make_conv(c, nn::Conv2dBackend::dnn);
-    auto kat_layout = make_conv(c, nn::Conv2dBackend::dnn);
-    const FeatureShape out = last->output_shape(c.in());
-    // fp32 computes in channels16 (multiples of 16 only), bf16 in channels_last.
-    CHECK_FALSE(last->supports_layouts(L::channels_last, L::channels_last));
-    CHECK(last->supports_layouts(L::channels16, L::channels16) ==
-          (c.cin % 16 == 0 && c.cout % 16 == 0));
-    last->set_precision(Precision::bf16);
-    kat_layout->set_precision(Precision::bf16);
-    CHECK_FALSE(last->supports_layouts(L::channels16, L::channels16));
-    REQUIRE(last->supports_layouts(L::channels_last, L::channels_last));
-    REQUIRE(last->supports_layouts(L::features, L::channels_last));
-    last->set_layouts(L::channels_last, L::channels_last);
-    auto b1 = bind_fresh<float>(*last, 50 + t);
-    auto b2 = bind_fresh<float>(*kat_layout, 50 + t);
-    const std::size_t n = 5;
-    auto x = random_matrix<float>(n, c.in().size(), 60 + t);
-    auto dy = random_matrix<float>(n, out.size(), 61 + t);
-    Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
-    Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
-    const auto x_last = convert(x, c.in(), L::channels_last, true);
-    last->forward(Space(), x_last, y1);
-    last->backward(Space(), convert(dy, out, L::channels_last, true), dx1);
-    kat_layout->forward(Space(), x, y2);
-    kat_layout->backward(Space(), dy, dx2);
-    // The same bf16 operands (rounding is element-wise), fp32 accumulation in another order.
-    CHECK(max_diff_over_scale(convert(y1, out, L::channels_last, false), y2) < 1e-5);
-    CHECK(max_diff_over_scale(convert(dx1, c.in(), L::channels_last, false), dx2) < 1e-5);
-    CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
-  }
+  // multiple of 16, which channels_last takes and channels16 does not.
+  for (const L layout : {L::channels_last, L::channels16})
+    for (const std::size_t t :
+         {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5), std::size_t(9),
+          std::size_t(10), std::size_t(12), std::size_t(14)}) {
+      const Shape &c = shapes[t];
+      INFO(c << " layout " << to_string(layout));
+      auto dnn = make_conv(c, nn::Conv2dBackend::dnn);
+      auto kat_layout = make_conv(c, nn::Conv2dBackend::dnn);
+      const FeatureShape out = dnn->output_shape(c.in());
+      const bool fits = layout_fits(layout, c.cin) && layout_fits(layout, c.cout);
+      // fp32 computes in channels16 (multiples of 16 only), bf16 in either.
+      CHECK_FALSE(dnn->supports_layouts(L::channels_last, L::channels_last));
+      CHECK(dnn->supports_layouts(L::channels16, L::channels16) ==
+            (c.cin % 16 == 0 && c.cout % 16 == 0));
+      dnn->set_precision(Precision::bf16);
+      kat_layout->set_precision(Precision::bf16);
+      if (!fits) {
+        CHECK_FALSE(dnn->supports_layouts(layout, layout));
+        continue;
+      }
+      REQUIRE(dnn->supports_layouts(layout, layout));
+      REQUIRE(dnn->supports_layouts(L::features, layout));
+      dnn->set_layouts(layout, layout);
+      auto b1 = bind_fresh<float>(*dnn, 50 + t);
+      auto b2 = bind_fresh<float>(*kat_layout, 50 + t);
+      const std::size_t n = 5;
+      auto x = random_matrix<float>(n, c.in().size(), 60 + t);
+      auto dy = random_matrix<float>(n, out.size(), 61 + t);
+      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+      Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
+      dnn->forward(Space(), convert(x, c.in(), layout, true), y1);
+      dnn->backward(Space(), convert(dy, out, layout, true), dx1);
+      kat_layout->forward(Space(), x, y2);
+      kat_layout->backward(Space(), dy, dx2);
+      // The same bf16 operands (rounding is element-wise), fp32 accumulation in another order.
+      CHECK(max_diff_over_scale(convert(y1, out, layout, false), y2) < 1e-5);
+      CHECK(max_diff_over_scale(convert(dx1, c.in(), layout, false), dx2) < 1e-5);
+      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+    }
 }
 
 TEST_CASE("conv_dnn: batch normalization in oneDNN's layouts equals KAT's kernels",
@@ -615,11 +633,17 @@ TEST_CASE("conv_dnn: batch normalization in oneDNN's layouts equals KAT's kernel
     }
 }
 
-TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 channels last between its layers",
+TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 activations between its layers",
           "[dnn][layouts][bf16]") {
   using L = ActivationLayout;
   const bool bf16_dnn = have_dnn && kat::detail::dnn_bf16_convolutions();
-  const L expected = bf16_dnn ? L::channels_last_bf16 : L::features;
+  // In the order oneDNN's bf16 convolutions compute in on this CPU: channels last with AMX,
+  // nChw16c with AVX512-BF16 alone.
+  const bool blocked = kat::detail::dnn_bf16_blocked();
+  CHECK((bf16_dnn || !blocked));
+  const L expected =
+      bf16_dnn ? (blocked ? L::channels16_bf16 : L::channels_last_bf16) : L::features;
+  INFO("bf16 convolutions " << bf16_dnn << ", in nChw16c " << blocked);
   const FeatureShape in{1, 28, 28};
   auto resnet = nn::models::resnet<float, Mem>(in, 10);
   resnet.compile(Space(), 3);
@@ -649,8 +673,8 @@ TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 channels last between its laye
     CHECK(l->output_layout() == (have_dnn ? L::channels16 : L::features));
   }
   // The CNN: conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, ...; pooling takes no bf16
-  // values, so the convolutions write fp32 channels last.
-  const L last = bf16_dnn ? L::channels_last : L::features;
+  // values, so the convolutions write fp32, in their order.
+  const L last = bf16_dnn ? (blocked ? L::channels16 : L::channels_last) : L::features;
   auto cnn = nn::models::cnn<float, Mem>(in, 10);
   cnn.compile(Space(), 2);
   cnn.set_precision(Precision::bf16);
@@ -662,197 +686,219 @@ TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 channels last between its laye
   CHECK(cnn.layer(3).output_layout() == L::features);
 }
 
-TEST_CASE("conv_dnn: in bf16 convolutions read and write bf16 channels last",
+TEST_CASE("conv_dnn: in bf16 convolutions read and write bf16 activations",
           "[conv2d][dnn][layouts][bf16]") {
   using L = ActivationLayout;
   if (!bf16_convolutions_offer(L::channels_last_bf16)) {
     return;
   }
   // ResNet-14's stem (KAT's layout in), its 3x3, strided and 1x1 shapes, and channel counts
-  // that are no multiple of 16. The reference is the same layer on fp32 channels last, with
-  // the same bf16 operands (x and dy already bf16 values): y and dx then differ by their
-  // rounding to bf16 only, the weight gradients (fp32 in both) by summation order. With a
-  // fused ReLU, the backward masks dy by the sign of the bf16 y (the sign survives rounding).
-  for (const bool relu : {false, true})
-    for (const std::size_t t : {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5),
-                                std::size_t(10), std::size_t(14)}) {
-      const Shape &c = shapes[t];
-      const L in_layout = t == 2 ? L::features : L::channels_last_bf16;
-      INFO(c << " input " << to_string(in_layout) << " fused ReLU " << relu);
-      auto b16 = make_conv(c, nn::Conv2dBackend::dnn);
-      auto ref = make_conv(c, nn::Conv2dBackend::dnn);
-      const FeatureShape out = b16->output_shape(c.in());
-      // Only in bf16: fp32 never stores activations in bf16.
-      CHECK_FALSE(b16->supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-      b16->set_precision(Precision::bf16);
-      ref->set_precision(Precision::bf16);
-      REQUIRE(b16->supports_layouts(in_layout, L::channels_last_bf16));
-      REQUIRE(b16->supports_layouts(L::channels_last_bf16, L::channels_last));
-      b16->set_layouts(in_layout, L::channels_last_bf16);
-      ref->set_layouts(in_layout == L::features ? L::features : L::channels_last, L::channels_last);
-      REQUIRE(b16->can_fuse_relu());
-      b16->fuse_relu(relu);
-      ref->fuse_relu(relu);
-      auto b1 = bind_fresh<float>(*b16, 80 + t);
-      auto b2 = bind_fresh<float>(*ref, 80 + t);
-      const std::size_t n = 5;
-      const auto x = bf16_values(random_matrix<float>(n, c.in().size(), 90 + t));
-      const auto dy = bf16_values(random_matrix<float>(n, out.size(), 91 + t));
-      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
-      Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
-      const auto x_ref = in_layout == L::features ? x : convert(x, c.in(), L::channels_last, true);
-      b16->forward(Space(), in_layout == L::features ? x : to_bf16_last(x, c.in()), y1);
-      b16->backward(Space(), to_bf16_last(dy, out), dx1);
-      ref->forward(Space(), x_ref, y2);
-      ref->backward(Space(), convert(dy, out, L::channels_last, true), dx2);
-      const auto y_ref = convert(y2, out, L::channels_last, false);
-      CHECK(excess_over_bf16_rounding(from_bf16_last(y1, out), y_ref) < 1e-5);
-      if (in_layout == L::features) {
-        CHECK(max_diff_over_scale(dx1, dx2) < 1e-5); // dx in KAT's layout, fp32
-      } else {
-        CHECK(excess_over_bf16_rounding(from_bf16_last(dx1, c.in()),
-                                        convert(dx2, c.in(), L::channels_last, false)) < 1e-5);
+  // that are no multiple of 16 (channels_last_bf16 only). The reference is the same layer on
+  // fp32 values in the same order, with the same bf16 operands (x and dy already bf16
+  // values): y and dx then differ by their rounding to bf16 only, the weight gradients (fp32
+  // in both) by summation order. With a fused ReLU, the backward masks dy by the sign of the
+  // bf16 y (the sign survives rounding).
+  for (const L layout : bf16_layouts)
+    for (const bool relu : {false, true})
+      for (const std::size_t t : {std::size_t(2), std::size_t(3), std::size_t(4), std::size_t(5),
+                                  std::size_t(10), std::size_t(14)}) {
+        const Shape &c = shapes[t];
+        const L in_layout = t == 2 ? L::features : layout;
+        const L order = fp32_order(layout);
+        INFO(c << " input " << to_string(in_layout) << " output " << to_string(layout)
+               << " fused ReLU " << relu);
+        auto b16 = make_conv(c, nn::Conv2dBackend::dnn);
+        auto ref = make_conv(c, nn::Conv2dBackend::dnn);
+        const FeatureShape out = b16->output_shape(c.in());
+        // Only in bf16: fp32 never stores activations in bf16.
+        CHECK_FALSE(b16->supports_layouts(layout, layout));
+        b16->set_precision(Precision::bf16);
+        ref->set_precision(Precision::bf16);
+        if (!layout_fits_bf16(layout, c.cout)) {
+          CHECK_FALSE(b16->supports_layouts(in_layout, layout));
+          continue;
+        }
+        REQUIRE(b16->supports_layouts(in_layout, layout));
+        REQUIRE(b16->supports_layouts(in_layout, order));
+        b16->set_layouts(in_layout, layout);
+        ref->set_layouts(in_layout == L::features ? L::features : order, order);
+        REQUIRE(b16->can_fuse_relu());
+        b16->fuse_relu(relu);
+        ref->fuse_relu(relu);
+        auto b1 = bind_fresh<float>(*b16, 80 + t);
+        auto b2 = bind_fresh<float>(*ref, 80 + t);
+        const std::size_t n = 5;
+        const auto x = bf16_values(random_matrix<float>(n, c.in().size(), 90 + t));
+        const auto dy = bf16_values(random_matrix<float>(n, out.size(), 91 + t));
+        Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+        Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
+        const auto x_ref = in_layout == L::features ? x : convert(x, c.in(), order, true);
+        b16->forward(Space(), in_layout == L::features ? x : to_bf16(x, c.in(), layout), y1);
+        b16->backward(Space(), to_bf16(dy, out, layout), dx1);
+        ref->forward(Space(), x_ref, y2);
+        ref->backward(Space(), convert(dy, out, order, true), dx2);
+        const auto y_ref = convert(y2, out, order, false);
+        CHECK(excess_over_bf16_rounding(from_bf16(y1, out, layout), y_ref) < 1e-5);
+        if (in_layout == L::features) {
+          CHECK(max_diff_over_scale(dx1, dx2) < 1e-5); // dx in KAT's layout, fp32
+        } else {
+          CHECK(excess_over_bf16_rounding(from_bf16(dx1, c.in(), layout),
+                                          convert(dx2, c.in(), order, false)) < 1e-5);
+        }
+        CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
       }
-      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
-    }
 }
 
-TEST_CASE("conv_dnn: in bf16 batch normalization reads and writes bf16 channels last",
+TEST_CASE("conv_dnn: in bf16 batch normalization reads and writes bf16 activations",
           "[dnn][layouts][bf16]") {
   using L = ActivationLayout;
   if (!have_dnn) {
     WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
     return;
   }
-  for (const std::size_t c : {std::size_t(16), std::size_t(5)})
-    for (const bool relu : {false, true}) {
-      INFO("channels " << c << " fused ReLU " << relu);
-      nn::BatchNorm<float, Mem> b16(c), kat_bn(c);
-      const FeatureShape in{static_cast<int>(c), 3, 4};
-      b16.output_shape(in);
-      kat_bn.output_shape(in);
-      CHECK_FALSE(b16.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-      b16.set_precision(Precision::bf16);
-      REQUIRE(b16.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-      CHECK_FALSE(b16.supports_layouts(L::channels_last_bf16, L::channels_last));
-      b16.set_layouts(L::channels_last_bf16, L::channels_last_bf16);
-      b16.fuse_relu(relu);
-      kat_bn.fuse_relu(relu);
-      auto b1 = bind_fresh<float>(b16, 3);
-      auto b2 = bind_fresh<float>(kat_bn, 3);
-      auto p = random_matrix<float>(b1.parameters().extent(0), 1, 73);
-      Kokkos::deep_copy(b1.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
-      Kokkos::deep_copy(b2.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
-      const std::size_t n = 6;
-      const auto x = bf16_values(random_matrix<float>(n, in.size(), 74));
-      const auto dy = bf16_values(random_matrix<float>(n, in.size(), 75));
-      Matrix<float, Mem> y1("y1", n, in.size()), y2("y2", n, in.size());
-      Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
-      b16.forward(Space(), to_bf16_last(x, in), y1);
-      b16.backward(Space(), to_bf16_last(dy, in), dx1);
-      kat_bn.forward(Space(), x, y2);
-      kat_bn.backward(Space(), dy, dx2);
-      // The statistics in fp32 from the same values: y and dx are the fp32 results rounded.
-      CHECK(excess_over_bf16_rounding(from_bf16_last(y1, in), y2) < 1e-5);
-      CHECK(excess_over_bf16_rounding(from_bf16_last(dx1, in), dx2) < 1e-5);
-      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
-      CHECK(max_diff_over_scale(b16.running_mean(), kat_bn.running_mean()) < 1e-6);
-      CHECK(max_diff_over_scale(b16.running_var(), kat_bn.running_var()) < 1e-6);
-    }
+  for (const L layout : bf16_layouts)
+    for (const std::size_t c : {std::size_t(16), std::size_t(5)})
+      for (const bool relu : {false, true}) {
+        INFO("channels " << c << " layout " << to_string(layout) << " fused ReLU " << relu);
+        nn::BatchNorm<float, Mem> b16(c), kat_bn(c);
+        const FeatureShape in{static_cast<int>(c), 3, 4};
+        b16.output_shape(in);
+        kat_bn.output_shape(in);
+        CHECK_FALSE(b16.supports_layouts(layout, layout));
+        b16.set_precision(Precision::bf16);
+        if (!layout_fits_bf16(layout, static_cast<long long>(c))) {
+          CHECK_FALSE(b16.supports_layouts(layout, layout));
+          continue;
+        }
+        REQUIRE(b16.supports_layouts(layout, layout));
+        CHECK_FALSE(b16.supports_layouts(layout, fp32_order(layout)));
+        b16.set_layouts(layout, layout);
+        b16.fuse_relu(relu);
+        kat_bn.fuse_relu(relu);
+        auto b1 = bind_fresh<float>(b16, 3);
+        auto b2 = bind_fresh<float>(kat_bn, 3);
+        auto p = random_matrix<float>(b1.parameters().extent(0), 1, 73);
+        Kokkos::deep_copy(b1.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
+        Kokkos::deep_copy(b2.parameters(), Kokkos::subview(p, Kokkos::ALL(), 0));
+        const std::size_t n = 6;
+        const auto x = bf16_values(random_matrix<float>(n, in.size(), 74));
+        const auto dy = bf16_values(random_matrix<float>(n, in.size(), 75));
+        Matrix<float, Mem> y1("y1", n, in.size()), y2("y2", n, in.size());
+        Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
+        b16.forward(Space(), to_bf16(x, in, layout), y1);
+        b16.backward(Space(), to_bf16(dy, in, layout), dx1);
+        kat_bn.forward(Space(), x, y2);
+        kat_bn.backward(Space(), dy, dx2);
+        // The statistics in fp32 from the same values: y and dx are the fp32 results rounded.
+        CHECK(excess_over_bf16_rounding(from_bf16(y1, in, layout), y2) < 1e-5);
+        CHECK(excess_over_bf16_rounding(from_bf16(dx1, in, layout), dx2) < 1e-5);
+        CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+        CHECK(max_diff_over_scale(b16.running_mean(), kat_bn.running_mean()) < 1e-6);
+        CHECK(max_diff_over_scale(b16.running_var(), kat_bn.running_var()) < 1e-6);
+      }
 }
 
 TEST_CASE("conv_dnn: ReLU residual sums and global average pooling on bf16 values",
           "[dnn][layouts][bf16]") {
   using L = ActivationLayout;
-  const FeatureShape in{5, 3, 2};
-  const std::size_t n = 4, count = n * in.size();
-  // Values with ties to round (sums of two bf16 values need more than 8 bits) and zeros.
-  auto x = bf16_values(random_matrix<float>(n, in.size(), 11));
-  auto dy = bf16_values(random_matrix<float>(n, in.size(), 12));
-  const auto x16 = to_bf16_last(x, in), dy16 = to_bf16_last(dy, in);
-  const auto hx = to_host(convert(x, in, L::channels_last, true));
-  const auto hdy = to_host(convert(dy, in, L::channels_last, true));
-  const auto bf = [](double v) { return bfloat16::from_float(static_cast<float>(v)); };
-  // Expected values in channels-last order, then stored as bf16 (every one exact in bf16 or
-  // rounded once, as the kernels round).
-  const auto expect = [&](auto f) {
-    Matrix<float, Mem> e("expected", n, in.size());
-    auto he = Kokkos::create_mirror_view(e);
-    Kokkos::deep_copy(he, 0.0f);
-    auto *b = reinterpret_cast<bfloat16 *>(he.data());
-    for (std::size_t i = 0; i < count; ++i)
-      b[i] = f(double(hx.data()[i]), double(hdy.data()[i]));
-    Kokkos::deep_copy(e, he);
-    return e;
-  };
-  {
-    INFO("ReLU");
-    nn::ReLU<float, Mem> relu;
-    CHECK_FALSE(
-        nn::GELU<float, Mem>().supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-    REQUIRE(relu.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-    relu.set_layouts(L::channels_last_bf16, L::channels_last_bf16);
-    Matrix<float, Mem> y("y", n, in.size()), dx("dx", n, in.size());
-    relu.forward(Space(), x16, y);
-    relu.backward(Space(), dy16, dx);
-    CHECK(same_bf16(y, expect([&](double a, double) { return bf(a > 0 ? a : 0); }), count));
-    CHECK(same_bf16(dx, expect([&](double a, double d) { return bf(a > 0 ? d : 0); }), count));
-    Matrix<float, Mem> ry("ry", n, in.size());
-    CHECK_THROWS_WITH(relu.forward_r(Space(), x16, ry), Catch::Contains("channels_last_bf16"));
-  }
-  for (const bool fused : {false, true}) {
-    INFO("Residual with a ReLU body, identity shortcut, fused ReLU " << fused);
-    nn::Residual<float, Mem> block(in);
-    block.add<nn::ReLU>();
-    CHECK_FALSE(block.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-    block.set_precision(Precision::bf16);
-    REQUIRE(block.supports_layouts(L::channels_last_bf16, L::channels_last_bf16));
-    block.set_layouts(L::channels_last_bf16, L::channels_last_bf16);
-    block.fuse_relu(fused);
-    Matrix<float, Mem> y("y", n, in.size()), dx("dx", n, in.size());
-    block.forward(Space(), x16, y);
-    block.backward(Space(), dy16, dx);
-    // y = relu(x) + x rounded once (then the fused ReLU); dx = relu'(x) dy + dy, masked by
-    // y > 0 when fused.
-    const auto y_of = [&](double a) {
-      const double v = bf(a > 0 ? a : 0).to_float() + a;
-      return fused ? std::max(v, 0.0) : v;
+  for (const L layout : bf16_layouts) {
+    // 5 channels (no multiple of 16) where channels_last_bf16 takes them, 16 for channels16.
+    const FeatureShape in{layout_blocks16(layout) ? 16 : 5, 3, 2};
+    INFO("layout " << to_string(layout) << " shape " << in);
+    const std::size_t n = 4, count = n * in.size();
+    // Values with ties to round (sums of two bf16 values need more than 8 bits) and zeros.
+    auto x = bf16_values(random_matrix<float>(n, in.size(), 11));
+    auto dy = bf16_values(random_matrix<float>(n, in.size(), 12));
+    const auto x16 = to_bf16(x, in, layout), dy16 = to_bf16(dy, in, layout);
+    const auto hx = to_host(convert(x, in, fp32_order(layout), true));
+    const auto hdy = to_host(convert(dy, in, fp32_order(layout), true));
+    const auto bf = [](double v) { return bfloat16::from_float(static_cast<float>(v)); };
+    // Expected values in the layout's order, then stored as bf16 (every one exact in bf16 or
+    // rounded once, as the kernels round).
+    const auto expect = [&](auto f) {
+      Matrix<float, Mem> e("expected", n, in.size());
+      auto he = Kokkos::create_mirror_view(e);
+      Kokkos::deep_copy(he, 0.0f);
+      auto *b = reinterpret_cast<bfloat16 *>(he.data());
+      for (std::size_t i = 0; i < count; ++i)
+        b[i] = f(double(hx.data()[i]), double(hdy.data()[i]));
+      Kokkos::deep_copy(e, he);
+      return e;
     };
-    CHECK(same_bf16(y, expect([&](double a, double) { return bf(y_of(a)); }), count));
-    CHECK(same_bf16(dx, expect([&](double a, double d) {
-                      const double g = fused && bf(y_of(a)).to_float() <= 0 ? 0 : d;
-                      return bf((a > 0 ? g : 0) + g);
-                    }),
-                    count));
+    {
+      INFO("ReLU");
+      nn::ReLU<float, Mem> relu;
+      CHECK_FALSE(nn::GELU<float, Mem>().supports_layouts(layout, layout));
+      REQUIRE(relu.supports_layouts(layout, layout));
+      relu.set_layouts(layout, layout);
+      Matrix<float, Mem> y("y", n, in.size()), dx("dx", n, in.size());
+      relu.forward(Space(), x16, y);
+      relu.backward(Space(), dy16, dx);
+      CHECK(same_bf16(y, expect([&](double a, double) { return bf(a > 0 ? a : 0); }), count));
+      CHECK(same_bf16(dx, expect([&](double a, double d) { return bf(a > 0 ? d : 0); }), count));
+      Matrix<float, Mem> ry("ry", n, in.size());
+      CHECK_THROWS_WITH(relu.forward_r(Space(), x16, ry), Catch::Contains(to_string(layout)));
+    }
+    for (const bool fused : {false, true}) {
+      INFO("Residual with a ReLU body, identity shortcut, fused ReLU " << fused);
+      nn::Residual<float, Mem> block(in);
+      block.add<nn::ReLU>();
+      CHECK_FALSE(block.supports_layouts(layout, layout));
+      block.set_precision(Precision::bf16);
+      REQUIRE(block.supports_layouts(layout, layout));
+      block.set_layouts(layout, layout);
+      block.fuse_relu(fused);
+      Matrix<float, Mem> y("y", n, in.size()), dx("dx", n, in.size());
+      block.forward(Space(), x16, y);
+      block.backward(Space(), dy16, dx);
+      // y = relu(x) + x rounded once (then the fused ReLU); dx = relu'(x) dy + dy, masked by
+      // y > 0 when fused.
+      const auto y_of = [&](double a) {
+        const double v = bf(a > 0 ? a : 0).to_float() + a;
+        return fused ? std::max(v, 0.0) : v;
+      };
+      CHECK(same_bf16(y, expect([&](double a, double) { return bf(y_of(a)); }), count));
+      CHECK(same_bf16(dx, expect([&](double a, double d) {
+                        const double g = fused && bf(y_of(a)).to_float() <= 0 ? 0 : d;
+                        return bf((a > 0 ? g : 0) + g);
+                      }),
+                      count));
+    }
+    {
+      INFO("global average pooling");
+      nn::GlobalAvgPool2d<float, Mem> pool;
+      pool.output_shape(in);
+      CHECK_FALSE(pool.supports_layouts(layout, L::features));
+      pool.set_precision(Precision::bf16);
+      REQUIRE(pool.supports_layouts(layout, L::features));
+      pool.set_layouts(layout, L::features);
+      const std::size_t c = in.channels, plane = in.height * in.width;
+      Matrix<float, Mem> y("y", n, c), dx("dx", n, in.size());
+      auto g = random_matrix<float>(n, c, 13);
+      pool.forward(Space(), x16, y);
+      pool.backward(Space(), g, dx);
+      const auto hy = to_host(y);
+      const auto hg = to_host(g);
+      const auto hxf = to_host(x);
+      const auto hdx = to_host(from_bf16(dx, in, layout));
+      for (std::size_t b = 0; b < n; ++b)
+        for (std::size_t ch = 0; ch < c; ++ch) {
+          double mean = 0;
+          for (std::size_t k = 0; k < plane; ++k)
+            mean += hxf(b, ch * plane + k);
+          mean /= double(plane);
+          CHECK(std::abs(hy(b, ch) - mean) <= 1e-6 * (1 + std::abs(mean)));
+          for (std::size_t k = 0; k < plane; ++k)
+            CHECK(hdx(b, ch * plane + k) == bf(hg(b, ch) / float(plane)).to_float());
+        }
+    }
   }
-  {
-    INFO("global average pooling");
-    nn::GlobalAvgPool2d<float, Mem> pool;
-    pool.output_shape(in);
-    CHECK_FALSE(pool.supports_layouts(L::channels_last_bf16, L::features));
-    pool.set_precision(Precision::bf16);
-    REQUIRE(pool.supports_layouts(L::channels_last_bf16, L::features));
-    pool.set_layouts(L::channels_last_bf16, L::features);
-    const std::size_t c = in.channels, plane = in.height * in.width;
-    Matrix<float, Mem> y("y", n, c), dx("dx", n, in.size());
-    auto g = random_matrix<float>(n, c, 13);
-    pool.forward(Space(), x16, y);
-    pool.backward(Space(), g, dx);
-    const auto hy = to_host(y);
-    const auto hg = to_host(g);
-    const auto hxf = to_host(x);
-    const auto hdx = to_host(from_bf16_last(dx, in));
-    for (std::size_t b = 0; b < n; ++b)
-      for (std::size_t ch = 0; ch < c; ++ch) {
-        double mean = 0;
-        for (std::size_t k = 0; k < plane; ++k)
-          mean += hxf(b, ch * plane + k);
-        mean /= double(plane);
-        CHECK(std::abs(hy(b, ch) - mean) <= 1e-6 * (1 + std::abs(mean)));
-        for (std::size_t k = 0; k < plane; ++k)
-          CHECK(hdx(b, ch * plane + k) == bf(hg(b, ch) / float(plane)).to_float());
-      }
-  }
+  // channels16_bf16 needs a multiple of 16 channels.
+  nn::GlobalAvgPool2d<float, Mem> pool;
+  pool.output_shape(FeatureShape{5, 3, 2});
+  pool.set_precision(Precision::bf16);
+  CHECK_FALSE(pool.supports_layouts(L::channels16_bf16, L::features));
+  CHECK(pool.supports_layouts(L::channels_last_bf16, L::features));
 }
 
 TEST_CASE("conv_dnn: the CNN keeps its first convolution's output blocked through pooling",

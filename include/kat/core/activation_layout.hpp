@@ -39,22 +39,41 @@ enum class ActivationLayout : std::uint8_t {
   /// in bf16: half the memory traffic, and no conversion before the next convolution. Only
   /// layers that say so take it (layout_fits() is false for it); their docs name it.
   channels_last_bf16 = 3,
+  /// oneDNN's nChw16c (as channels16, C a multiple of 16) with the values stored as
+  /// kat::bfloat16: element (n, c, h, w) is the bf16 value number
+  /// (((n (C/16) + c/16) H + h) W + w) 16 + c mod 16 of the buffer. The bf16-storage layout of
+  /// CPUs whose oneDNN bf16 convolutions compute in nChw16c (AVX512-BF16 without AMX, such as
+  /// AMD's Zen 4), as channels_last_bf16 is that of CPUs with AMX: the same layers take it, and
+  /// LayerChain prefers whichever of the two the convolutions pick here
+  /// (kat::detail::dnn_bf16_blocked()).
+  channels16_bf16 = 4,
 };
 
-/// The layouts, in the order containers prefer them (kat::nn::detail::LayerChain picks the
-/// first one both neighbouring layers support).
+/// The layouts, in the order containers prefer them where oneDNN's bf16 convolutions compute
+/// channels last (kat::nn::detail::LayerChain picks the first one both neighbouring layers
+/// support); where they compute in nChw16c, LayerChain swaps the channels-last and the
+/// channels16 layouts of each kind (bf16 storage, then Scalar).
 inline constexpr ActivationLayout activation_layouts_by_preference[] = {
-    ActivationLayout::channels_last_bf16, ActivationLayout::channels_last,
-    ActivationLayout::channels16, ActivationLayout::features};
+    ActivationLayout::channels_last_bf16, ActivationLayout::channels16_bf16,
+    ActivationLayout::channels_last, ActivationLayout::channels16, ActivationLayout::features};
 
-/// Whether `layout` stores bf16 values (channels_last_bf16) rather than the layer's Scalar.
+/// Whether `layout` stores bf16 values (channels_last_bf16, channels16_bf16) rather than the
+/// layer's Scalar.
 KOKKOS_INLINE_FUNCTION constexpr bool layout_stores_bf16(ActivationLayout layout) {
-  return layout == ActivationLayout::channels_last_bf16;
+  return layout == ActivationLayout::channels_last_bf16 ||
+         layout == ActivationLayout::channels16_bf16;
 }
 
-/// "features", "channels16", "channels_last" or "channels_last_bf16".
+/// Whether `layout` orders a batch as oneDNN's nChw16c (channels16, channels16_bf16).
+KOKKOS_INLINE_FUNCTION constexpr bool layout_blocks16(ActivationLayout layout) {
+  return layout == ActivationLayout::channels16 || layout == ActivationLayout::channels16_bf16;
+}
+
+/// "features", "channels16", "channels_last", "channels_last_bf16" or "channels16_bf16".
 inline const char *to_string(ActivationLayout layout) {
   switch (layout) {
+  case ActivationLayout::channels16_bf16:
+    return "channels16_bf16";
   case ActivationLayout::channels_last_bf16:
     return "channels_last_bf16";
   case ActivationLayout::channels16:
@@ -67,12 +86,18 @@ inline const char *to_string(ActivationLayout layout) {
 }
 
 /// Whether a batch of `channels` Scalar values per position can take `layout`: features and
-/// channels_last with any count, channels16 with a positive multiple of 16; never
-/// channels_last_bf16, which stores other values (the layers that take it check for it
-/// themselves).
+/// channels_last with any count, channels16 with a positive multiple of 16; never a layout
+/// that stores bf16 values (the layers that take those check layout_fits_bf16() themselves).
 constexpr bool layout_fits(ActivationLayout layout, long long channels) {
   return channels > 0 && !layout_stores_bf16(layout) &&
-         (layout != ActivationLayout::channels16 || channels % 16 == 0);
+         (!layout_blocks16(layout) || channels % 16 == 0);
+}
+
+/// Whether `layout` stores bf16 values and a batch of `channels` per position can take it:
+/// channels_last_bf16 with any positive count, channels16_bf16 with a positive multiple of 16.
+constexpr bool layout_fits_bf16(ActivationLayout layout, long long channels) {
+  return channels > 0 && layout_stores_bf16(layout) &&
+         (!layout_blocks16(layout) || channels % 16 == 0);
 }
 
 namespace detail {
@@ -84,6 +109,7 @@ KOKKOS_INLINE_FUNCTION std::size_t activation_offset(ActivationLayout layout, st
                                                      std::size_t c, std::size_t hw) {
   switch (layout) {
   case ActivationLayout::channels16:
+  case ActivationLayout::channels16_bf16: // in bf16 values
     return ((n * (C / 16) + c / 16) * P + hw) * 16 + c % 16;
   case ActivationLayout::channels_last:
   case ActivationLayout::channels_last_bf16: // in bf16 values

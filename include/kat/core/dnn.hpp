@@ -80,10 +80,11 @@ struct Conv2dProblem {
   /// @}
   /// Whether a bias (C_out) is added.
   bool bias = true;
-  /// Layout of x and dx (channels16 needs C_in a multiple of 16; channels_last takes any;
-  /// channels_last_bf16, with Precision::bf16 only, holds x and dx as bf16).
+  /// Layout of x and dx (channels16 and channels16_bf16 need C_in a multiple of 16;
+  /// channels_last takes any; channels_last_bf16 and channels16_bf16, with Precision::bf16
+  /// only, hold x and dx as bf16).
   ActivationLayout input_layout = ActivationLayout::features;
-  /// Layout of y and dy (as input_layout; with channels_last_bf16 y and dy are bf16).
+  /// Layout of y and dy (as input_layout; in a layout that stores bf16 y and dy are bf16).
   ActivationLayout output_layout = ActivationLayout::features;
   /// y = max(0, conv(x) + b): a ReLU applied by the convolution (oneDNN's eltwise post-op).
   bool relu = false;
@@ -118,8 +119,8 @@ struct BatchNormProblem {
   bool affine = true;
   /// Added to the variance.
   double eps = 1e-5;
-  /// Of x, y, dx and dy (with channels_last_bf16 all four hold bf16; the statistics, γ, β
-  /// and their gradients stay f32).
+  /// Of x, y, dx and dy (in a layout that stores bf16 all four hold bf16; the statistics, γ,
+  /// β and their gradients stay f32).
   ActivationLayout layout = ActivationLayout::channels16;
   /// y = max(0, BN(x)), backward masked accordingly (oneDNN's fuse_norm_relu).
   bool relu = false;
@@ -187,13 +188,14 @@ inline dnnl::memory::desc onednn_batch_desc(std::size_t n, int c, int h, int w) 
                             dnnl::memory::dims{1, dn * dh * dw, dn, dn * dh});
 }
 
-/// The data type of the values a batch in `layout` holds: bf16 for channels_last_bf16, f32
-/// for the others.
+/// The data type of the values a batch in `layout` holds: bf16 for channels_last_bf16 and
+/// channels16_bf16, f32 for the others.
 inline dnnl::memory::data_type onednn_activation_type(ActivationLayout layout) {
   return layout_stores_bf16(layout) ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
 
-/// The descriptor of an (N, C, H, W) batch in `layout` (f32, or bf16 for channels_last_bf16).
+/// The descriptor of an (N, C, H, W) batch in `layout` (f32, or bf16 for the layouts that
+/// store bf16).
 inline dnnl::memory::desc onednn_activation_desc(ActivationLayout layout, std::size_t n, int c,
                                                  int h, int w) {
   if (layout == ActivationLayout::features) {
@@ -201,8 +203,7 @@ inline dnnl::memory::desc onednn_activation_desc(ActivationLayout layout, std::s
   }
   return dnnl::memory::desc(
       {static_cast<dnnl::memory::dim>(n), c, h, w}, onednn_activation_type(layout),
-      layout == ActivationLayout::channels16 ? dnnl::memory::format_tag::nChw16c
-                                             : dnnl::memory::format_tag::nhwc);
+      layout_blocks16(layout) ? dnnl::memory::format_tag::nChw16c : dnnl::memory::format_tag::nhwc);
 }
 
 /// ... and for KAT's weight layout: W(o, i + k_h (j + k_w c)) column-major, C_out rows.
@@ -292,7 +293,7 @@ public:
     const auto any = memory::format_tag::any;
     // In bf16 the operands of the products (x, w, dy) are bf16; what the passes write (y, dx,
     // dw, db) and their accumulation stay f32, except y and dx in a layout that stores bf16
-    // (channels_last_bf16: the next layer reads bf16, so oneDNN rounds them itself).
+    // (the next layer reads bf16, so oneDNN rounds them itself).
     const auto in_type =
         p.precision == Precision::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
     const memory::desc x_any(x_dims, in_type, any);
@@ -707,6 +708,41 @@ inline bool dnn_bf16_convolutions() {
     }
   }();
   return available;
+#else
+  return false;
+#endif
+}
+
+/// Whether the DNN library's bf16 convolutions compute in nChw16c on this CPU (oneDNN's
+/// AVX512-BF16 kernels without AMX, e.g. AMD's Zen 4) rather than channels last (its AMX
+/// kernels, Intel Sapphire Rapids on): the layout oneDNN picks for the input of a
+/// ResNet-sized problem left to it (format_tag::any), found once per process. LayerChain
+/// then prefers ActivationLayout::channels16_bf16 to channels_last_bf16, so the activations
+/// between convolutions need no reorder on either kind of CPU. False without bf16
+/// convolutions (dnn_bf16_convolutions()) and without oneDNN.
+inline bool dnn_bf16_blocked() {
+#if defined(KAT_ENABLE_ONEDNN)
+  static const bool blocked = [] {
+    if (!dnn_bf16_convolutions()) {
+      return false;
+    }
+    using namespace dnnl;
+    const memory::dims x{64, 32, 14, 14}, w{32, 32, 3, 3}, one{1, 1}, pad{1, 1};
+    const auto any = memory::format_tag::any;
+    const memory::desc x_desc(x, memory::data_type::bf16, any);
+    const memory::desc y_desc(x, memory::data_type::bf16, any);
+    const memory::desc w_desc(w, memory::data_type::bf16, any);
+    try {
+      const convolution_forward::primitive_desc pd(
+          convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
+                                    x_desc, w_desc, y_desc, one, pad, pad),
+          onednn_engine());
+      return pd.src_desc() == memory::desc(x, memory::data_type::bf16, memory::format_tag::nChw16c);
+    } catch (const dnnl::error &) {
+      return false;
+    }
+  }();
+  return blocked;
 #else
   return false;
 #endif

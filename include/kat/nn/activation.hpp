@@ -78,7 +78,7 @@ struct SigmoidOp {
 };
 
 /// out = dy where y > 0, 0 elsewhere (a ReLU's backward from its output y); with `bf16` the
-/// three matrices hold bf16 values (ActivationLayout::channels_last_bf16).
+/// three matrices hold bf16 values (ActivationLayout::channels_last_bf16, channels16_bf16).
 template <class ExecSpace, class MatrixView>
 void relu_mask(const ExecSpace &space, const MatrixView &y, const MatrixView &dy,
                const MatrixView &out, bool bf16 = false) {
@@ -106,7 +106,7 @@ public:
   /// @param region  the profiling region of mask(), also the workspace's label
   explicit FusedReluBackward(const char *region) : region_(region), masked_(region) {}
 
-  /// Remembers the output y, in `layout` (channels_last_bf16: y and the later dy hold bf16).
+  /// Remembers the output y, in `layout` (one that stores bf16: y and the later dy hold bf16).
   void remember(const matrix_type &y, ActivationLayout layout = ActivationLayout::features) {
     y_ = y;
     bf16_ = layout_stores_bf16(layout);
@@ -142,7 +142,8 @@ public:
   std::string name() const override { return Op::name(); }
   FeatureShape output_shape(const FeatureShape &input) const override { return input; }
   /// Element-wise, so any layout of Scalar values, the same in and out; a ReLU also
-  /// channels_last_bf16 (max(0, x) and its backward are exact on bf16 values).
+  /// channels_last_bf16 and channels16_bf16 (max(0, x) and its backward are exact on bf16
+  /// values).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     return in == out && (!layout_stores_bf16(in) || std::is_same_v<Op, detail::ReLUOp>);
   }
@@ -197,7 +198,8 @@ public:
     if (forward_bf16_) {
       throw Error(kat::detail::concat("kat::nn::", Op::name(),
                                       "::forward_r: the forward ran on bf16 values "
-                                      "(channels_last_bf16); the R-operator needs KAT's layout"));
+                                      "(channels_last_bf16 or channels16_bf16); the R-operator "
+                                      "needs KAT's layout"));
     }
     require_same(y_, rx, "rx");
     require_same(y_, ry, "ry");
@@ -241,7 +243,7 @@ private:
   }
 
   matrix_type y_, rx_;
-  bool forward_bf16_ = false; // the last forward ran on channels_last_bf16
+  bool forward_bf16_ = false; // the last forward ran on bf16 values
 };
 
 /// Rectified linear unit, y = max(x, 0) (Nair & Hinton 2010); the derivative at 0 is 0, as

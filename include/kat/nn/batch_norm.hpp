@@ -130,9 +130,10 @@ public:
 
   /// KAT's features layout in and out, or, in training for float on a host space with oneDNN
   /// (kat::dnn_available), channels16 (C a multiple of 16), channels_last or, in
-  /// Precision::bf16, channels_last_bf16 in and out: oneDNN's batch normalization (the layer's
-  /// own kernels would read each channel with a stride there). On channels_last_bf16 x, y, dy
-  /// and dx are bf16; the statistics, γ, β and their gradients are computed and kept in fp32.
+  /// Precision::bf16, channels_last_bf16 or channels16_bf16 (C a multiple of 16) in and out:
+  /// oneDNN's batch normalization (the layer's own kernels would read each channel with a
+  /// stride there). In those two x, y, dy and dx are bf16; the statistics, γ, β and their
+  /// gradients are computed and kept in fp32.
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     if (in != out) {
       return false;
@@ -140,8 +141,10 @@ public:
     if (in == ActivationLayout::features) {
       return true;
     }
-    const bool fits = layout_stores_bf16(in) ? this->precision_ == Precision::bf16
-                                             : layout_fits(in, static_cast<long long>(channels_));
+    const auto c = static_cast<long long>(channels_);
+    const bool fits = layout_stores_bf16(in)
+                          ? this->precision_ == Precision::bf16 && layout_fits_bf16(in, c)
+                          : layout_fits(in, c);
     return dnn_available<execution_space, Scalar>() && this->training_ && fits;
   }
 

@@ -290,28 +290,29 @@ public:
            out != ActivationLayout::features || patch_size() >= automatic_min_patch_size;
   }
   /// Whether the DNN path computes in `layout` in the current precision: channels16 in fp32
-  /// (oneDNN's f32 convolutions compute in it); channels_last and channels_last_bf16 in bf16
-  /// (its AMX convolutions read bf16 channels last and write f32 or bf16 in the same order;
-  /// on channels16 it would pick slower kernels). KAT's features layout is not one of them.
+  /// (oneDNN's f32 convolutions compute in it); in bf16 channels_last, channels16 and their
+  /// bf16-storage forms channels_last_bf16 and channels16_bf16 (oneDNN's AMX convolutions
+  /// read bf16 channels last, its AVX512-BF16 ones nChw16c; which one LayerChain prefers
+  /// follows kat::detail::dnn_bf16_blocked()). KAT's features layout is not one of them.
   bool dnn_layout(ActivationLayout layout) const {
     if (this->precision_ == Precision::bf16) {
-      return layout == ActivationLayout::channels_last ||
-             layout == ActivationLayout::channels_last_bf16;
+      return layout != ActivationLayout::features;
     }
     return layout == ActivationLayout::channels16;
   }
 
-  /// KAT's features layout; in training on the DNN path also a dnn_layout() (channels16 for a
-  /// side whose channel count is a multiple of 16; channels_last and channels_last_bf16, in
-  /// bf16 where oneDNN has bf16 convolutions, for any), unless an R-operator direction is
-  /// bound (the R passes build patch matrices from x in KAT's layout;
+  /// KAT's features layout; in training on the DNN path also a dnn_layout() (channels16 and
+  /// channels16_bf16 for a side whose channel count is a multiple of 16; channels_last and
+  /// channels_last_bf16, in bf16 where oneDNN has bf16 convolutions, for any), unless an
+  /// R-operator direction is bound (the R passes build patch matrices from x in KAT's layout;
   /// kat::nn::hessian_vector_product runs the model in evaluation mode, so in KAT's layout).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     const bool dnn = uses_dnn() && this->training_ && v_weight_bias_.extent(0) == 0 &&
                      (this->precision_ == Precision::fp32 || kat::detail::dnn_bf16_convolutions());
     const auto ok = [&](ActivationLayout l, int channels) {
       return l == ActivationLayout::features ||
-             (dnn && dnn_layout(l) && (layout_stores_bf16(l) || layout_fits(l, channels)));
+             (dnn && dnn_layout(l) &&
+              (layout_stores_bf16(l) ? layout_fits_bf16(l, channels) : layout_fits(l, channels)));
     };
     return ok(in, geometry_.in_channels) && ok(out, geometry_.out_channels);
   }

@@ -109,7 +109,7 @@ public:
 
   std::string name() const override { return "GELU"; }
   FeatureShape output_shape(const FeatureShape &input) const override { return input; }
-  /// Element-wise, so any layout of Scalar values (not channels_last_bf16), the same in and out.
+  /// Element-wise, so any layout of Scalar values (none that stores bf16), the same in and out.
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     return in == out && !layout_stores_bf16(in);
   }

@@ -81,13 +81,14 @@ public:
   }
 
   /// Output in KAT's layout; input in it, in channels_last, for a channel count that is a
-  /// multiple of 16 in oneDNN's channels16, or in Precision::bf16 in channels_last_bf16 (so a
-  /// network computing in those layouts ends here without converting its last activation; the
-  /// means of bf16 values are summed in Scalar, dx is rounded to bf16).
+  /// multiple of 16 in oneDNN's channels16, or in Precision::bf16 in channels_last_bf16 or
+  /// channels16_bf16 (so a network computing in those layouts ends here without converting
+  /// its last activation; the means of bf16 values are summed in Scalar, dx is rounded to
+  /// bf16).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     return out == ActivationLayout::features &&
            (in == ActivationLayout::features || layout_fits(in, shape_channels_) ||
-            (layout_stores_bf16(in) && this->precision_ == Precision::bf16 && shape_channels_ > 0));
+            (this->precision_ == Precision::bf16 && layout_fits_bf16(in, shape_channels_)));
   }
 
   /// @throws ShapeError if y's rows differ from x's, y has no columns, or x's columns are

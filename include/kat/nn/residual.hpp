@@ -26,7 +26,7 @@ namespace detail {
 
 /// c = a + b element-wise over equally shaped contiguous matrices (c may alias a), or
 /// c = max(0, a + b) with `relu`; with `bf16` the matrices hold bf16 values
-/// (ActivationLayout::channels_last_bf16), summed in fp32 and rounded once.
+/// (ActivationLayout::channels_last_bf16, channels16_bf16), summed in fp32 and rounded once.
 template <class ExecSpace, class MatrixView>
 void elementwise_add(const ExecSpace &space, const MatrixView &a, const MatrixView &b,
                      const MatrixView &c, bool relu = false, bool bf16 = false) {
@@ -296,8 +296,9 @@ public:
   /// @}
 
   /// The same layout in and out (the addition is element-wise, and an identity shortcut
-  /// passes x through), one both branches can take to itself; channels_last_bf16 only in
-  /// Precision::bf16 (the sums are then rounded to bf16, as autocast's are).
+  /// passes x through), one both branches can take to itself; channels_last_bf16 and
+  /// channels16_bf16 only in Precision::bf16 (the sums are then rounded to bf16, as
+  /// autocast's are).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     return in == out && (!layout_stores_bf16(in) || this->precision_ == Precision::bf16) &&
            body_.layouts_feasible(in, out) && shortcut_.layouts_feasible(in, out);
@@ -381,7 +382,7 @@ private:
   Workspace<Scalar, MemorySpace> sum_ws_, r_sum_ws_;
   detail::FusedReluBackward<Scalar, MemorySpace> relu_{"kat::nn::Residual::relu_backward"};
   bool forward_fused_ = false; // whether the last forward applied the following ReLU
-  bool forward_bf16_ = false;  // whether the last forward ran on channels_last_bf16
+  bool forward_bf16_ = false;  // whether the last forward ran on bf16 values
   bool direction_bound_ = false;
 };
 

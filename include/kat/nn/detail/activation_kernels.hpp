@@ -31,7 +31,7 @@ template <class Value> struct ReluMask {
   }
 };
 
-/// y[i] = max(0, x[i]) on bf16 values (a ReLU on ActivationLayout::channels_last_bf16):
+/// y[i] = max(0, x[i]) on bf16 values (a ReLU on a layout that stores bf16):
 /// exact, as in fp32 (NaN gives 0, as `x > 0 ? x : 0` does).
 struct ReluForwardBf16 {
   const bfloat16 *xp;

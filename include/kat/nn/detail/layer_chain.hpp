@@ -3,6 +3,7 @@
 /// @brief Internal: an ordered chain of layers with their activation workspaces, shared by
 /// Sequential and the Residual container.
 
+#include "kat/core/dnn.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/random.hpp"
 #include "kat/core/views.hpp"
@@ -12,6 +13,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -245,8 +248,9 @@ public:
   }
 
   /// Sets every layer's layouts for the next forward(): for each activation the first of
-  /// kat::activation_layouts_by_preference (channels_last_bf16, channels_last, channels16,
-  /// features) that both
+  /// kat::activation_layouts_by_preference (channels_last_bf16, channels16_bf16,
+  /// channels_last, channels16, features; the channels16 ones first where oneDNN's bf16
+  /// convolutions compute in nChw16c) that both
   /// neighbouring layers (and, through same-layout layers such as activations, the rest of the
   /// chain) support.
   /// @throws Error if no assignment exists (see layouts_feasible()).
@@ -477,13 +481,32 @@ private:
   }
 
   // Bit masks of layouts: bit 0 features, bit 1 channels16, bit 2 channels_last, bit 3
-  // channels_last_bf16.
+  // channels_last_bf16, bit 4 channels16_bf16.
   static unsigned layout_bit(ActivationLayout l) { return 1u << static_cast<unsigned>(l); }
+
+  /// kat::activation_layouts_by_preference, with channels16 before channels_last (in bf16
+  /// storage and in Scalar) where oneDNN's bf16 convolutions compute in nChw16c on this CPU
+  /// (kat::detail::dnn_bf16_blocked()): the layouts their neighbours then exchange without a
+  /// reorder.
+  static const std::array<ActivationLayout, 5> &layout_preference() {
+    static const std::array<ActivationLayout, 5> order = [] {
+      std::array<ActivationLayout, 5> o{};
+      std::copy(std::begin(activation_layouts_by_preference),
+                std::end(activation_layouts_by_preference), o.begin());
+      if (kat::detail::dnn_bf16_blocked()) {
+        o = {ActivationLayout::channels16_bf16, ActivationLayout::channels_last_bf16,
+             ActivationLayout::channels16, ActivationLayout::channels_last,
+             ActivationLayout::features};
+      }
+      return o;
+    }();
+    return order;
+  }
 
   /// The layouts of the activations after each layer (into `chosen` unless null): from the
   /// last layer back, which layouts can still reach `out`; then from the first forward, the
   /// first of activation_layouts_by_preference reachable and producible from the previous
-  /// choice.
+  /// choice (in layout_preference()'s order).
   bool plan_layouts(ActivationLayout in, ActivationLayout out,
                     std::vector<ActivationLayout> *chosen) const {
     const std::size_t n = layers_.size();
@@ -493,8 +516,8 @@ private:
     std::vector<unsigned> reachable(n, 0); // layouts after layer i that can reach `out`
     reachable[n - 1] = layout_bit(out);
     for (std::size_t i = n - 1; i > 0; --i) {
-      for (ActivationLayout a : activation_layouts_by_preference) {
-        for (ActivationLayout b : activation_layouts_by_preference) {
+      for (ActivationLayout a : layout_preference()) {
+        for (ActivationLayout b : layout_preference()) {
           if ((reachable[i] & layout_bit(b)) && layers_[i]->supports_layouts(a, b)) {
             reachable[i - 1] |= layout_bit(a);
           }
@@ -510,7 +533,7 @@ private:
     }
     for (std::size_t i = 0; i < n; ++i) {
       bool found = false;
-      for (ActivationLayout b : activation_layouts_by_preference) {
+      for (ActivationLayout b : layout_preference()) {
         if ((reachable[i] & layout_bit(b)) && layers_[i]->supports_layouts(cur, b)) {
           cur = b;
           found = true;

@@ -38,7 +38,7 @@ template <class Value> struct ResidualAdd {
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const { cp[i] = ap[i] + bp[i]; }
 };
 
-/// c[i] = a[i] + b[i] on bf16 values (ActivationLayout::channels_last_bf16), or
+/// c[i] = a[i] + b[i] on bf16 values (a layout that stores bf16), or
 /// max(0, a[i] + b[i]) with Relu: the sum of the two bf16 values in fp32, rounded once to bf16.
 template <bool Relu> struct ResidualAddBf16 {
   const bfloat16 *ap;

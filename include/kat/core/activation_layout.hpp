@@ -2,6 +2,8 @@
 /// @file
 /// @brief The memory layouts a batch of activations may take between layers.
 
+#include "kat/core/precision.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
@@ -98,6 +100,15 @@ constexpr bool layout_fits(ActivationLayout layout, long long channels) {
 constexpr bool layout_fits_bf16(ActivationLayout layout, long long channels) {
   return channels > 0 && layout_stores_bf16(layout) &&
          (!layout_blocks16(layout) || channels % 16 == 0);
+}
+
+/// Whether a layer computing in `precision` can hold a batch of `channels` per position in
+/// `layout`: layout_fits(), or in Precision::bf16 also layout_fits_bf16() (fp32 never stores
+/// bf16 values).
+constexpr bool layout_fits(ActivationLayout layout, long long channels, Precision precision) {
+  return layout_stores_bf16(layout)
+             ? precision == Precision::bf16 && layout_fits_bf16(layout, channels)
+             : layout_fits(layout, channels);
 }
 
 namespace detail {

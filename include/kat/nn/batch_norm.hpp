@@ -141,11 +141,8 @@ public:
     if (in == ActivationLayout::features) {
       return true;
     }
-    const auto c = static_cast<long long>(channels_);
-    const bool fits = layout_stores_bf16(in)
-                          ? this->precision_ == Precision::bf16 && layout_fits_bf16(in, c)
-                          : layout_fits(in, c);
-    return dnn_available<execution_space, Scalar>() && this->training_ && fits;
+    return dnn_available<execution_space, Scalar>() && this->training_ &&
+           layout_fits(in, static_cast<long long>(channels_), this->precision_);
   }
 
   /// In training (the R-operator, evaluation only, never sees it): y = max(0, BN(x)) in the

@@ -311,8 +311,7 @@ public:
                      (this->precision_ == Precision::fp32 || kat::detail::dnn_bf16_convolutions());
     const auto ok = [&](ActivationLayout l, int channels) {
       return l == ActivationLayout::features ||
-             (dnn && dnn_layout(l) &&
-              (layout_stores_bf16(l) ? layout_fits_bf16(l, channels) : layout_fits(l, channels)));
+             (dnn && dnn_layout(l) && layout_fits(l, channels, this->precision_));
     };
     return ok(in, geometry_.in_channels) && ok(out, geometry_.out_channels);
   }

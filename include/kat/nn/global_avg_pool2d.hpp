@@ -87,8 +87,7 @@ public:
   /// bf16).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     return out == ActivationLayout::features &&
-           (in == ActivationLayout::features || layout_fits(in, shape_channels_) ||
-            (this->precision_ == Precision::bf16 && layout_fits_bf16(in, shape_channels_)));
+           (in == ActivationLayout::features || layout_fits(in, shape_channels_, this->precision_));
   }
 
   /// @throws ShapeError if y's rows differ from x's, y has no columns, or x's columns are

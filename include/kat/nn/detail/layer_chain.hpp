@@ -489,14 +489,20 @@ private:
   /// (kat::detail::dnn_bf16_blocked()): the layouts their neighbours then exchange without a
   /// reorder.
   static const std::array<ActivationLayout, 5> &layout_preference() {
+    using L = ActivationLayout;
+    static_assert(activation_layouts_by_preference[0] == L::channels_last_bf16 &&
+                      activation_layouts_by_preference[1] == L::channels16_bf16 &&
+                      activation_layouts_by_preference[2] == L::channels_last &&
+                      activation_layouts_by_preference[3] == L::channels16 &&
+                      activation_layouts_by_preference[4] == L::features,
+                  "layout_preference() swaps the pairs (0, 1) and (2, 3)");
     static const std::array<ActivationLayout, 5> order = [] {
       std::array<ActivationLayout, 5> o{};
       std::copy(std::begin(activation_layouts_by_preference),
                 std::end(activation_layouts_by_preference), o.begin());
       if (kat::detail::dnn_bf16_blocked()) {
-        o = {ActivationLayout::channels16_bf16, ActivationLayout::channels_last_bf16,
-             ActivationLayout::channels16, ActivationLayout::channels_last,
-             ActivationLayout::features};
+        std::swap(o[0], o[1]);
+        std::swap(o[2], o[3]);
       }
       return o;
     }();

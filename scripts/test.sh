@@ -11,8 +11,9 @@
 # and prints how long each stage took.
 #   KAT_BACKENDS="openmp sanitize"   which configurations to test (default these two)
 #   KAT_TEST_FAST=1   builds kat_tests only (no examples, benchmarks or header check) and runs
-#                     its single-process cases and the MPI cases at 1 and 2 ranks: what
-#                     scripts/check_fresh_system.sh runs on a bare Debian system
+#                     its single-process cases and the MPI cases at 1 and 2 ranks (CI's
+#                     bare Debian system runs KAT_BACKENDS=sanitize instead, and the host
+#                     KAT_BACKENDS=openmp: see .ci/run)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -62,11 +62,14 @@ install_cuda() {
 # took 218 s with sm_80 code (cicc at its default -O3: 154 s, ptxas -O0: 21 s); the tests'
 # unity unit holding it (six files) took 142 s with -G as PTX against 277 s (nvcc 11.8,
 # 2026-11-25).
+# Test files 24 to a unit (two units for two cores, instead of four of 12): unoptimized, a
+# unit's cost is mostly what it parses and instantiates once (kat_train's 12 files took 438 s
+# of g++ -O0 apart and 152 s as one unit, 2026-11-27); kat_train compiles in two units too.
 configure() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0 -G" \
     -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DCMAKE_PREFIX_PATH="$prefix" \
     -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_BENCHMARKS=ON \
-    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_ENABLE_CUBLAS=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON \
+    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_ENABLE_CUBLAS=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON -DKAT_UNITY_BUILD_BATCH_SIZE=24 \
     -DKAT_HEADER_CHECK_BATCH_SIZE=40 -DKAT_CUDA_PTX_ONLY=ON
 }
 

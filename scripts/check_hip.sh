@@ -54,6 +54,9 @@ install_hip() {
 # backend at -O0 ("Cannot select: intrinsic %llvm.amdgcn.permlanex16"); Kokkos 3.4.1 does not.
 # Without oneDNN (KAT_ENABLE_ONEDNN=OFF): the CUDA check and the host builds compile KAT with
 # it, so this one compiles the branches for builds that lack it.
+# Test files 24 to a unit (two units for two cores, instead of four of 12): unoptimized, a
+# unit's cost is mostly what it parses and instantiates once (kat_train's 12 files took 438 s
+# of g++ -O0 apart and 152 s as one unit, 2026-11-27); kat_train compiles in two units too.
 configure() { # configure DIR FLAGS [extra cmake arguments]
   local dir=$1 flags=$2
   shift 2
@@ -61,7 +64,7 @@ configure() { # configure DIR FLAGS [extra cmake arguments]
     -DCMAKE_CXX_COMPILER=hipcc \
     -DCMAKE_PREFIX_PATH="$prefix" -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON \
     -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_ROCSOLVER=OFF \
-    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON \
+    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON -DKAT_UNITY_BUILD_BATCH_SIZE=24 \
     -DKAT_HEADER_CHECK_BATCH_SIZE=40 -DKAT_ENABLE_ONEDNN=OFF "$@"
 }
 

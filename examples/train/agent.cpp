@@ -78,7 +78,7 @@ private:
   std::unique_ptr<Model> probe_;
   std::unique_ptr<kat::data::DataLoader<Scalar, Mem>> refresh_loader_;
 };
-const auto component = register_component<AdaptiveGradientCorrection>(16);
+const auto adaptive_gradient_correction = register_component<AdaptiveGradientCorrection>(16);
 
 } // namespace
 } // namespace kat_train

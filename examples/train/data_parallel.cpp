@@ -73,7 +73,7 @@ public:
     }
   }
 };
-const auto component = register_component<DataParallelism>(40);
+const auto data_parallelism = register_component<DataParallelism>(40);
 
 } // namespace
 } // namespace kat_train

@@ -118,7 +118,7 @@ private:
   std::string conv_backend_ = "auto";
   std::string precision_ = "fp32";
 };
-const auto component = register_component<ModelChoice>(10);
+const auto model_choice = register_component<ModelChoice>(10);
 
 } // namespace
 } // namespace kat_train

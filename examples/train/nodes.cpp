@@ -85,7 +85,7 @@ private:
   int ranks_per_node_ = 0; // 0: the machine's nodes
   double latency_ = 0, bandwidth_ = 0;
 };
-const auto component = register_component<Nodes>(5);
+const auto nodes = register_component<Nodes>(5);
 
 } // namespace
 } // namespace kat_train

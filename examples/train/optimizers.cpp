@@ -128,7 +128,7 @@ private:
   std::optional<kat::distributed::Communicator> kfac_comm_, node_comm_;
 #endif
 };
-const auto component = register_component<Optimizer>(20);
+const auto optimizer = register_component<Optimizer>(20);
 
 } // namespace
 

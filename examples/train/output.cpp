@@ -358,7 +358,7 @@ private:
   std::size_t metrics_kept_ = 0, metrics_dropped_ = 0, deleted_ = 0;
   bool metrics_appended_ = false;
 };
-const auto component = register_component<Output>(70);
+const auto output = register_component<Output>(70);
 
 } // namespace
 } // namespace kat_train

@@ -263,7 +263,9 @@ struct ComponentRegistration {
   ComponentRegistration(int order, std::function<std::unique_ptr<Component>()> make);
 };
 
-/// Registers component type C (default-constructible) at `order`.
+/// Registers component type C (default-constructible) at `order`. A file names its
+/// registration after its component (`const auto sparse_training = register_component<...>`):
+/// unity builds (KAT_UNITY_BUILD) put several files' anonymous namespaces in one unit.
 template <class C> ComponentRegistration register_component(int order) {
   return ComponentRegistration(order, [] { return std::make_unique<C>(); });
 }

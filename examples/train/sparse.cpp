@@ -65,7 +65,7 @@ public:
 private:
   std::shared_ptr<kat::sparse::SparseTraining<Scalar, Mem>> sparse_;
 };
-const auto component = register_component<SparseTraining>(15);
+const auto sparse_training = register_component<SparseTraining>(15);
 
 } // namespace
 } // namespace kat_train

@@ -180,7 +180,7 @@ private:
   std::vector<kat::distributed::TensorParallelSplit> splits_;
   double predicted_bytes_ = 0;
 };
-const auto component = register_component<TensorParallel>(50);
+const auto tensor_parallel = register_component<TensorParallel>(50);
 
 } // namespace
 } // namespace kat_train

@@ -20,11 +20,14 @@
 #   lambdas   no object holds nvcc's wrapper of an extended lambda defined in a header of KAT
 #             or Kokkos (see header_lambdas below)
 #   KAT_JOBS   parallel build jobs (default: nproc)
+#   KAT_GPU_CHECK_BUILD  what the build stage builds: some of "tests examples benchmarks"
+#              (default all three; CI builds the tests and examples, see .ci/run)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # shellcheck source=lib/common.sh
 . "$root/scripts/lib/common.sh"
+kat_gpu_check_parts >/dev/null || exit 2
 
 # Debian's toolkit only: another CUDA installation on PATH or in the compiler's search
 # variables would be picked up instead of (or mixed with) /usr/bin/nvcc.
@@ -62,14 +65,14 @@ install_cuda() {
 # took 218 s with sm_80 code (cicc at its default -O3: 154 s, ptxas -O0: 21 s); the tests'
 # unity unit holding it (six files) took 142 s with -G as PTX against 277 s (nvcc 11.8,
 # 2026-11-25).
-# Test files 24 to a unit (two units for two cores, instead of four of 12): unoptimized, a
-# unit's cost is mostly what it parses and instantiates once (kat_train's 12 files took 438 s
-# of g++ -O0 apart and 152 s as one unit, 2026-11-27); kat_train compiles in two units too.
+# KAT_UNITY_BUILD: the test files compile 24 to a unit and kat_train's 6 (two units each, for
+# two cores); unoptimized, a unit's cost is mostly what it parses and instantiates once
+# (kat_train's 12 files took 438 s of g++ -O0 apart and 152 s as one unit, 2026-11-27).
 configure() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0 -G" \
     -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DCMAKE_PREFIX_PATH="$prefix" \
-    -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_BENCHMARKS=ON \
-    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_ENABLE_CUBLAS=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON -DKAT_UNITY_BUILD_BATCH_SIZE=24 \
+    $(kat_gpu_check_cmake_args) \
+    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_CUSOLVER=ON -DKAT_ENABLE_CUBLAS=ON -DKAT_DISCOVER_TESTS=OFF -DKAT_UNITY_BUILD=ON \
     -DKAT_HEADER_CHECK_BATCH_SIZE=40 -DKAT_CUDA_PTX_ONLY=ON
 }
 
@@ -77,7 +80,7 @@ configure() {
 # host-only MPI timing tool).
 code_objects() {
   local o n=0
-  for o in $(find "$build/tests" "$build/examples" "$build/bench" -name '*.o' | sort); do
+  for o in $(find "$build/tests" "$build/examples" "$build/bench" -name '*.o' 2>/dev/null | sort); do
     # kat_mpi_alpha_beta times MPI collectives on host buffers: no Kokkos, no device code.
     case $o in */kat_mpi_alpha_beta.dir/*) continue ;; esac
     if ! cuobjdump --list-ptx "$o" 2>/dev/null | grep -q 'sm_80'; then
@@ -98,7 +101,7 @@ code_objects() {
 # functors only. A lambda in a test or example file's own function is unique to its unit.
 header_lambdas() {
   local o found=0 bad
-  for o in $(find "$build/tests" "$build/examples" "$build/bench" -name '*.o' | sort); do
+  for o in $(find "$build/tests" "$build/examples" "$build/bench" -name '*.o' 2>/dev/null | sort); do
     # The enclosing function of each wrapped lambda: the pointer after ", &" in its tag.
     bad=$(nm -C "$o" | grep -oP '__nv_hdl_wrapper_t<.*?__nv_dl_tag<.*?, &\K(kat|Kokkos\w*)::[\w:]+(<[^()]*?>)?(::\w+)?' |
       sort -u || true)
@@ -123,10 +126,10 @@ kat_stage configure "$logs-configure.log" configure
 kat_stage headers "$logs-headers.log" cmake --build "$build" -j "$KAT_JOBS" --target kat_header_check
 echo "   $(find "$build/tests/header_check" -name '*.cpp' | wc -l) headers compiled in" \
   "$(find "$build" -path '*kat_header_check.dir*' -name '*.o' | wc -l) translation units"
-kat_stage build "$logs-build.log" cmake --build "$build" -j "$KAT_JOBS"
+kat_stage build "$logs-build.log" kat_gpu_check_build "$build" "$KAT_JOBS"
 kat_stage objects "$logs-objects.log" code_objects
 tail -n 1 "$logs-objects.log" | sed 's/^/   /'
 kat_stage lambdas "$logs-lambdas.log" header_lambdas
 tail -n 1 "$logs-lambdas.log" | sed 's/^/   /'
-echo "check_cuda.sh: OK: headers, tests, examples and benchmarks compile and link with nvcc" \
+echo "check_cuda.sh: OK: headers + $(kat_gpu_check_parts) compile and link with nvcc" \
   "$(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($(kat_stage_summary))"

@@ -20,12 +20,15 @@
 #   KAT_HIP_ARCHS  the architectures to check, gfx90a (MI200, the default) and/or gfx908
 #                  (MI100, Kokkos 3.4.1's own); each costs a full build (~8 min on 2 cores)
 #   KAT_JOBS       parallel compile jobs (default: nproc)
+#   KAT_GPU_CHECK_BUILD  what the build stage builds: some of "tests examples benchmarks"
+#                  (default all three; CI builds the examples, see .ci/run)
 # Exits non-zero, showing the compiler's error, when a stage fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # shellcheck source=lib/common.sh
 . "$root/scripts/lib/common.sh"
+kat_gpu_check_parts >/dev/null || exit 2
 jobs=${KAT_JOBS:-$(nproc)}
 export KAT_JOBS=$jobs
 archs=${KAT_HIP_ARCHS:-gfx90a}
@@ -54,17 +57,17 @@ install_hip() {
 # backend at -O0 ("Cannot select: intrinsic %llvm.amdgcn.permlanex16"); Kokkos 3.4.1 does not.
 # Without oneDNN (KAT_ENABLE_ONEDNN=OFF): the CUDA check and the host builds compile KAT with
 # it, so this one compiles the branches for builds that lack it.
-# Test files 24 to a unit (two units for two cores, instead of four of 12): unoptimized, a
-# unit's cost is mostly what it parses and instantiates once (kat_train's 12 files took 438 s
-# of g++ -O0 apart and 152 s as one unit, 2026-11-27); kat_train compiles in two units too.
+# KAT_UNITY_BUILD: the test files compile 24 to a unit and kat_train's 6 (two units each, for
+# two cores); unoptimized, a unit's cost is mostly what it parses and instantiates once
+# (kat_train's 12 files took 438 s of g++ -O0 apart and 152 s as one unit, 2026-11-27).
 configure() { # configure DIR FLAGS [extra cmake arguments]
   local dir=$1 flags=$2
   shift 2
   cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0${flags:+ $flags}" \
     -DCMAKE_CXX_COMPILER=hipcc \
-    -DCMAKE_PREFIX_PATH="$prefix" -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON \
-    -DKAT_ENABLE_BENCHMARKS=ON -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_ROCSOLVER=OFF \
-    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON -DKAT_UNITY_BUILD_BATCH_SIZE=24 \
+    -DCMAKE_PREFIX_PATH="$prefix" $(kat_gpu_check_cmake_args) \
+    -DKAT_ENABLE_MPI=ON -DKAT_ENABLE_ROCSOLVER=OFF \
+    -DKAT_DISCOVER_TESTS=OFF -DKAT_HEADER_CHECK_SYNTAX_ONLY=OFF -DKAT_UNITY_BUILD=ON \
     -DKAT_HEADER_CHECK_BATCH_SIZE=40 -DKAT_ENABLE_ONEDNN=OFF "$@"
 }
 
@@ -82,7 +85,7 @@ code_objects() { # code_objects DIR ARCH
   tmp=$dir/code-objects
   rm -rf "$tmp"
   mkdir -p "$tmp"
-  for o in $(find "$dir/tests" "$dir/examples" "$dir/bench" -name '*.o' | sort); do
+  for o in $(find "$dir/tests" "$dir/examples" "$dir/bench" -name '*.o' 2>/dev/null | sort); do
     # kat_mpi_alpha_beta times MPI collectives on host buffers: no Kokkos, no device code.
     case $o in */kat_mpi_alpha_beta.dir/*) continue ;; esac
     if ! bundle_targets "$o" "$tmp/fatbin" | grep -qx "hipv4-amdgcn-amd-amdhsa--$arch"; then
@@ -135,9 +138,9 @@ for arch in $archs; do
   kat_stage "configure-$arch" "$logs-configure-$arch.log" configure_arch "$arch"
   kat_stage "headers-$arch" "$logs-headers-$arch.log" \
     cmake --build "$dir" --target kat_header_check -j "$jobs"
-  kat_stage "build-$arch" "$logs-build-$arch.log" cmake --build "$dir" -j "$jobs"
+  kat_stage "build-$arch" "$logs-build-$arch.log" kat_gpu_check_build "$dir" "$jobs"
   kat_stage "objects-$arch" "$logs-objects-$arch.log" code_objects "$dir" "$arch"
 done
 
-echo "check_hip.sh: OK: headers, tests, examples and benchmarks compiled and linked for" \
+echo "check_hip.sh: OK: headers + $(kat_gpu_check_parts) compiled and linked for" \
   "${archs// / and } ($(kat_stage_summary))"

@@ -31,10 +31,11 @@ for backend in $backends; do
   build=$root/build/test-$backend
   # MPI on for every configuration: ctest then also runs the "[mpi]" tests under mpiexec at
   # 1, 2 and 4 ranks (tests mpi_ranks_*, one OpenMP thread per rank; see tests/CMakeLists.txt).
-  # Unity build (KAT_UNITY_BUILD): the test files compile 12 to a translation unit, so Kokkos,
-  # Catch2 and KAT are parsed and instantiated once per batch; 6 files took 59 s of CPU as one
-  # unit against 126 s apart (g++ -O3), and 12 sanitized files 267 s against 329 s as two
-  # units of 6 (2026-11-25).
+  # Unity build (KAT_UNITY_BUILD): the test files compile 24 to a translation unit (two units,
+  # one per core) and kat_train's 6, so Kokkos, Catch2 and KAT are parsed and instantiated once
+  # per batch; 6 files took 59 s of CPU as one unit against 126 s apart (g++ -O3), 12 sanitized
+  # files 267 s against 329 s as two units of 6 (2026-11-25), and kat_train's 12 files 152 s
+  # against 438 s apart at -O0, 462 s against 844 s at -O3 (2026-11-27, AMD Zen 4).
   args=(-DCMAKE_BUILD_TYPE=Release -DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=ON
     -DKAT_ENABLE_MPI=ON -DKAT_UNITY_BUILD=ON)
   env=() # the configuration's environment for building (test discovery runs tests) and ctest
@@ -74,11 +75,7 @@ for backend in $backends; do
       # leak check still runs (a malloc'd block dropped on purpose is still reported).
       flags="-O0 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
       args=(-DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="$flags" -DKAT_ENABLE_TESTS=ON
-        -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DKAT_MPI_TEST_TIMEOUT=900 -DKAT_UNITY_BUILD=ON
-        -DKAT_UNITY_BUILD_BATCH_SIZE=24)
-      # Batches of 24 test files (two units, one per core): at -O0 no optimizer pass grows
-      # faster than the unit, and what a unit parses and instantiates once is most of its
-      # cost (kat_train's 12 files: 438 s of g++ -O0 apart, 152 s as one unit, 2026-11-27).
+        -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DKAT_MPI_TEST_TIMEOUT=900 -DKAT_UNITY_BUILD=ON)
       env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0:intercept_tls_get_addr=0
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
         LSAN_OPTIONS=suppressions=$root/tests/sanitizer/lsan.supp:print_suppressions=0

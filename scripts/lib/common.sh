@@ -111,3 +111,48 @@ kat_commit_build() {
   cmake --build "$dir" ${target:+--target "$target"} -j "$(nproc)" >/dev/null
   echo "$dir"
 }
+
+# What the GPU compile checks (check_cuda.sh, check_hip.sh) build besides every public header:
+# KAT_GPU_CHECK_BUILD, some of "tests examples benchmarks" (default all three). CI names less
+# (.ci/run), since each part is a full build of its own on 2 cores.
+kat_gpu_check_parts() {
+  local parts=${KAT_GPU_CHECK_BUILD-tests examples benchmarks} p
+  for p in $parts; do
+    case $p in
+      tests | examples | benchmarks) ;;
+      *)
+        echo "KAT_GPU_CHECK_BUILD may name tests, examples and benchmarks, got '$p'" >&2
+        return 2
+        ;;
+    esac
+  done
+  echo "$parts"
+}
+
+# The CMake options for those parts (the tests' directory also holds the header check, so
+# KAT_ENABLE_TESTS stays on and the test program is left out of the build instead).
+kat_gpu_check_cmake_args() {
+  local parts
+  parts=" $(kat_gpu_check_parts) " || return 2
+  on() { [[ $parts == *" $1 "* ]] && echo ON || echo OFF; }
+  echo "-DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=$(on examples)" \
+    "-DKAT_ENABLE_BENCHMARKS=$(on benchmarks)"
+}
+
+# Builds those parts in DIR with JOBS jobs.
+kat_gpu_check_build() { # kat_gpu_check_build DIR JOBS
+  local dir=$1 jobs=$2 parts targets
+  parts=" $(kat_gpu_check_parts) " || return 2
+  if [[ $parts == *" tests "* ]]; then
+    cmake --build "$dir" -j "$jobs"
+    return
+  fi
+  # Every program but the tests: the examples and benchmarks that configure enabled.
+  mapfile -t targets < <(cmake --build "$dir" --target help | sed -n 's/^\.\.\. //p' |
+    grep -E '^kat_' | grep -vxE 'kat_(tests|header_check)')
+  if ((${#targets[@]})); then
+    cmake --build "$dir" -j "$jobs" --target "${targets[@]}"
+  else
+    echo "nothing to build besides the headers (KAT_GPU_CHECK_BUILD='${parts// /}')"
+  fi
+}

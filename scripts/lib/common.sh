@@ -147,7 +147,16 @@ kat_gpu_check_build() { # kat_gpu_check_build DIR JOBS
     cmake --build "$dir" -j "$jobs"
     return
   fi
-  # Every program but the tests: the examples and benchmarks that configure enabled.
+  # Every program but the tests: the examples and benchmarks that configure enabled. With
+  # Makefiles, make builds each folder's programs side by side (cmake --build given several
+  # targets builds one after the other, so a program of one file leaves a core idle).
+  if [ -f "$dir/examples/Makefile" ] || [ -f "$dir/bench/Makefile" ]; then
+    local sub
+    for sub in examples bench; do
+      [ ! -f "$dir/$sub/Makefile" ] || make -C "$dir/$sub" -j "$jobs" all
+    done
+    return
+  fi
   mapfile -t targets < <(cmake --build "$dir" --target help | sed -n 's/^\.\.\. //p' |
     grep -E '^kat_' | grep -vxE 'kat_(tests|header_check)')
   if ((${#targets[@]})); then

@@ -65,9 +65,7 @@ install_cuda() {
 # took 218 s with sm_80 code (cicc at its default -O3: 154 s, ptxas -O0: 21 s); the tests'
 # unity unit holding it (six files) took 142 s with -G as PTX against 277 s (nvcc 11.8,
 # 2026-11-25).
-# KAT_UNITY_BUILD: the test files compile 24 to a unit and kat_train's 6 (two units each, for
-# two cores); unoptimized, a unit's cost is mostly what it parses and instantiates once
-# (kat_train's 12 files took 438 s of g++ -O0 apart and 152 s as one unit, 2026-11-27).
+# KAT_UNITY_BUILD: batches of test files and of kat_train's (sizes and timings: scripts/test.sh).
 configure() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O0 -G" \
     -DCMAKE_CXX_COMPILER="$prefix/bin/nvcc_wrapper" -DCMAKE_PREFIX_PATH="$prefix" \

@@ -57,9 +57,7 @@ install_hip() {
 # backend at -O0 ("Cannot select: intrinsic %llvm.amdgcn.permlanex16"); Kokkos 3.4.1 does not.
 # Without oneDNN (KAT_ENABLE_ONEDNN=OFF): the CUDA check and the host builds compile KAT with
 # it, so this one compiles the branches for builds that lack it.
-# KAT_UNITY_BUILD: the test files compile 24 to a unit and kat_train's 6 (two units each, for
-# two cores); unoptimized, a unit's cost is mostly what it parses and instantiates once
-# (kat_train's 12 files took 438 s of g++ -O0 apart and 152 s as one unit, 2026-11-27).
+# KAT_UNITY_BUILD: batches of test files and of kat_train's (sizes and timings: scripts/test.sh).
 configure() { # configure DIR FLAGS [extra cmake arguments]
   local dir=$1 flags=$2
   shift 2

@@ -132,11 +132,11 @@ kat_gpu_check_parts() {
 # The CMake options for those parts (the tests' directory also holds the header check, so
 # KAT_ENABLE_TESTS stays on and the test program is left out of the build instead).
 kat_gpu_check_cmake_args() {
-  local parts
+  local parts examples=OFF benchmarks=OFF
   parts=" $(kat_gpu_check_parts) " || return 2
-  on() { [[ $parts == *" $1 "* ]] && echo ON || echo OFF; }
-  echo "-DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=$(on examples)" \
-    "-DKAT_ENABLE_BENCHMARKS=$(on benchmarks)"
+  [[ $parts != *" examples "* ]] || examples=ON
+  [[ $parts != *" benchmarks "* ]] || benchmarks=ON
+  echo "-DKAT_ENABLE_TESTS=ON -DKAT_ENABLE_EXAMPLES=$examples -DKAT_ENABLE_BENCHMARKS=$benchmarks"
 }
 
 # Builds those parts in DIR with JOBS jobs.

@@ -10,6 +10,11 @@ shift 3
 launch=("$mpiexec" -n 2 "$@")
 work=$(mktemp -d /tmp/kat-resume-mpi-XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# The first 640 training and 1000 test images, not all 70,000: loading and evaluating
+# them was most of each run's time (tests/trainer/fashion_subset.sh).
+. "$(dirname "$0")/../trainer/fashion_subset.sh"
+fashion_subset "$data" "$work/data" 640 1000 || exit 1
+data=$work/data
 base=(--data-dir "$data" --model mlp --train-subset 640 --batch-size 64
       --schedule cosine --warmup-steps 5 --seed 7 --progress never)
 kfac=(--optimizer kfac --factor-update-steps 2 --inv-update-steps 6)

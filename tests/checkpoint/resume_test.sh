@@ -13,6 +13,11 @@ train=$1 data=$2 optimizer=$3
 shift 3
 work=$(mktemp -d /tmp/kat-resume-XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# The first 640 training and 1000 test images, not all 70,000: loading and evaluating
+# them was most of each run's time (tests/trainer/fashion_subset.sh).
+. "$(dirname "$0")/../trainer/fashion_subset.sh"
+fashion_subset "$data" "$work/data" 640 1000 || exit 1
+data=$work/data
 # 10 steps per epoch, 4 epochs; a cosine schedule with warm-up, so the step counter matters.
 args=(--data-dir "$data" --model "${KAT_RESUME_MODEL:-mlp}" --optimizer "$optimizer" --train-subset 640
       --batch-size 64 --epochs 4 --schedule cosine --warmup-steps 5 --seed 7 --progress never "$@")

@@ -52,14 +52,14 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 # One target per core at a time (libFuzzer runs a target in one process on one core): with
 # two cores the three targets take 120 s instead of 180 s, each still fuzzed for its full time.
 jobs=${KAT_JOBS:-$(nproc)}
+# corpus_of TARGET: the folder its new inputs go to.
+corpus_of() { echo "${KAT_FUZZ_CORPUS:-$build/corpus}/$1"; }
 # fuzz_one TARGET: runs it; its exit status goes to build/fuzz/fuzz_TARGET.rc.
 fuzz_one() {
   local t=$1 corpus artifacts rc=0
-  corpus=${KAT_FUZZ_CORPUS:+$KAT_FUZZ_CORPUS/$t}
-  if [ -z "$corpus" ]; then
-    corpus=$build/corpus/$t
-    rm -rf "$corpus"
-  fi
+  corpus=$(corpus_of "$t")
+  # Kept across runs only in KAT_FUZZ_CORPUS.
+  [ -n "${KAT_FUZZ_CORPUS:-}" ] || rm -rf "$corpus"
   artifacts=$build/artifacts/$t
   rm -rf "$artifacts"
   mkdir -p "$corpus" "$artifacts"
@@ -87,8 +87,7 @@ echo "   all targets: $((SECONDS - start)) s on $jobs cores"
 failed=()
 rows=()
 for t in $targets; do
-  corpus=${KAT_FUZZ_CORPUS:+$KAT_FUZZ_CORPUS/$t}
-  [ -n "$corpus" ] || corpus=$build/corpus/$t
+  corpus=$(corpus_of "$t")
   artifacts=$build/artifacts/$t
   log=$build/fuzz_$t.log
   rc=$(cat "$build/fuzz_$t.rc" 2>/dev/null || echo "no exit status")

@@ -10,8 +10,7 @@ shift 3
 launch=("$mpiexec" -n 2 "$@")
 work=$(mktemp -d /tmp/kat-resume-mpi-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# The first 640 training and 1000 test images, not all 70,000: loading and evaluating
-# them was most of each run's time (tests/trainer/fashion_subset.sh).
+# A small data set: the first 640 training and 1000 test images (fashion_subset.sh says why).
 . "$(dirname "$0")/../trainer/fashion_subset.sh"
 fashion_subset "$data" "$work/data" 640 1000 || exit 1
 data=$work/data

@@ -11,8 +11,7 @@ train=$1 data=$2 mpiexec=$3
 shift 3
 work=$(mktemp -d /tmp/kat-daso-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# The first 2048 training and 1000 test images, not all 70,000: loading and evaluating
-# them was most of each run's time (tests/trainer/fashion_subset.sh).
+# A small data set: the first 2048 training and 1000 test images (fashion_subset.sh says why).
 . "$(dirname "$0")/../trainer/fashion_subset.sh"
 fashion_subset "$data" "$work/data" 2048 1000 || exit 1
 data=$work/data

@@ -7,8 +7,7 @@ set -uo pipefail
 train=$1 data=$2
 work=$(mktemp -d /tmp/kat-errors-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# The first 256 training and 500 test images, not all 70,000: loading and evaluating
-# them was most of each run's time (tests/trainer/fashion_subset.sh).
+# A small data set: the first 256 training and 500 test images (fashion_subset.sh says why).
 . "$(dirname "$0")/fashion_subset.sh"
 fashion_subset "$data" "$work/data" 256 500 || exit 1
 data=$work/data

@@ -41,6 +41,7 @@ for backend in $backends; do
   env=() # the configuration's environment for building (test discovery runs tests) and ctest
   skip=() # ctest -E: tests another configuration already covers
   targets=() # cmake --build --target: the default builds everything
+  first=() # cmake --build --target: built before the targets, when not empty
   case $backend in
     serial)
       args+=(-DKAT_ENABLE_BENCHMARKS=ON)
@@ -63,6 +64,16 @@ for backend in $backends; do
       # no LD_LIBRARY_PATH: the test "core: the BLAS shares the OpenMP runtime of Kokkos and
       # oneDNN" checks what a user's build loads.
       env=(OMP_NUM_THREADS=2 OMP_PROC_BIND=false OMP_WAIT_POLICY=passive)
+      # What the tests run, kat_tests and kat_train, side by side (kat_test_programs), as in the
+      # sanitize configuration. No test runs the three other examples (kat_kfac_raw_views,
+      # kat_plan, kat_data_parallel): the serial configuration compiles them with g++, and so
+      # do CI's CUDA and HIP checks with nvcc (host code: g++ 11) and hipcc (scripts/check_cuda.sh,
+      # check_hip.sh). They took 222 s of g++ -O2 here (kat_plan 116 s; AMD Zen 4, 2026-11-28).
+      # The tests' two units first, side by side, then kat_train's two: with both programs at
+      # once, make started kat_train's units beside the tests' first one and the tests' second
+      # one last, alone (820 s; the units took 516 s and 417 s, kat_train's 188 s and 212 s).
+      first=(--target kat_tests)
+      targets=(--target kat_test_programs)
       ;;
     sanitize)
       # -O0: the instrumented build was the longest stage of CI (951 s at -O1, 2026-11-25);
@@ -98,7 +109,7 @@ for backend in $backends; do
         -DKAT_ENABLE_EXAMPLES=ON -DKAT_ENABLE_MPI=ON -DKAT_MPI_TEST_TIMEOUT=900 -DKAT_UNITY_BUILD=ON)
       env=(ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:fast_unwind_on_malloc=0:intercept_tls_get_addr=0
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-        LSAN_OPTIONS=suppressions=$root/tests/sanitizer/lsan.supp:print_suppressions=0
+        "LSAN_OPTIONS=suppressions=$root/tests/sanitizer/lsan.supp:print_suppressions=0"
         OMPI_MCA_mca_base_component_disable_dlclose=1 HWLOC_COMPONENTS=-pci)
       # The OpenMP configuration compiles every header on its own with the same compiler.
       # kat_train's resume tests run whole training runs, several per test (SGD's took 277 s
@@ -111,14 +122,13 @@ for backend in $backends; do
       # state", kat_train's error tests and the "[mpi]" cases at 1 to 4 ranks (DHO2, DASO, the
       # distributed K-FAC variants).
       skip=(-E 'headers_are_self_contained|trainer_resume_|training: (CNN|MLP) on a|kat_train_(dho2|daso)_2_ranks|slurm_kat_train_')
-      # What the tests run (kat_tests and kat_train, side by side): the two other examples
-      # are compiled by the other configurations.
       targets=(--target kat_test_programs)
       ;;
     *) echo "test.sh: unknown configuration '$backend' (serial | openmp | sanitize)" >&2; exit 2 ;;
   esac
   if [ "${KAT_TEST_FAST:-0}" = 1 ]; then
     args+=(-DKAT_ENABLE_EXAMPLES=OFF -DKAT_ENABLE_BENCHMARKS=OFF)
+    first=()
     targets=(--target kat_tests)
     skip=(-E 'headers_are_self_contained|install_and_find_package|install_and_pkg_config|mpi_ranks_(3|4)|training: CNN on a')
   fi
@@ -126,6 +136,9 @@ for backend in $backends; do
   mkdir -p "$build"
   cmake -S "$root" -B "$build" "${args[@]}" >"$build/configure.log" 2>&1 ||
     { cat "$build/configure.log"; exit 1; }
+  if ((${#first[@]})); then
+    env "${env[@]}" cmake --build "$build" -j "$jobs" "${first[@]}"
+  fi
   env "${env[@]}" cmake --build "$build" -j "$jobs" "${targets[@]}"
   stage "$backend: test"
   (cd "$build" && env "${env[@]}" ctest --output-on-failure -j "$jobs" "${skip[@]}")

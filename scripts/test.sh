@@ -40,8 +40,7 @@ for backend in $backends; do
     -DKAT_ENABLE_MPI=ON -DKAT_UNITY_BUILD=ON)
   env=() # the configuration's environment for building (test discovery runs tests) and ctest
   skip=() # ctest -E: tests another configuration already covers
-  targets=() # cmake --build --target: the default builds everything
-  first=() # cmake --build --target: built before the targets, when not empty
+  builds=(all) # what to build: one `cmake --build --target` per entry, in this order
   case $backend in
     serial)
       args+=(-DKAT_ENABLE_BENCHMARKS=ON)
@@ -70,10 +69,9 @@ for backend in $backends; do
       # do CI's CUDA and HIP checks with nvcc (host code: g++ 11) and hipcc (scripts/check_cuda.sh,
       # check_hip.sh). They took 222 s of g++ -O2 here (kat_plan 116 s; AMD Zen 4, 2026-11-28).
       # The tests' two units first, side by side, then kat_train's two: with both programs at
-      # once, make started kat_train's units beside the tests' first one and the tests' second
-      # one last, alone (820 s; the units took 516 s and 417 s, kat_train's 188 s and 212 s).
-      first=(--target kat_tests)
-      targets=(--target kat_test_programs)
+      # once (kat_test_programs), make started kat_train's units beside the tests' first one
+      # and the tests' second one last, alone: 820 s against 726 s.
+      builds=(kat_tests kat_train)
       ;;
     sanitize)
       # -O0: the instrumented build was the longest stage of CI (951 s at -O1, 2026-11-25);
@@ -124,24 +122,22 @@ for backend in $backends; do
       skip=(-E 'headers_are_self_contained|trainer_resume_|training: (CNN|MLP) on a|kat_train_(dho2|daso)_2_ranks|slurm_kat_train_')
       # What the tests run, kat_tests and kat_train, side by side (one target): on the bare
       # system 995 s against 1090 s one after the other (2026-11-28, before the UBSan change).
-      targets=(--target kat_test_programs)
+      builds=(kat_test_programs)
       ;;
     *) echo "test.sh: unknown configuration '$backend' (serial | openmp | sanitize)" >&2; exit 2 ;;
   esac
   if [ "${KAT_TEST_FAST:-0}" = 1 ]; then
     args+=(-DKAT_ENABLE_EXAMPLES=OFF -DKAT_ENABLE_BENCHMARKS=OFF)
-    first=()
-    targets=(--target kat_tests)
+    builds=(kat_tests)
     skip=(-E 'headers_are_self_contained|install_and_find_package|install_and_pkg_config|mpi_ranks_(3|4)|training: CNN on a')
   fi
   stage "$backend: configure and build"
   mkdir -p "$build"
   cmake -S "$root" -B "$build" "${args[@]}" >"$build/configure.log" 2>&1 ||
     { cat "$build/configure.log"; exit 1; }
-  if ((${#first[@]})); then
-    env "${env[@]}" cmake --build "$build" -j "$jobs" "${first[@]}"
-  fi
-  env "${env[@]}" cmake --build "$build" -j "$jobs" "${targets[@]}"
+  for target in "${builds[@]}"; do
+    env "${env[@]}" cmake --build "$build" -j "$jobs" --target "$target"
+  done
   stage "$backend: test"
   (cd "$build" && env "${env[@]}" ctest --output-on-failure -j "$jobs" "${skip[@]}")
 done

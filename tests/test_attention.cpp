@@ -266,6 +266,42 @@ TEST_CASE("attention: an empty R{x} is a zero R{x}", "[attention][hessian]") {
   }
 }
 
+// The gradient and R-operator checks run batches of 2 or 3 samples: on a host every block of
+// samples is then partial. 37 samples make a full block of 32 (the kernels with a
+// compile-time lane count) and a partial one; the two kernel families share no arithmetic.
+TEST_CASE("attention: every pass agrees between the kernels on full and partial blocks",
+          "[attention][hessian]") {
+  const std::size_t n = 37, heads = 2, dh = 3, d = heads * dh;
+  const std::size_t cols = 3 * d * 6; // 3 x 2 positions
+  const auto x = random_matrix<double>(n, cols, 61, -2.0, 2.0);
+  const auto rx = random_matrix<double>(n, cols, 62);
+  const auto dy = random_matrix<double>(n, cols / 3, 63);
+  const auto rdy = random_matrix<double>(n, cols / 3, 64);
+  for (const bool causal : {false, true}) {
+    INFO("causal " << causal);
+    std::vector<std::vector<double>> got[2];
+    for (int k = 0; k < 2; ++k) {
+      nn::ScaledDotProductAttention<double, Mem> layer(heads, dh, causal);
+      layer.set_kernel(kernels[k]);
+      Matrix<double, Mem> y("y", n, cols / 3), dx("dx", n, cols);
+      Matrix<double, Mem> ry("ry", n, cols / 3), rdx("rdx", n, cols);
+      layer.forward(Space(), x, y);
+      layer.forward_r(Space(), rx, ry);
+      layer.backward(Space(), dy, dx);
+      layer.backward_r(Space(), dy, rdy, rdx);
+      Space().fence();
+      got[k] = {host_values(y), host_values(layer.probabilities()), host_values(dx),
+                host_values(ry), host_values(rdx)};
+    }
+    const char *names[] = {"y", "A", "dx", "R{y}", "R{dx}"};
+    for (std::size_t i = 0; i < 5; ++i) {
+      INFO(names[i]);
+      CHECK(max_abs_diff(got[0][i], got[1][i]) < 1e-12);
+      CHECK(max_abs_diff(got[0][i], std::vector<double>(got[0][i].size(), 0.0)) > 1e-2);
+    }
+  }
+}
+
 TEST_CASE("attention: float agrees with double", "[attention]") {
   const std::size_t n = 4, heads = 2, dh = 8, d = heads * dh;
   const int height = 4, width = 4;

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace kat::nn {
 
@@ -155,6 +156,9 @@ template <class ExecSpace> int attention_lane_block() {
   return max < attention_max_lanes ? max : attention_max_lanes;
 }
 
+/// A full block's sample count as a compile-time constant (host backends).
+using AttentionFullLanes = std::integral_constant<int, attention_max_lanes>;
+
 /// The loop over a block's samples: vector lanes on GPUs, a plain (vectorizable) loop on
 /// host backends.
 template <class Member, class F>
@@ -162,11 +166,23 @@ KOKKOS_INLINE_FUNCTION void attention_lanes(const Member &team, int lanes, const
   Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, lanes), f);
 }
 
+/// The loop over a full block's samples on a host: a trip count known at compile time, so
+/// GCC vectorizes it without a remainder and keeps the accumulators in registers. A loop of
+/// runtime length, four 8-float vectors long, spent its hottest instructions in the checks
+/// around them: forward + backward took a fifth less time so (docs/benchmarks.md, "Kernel
+/// design choices, measured").
+template <class Member, class F>
+KOKKOS_INLINE_FUNCTION void attention_lanes(const Member &, AttentionFullLanes, const F &f) {
+  for (int l = 0; l < attention_max_lanes; ++l) {
+    f(l);
+  }
+}
+
 /// Where one team's block is: head h, samples [n0, n0 + lanes); the team-block builder of
-/// every batch-lanes pass.
-struct AttentionLaneBlock {
+/// every batch-lanes pass. Lanes is int, or AttentionFullLanes for a full block on a host.
+template <class Lanes = int> struct AttentionLaneBlock {
   std::size_t h, n0;
-  int lanes;
+  Lanes lanes;
 
   /// Offset of the block's first sample at position 0 in the head's channels of part `part`
   /// of a token matrix: 0 for Q (and for y, dy and their R-images), 1 for K, 2 for V.
@@ -180,9 +196,8 @@ struct AttentionLaneBlock {
 };
 
 template <class Member>
-KOKKOS_INLINE_FUNCTION AttentionLaneBlock attention_lane_block_of(const Member &team,
-                                                                  const AttentionGeometry &g,
-                                                                  int block) {
+KOKKOS_INLINE_FUNCTION AttentionLaneBlock<>
+attention_lane_block_of(const Member &team, const AttentionGeometry &g, int block) {
   const std::size_t blocks = (g.batch + block - 1) / block;
   const std::size_t h = team.league_rank() / blocks;
   const std::size_t n0 = (team.league_rank() % blocks) * std::size_t(block);
@@ -250,9 +265,9 @@ struct AttentionForwardPass {
                                                             Scalar(0), pair.token(p.out, 0));
   }
 
-  template <class Member, class Scalar>
+  template <class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
-                                           const AttentionLaneBlock &blk) {
+                                           const AttentionLaneBlock<Lanes> &blk) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
     const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
@@ -337,9 +352,9 @@ struct AttentionBackwardPass {
                                                           Scalar(0), pair.token(p.out, 1));
   }
 
-  template <class Member, class Scalar>
+  template <class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
-                                           const AttentionLaneBlock &blk) {
+                                           const AttentionLaneBlock<Lanes> &blk) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
     const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
@@ -438,9 +453,9 @@ struct AttentionForwardRPass {
                                                             pair.token(p.rx, 2), Scalar(1), ro);
   }
 
-  template <class Member, class Scalar>
+  template <class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
-                                           const AttentionLaneBlock &blk) {
+                                           const AttentionLaneBlock<Lanes> &blk) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
     const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
@@ -544,9 +559,9 @@ struct AttentionBackwardRPass {
     attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, ds, rq, Scalar(1), rdk);
   }
 
-  template <class Member, class Scalar>
+  template <class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
-                                           const AttentionLaneBlock &blk) {
+                                           const AttentionLaneBlock<Lanes> &blk) {
     const AttentionGeometry &g = p.g;
     const Scalar scale = p.scale;
     const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
@@ -657,7 +672,14 @@ template <class Pass, class ExecSpace, class Scalar> struct AttentionLanesKernel
 
   KOKKOS_INLINE_FUNCTION void
   operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
-    Pass::lanes(team, p, attention_lane_block_of(team, p.g, block));
+    const AttentionLaneBlock<> blk = attention_lane_block_of(team, p.g, block);
+    if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+      if (blk.lanes == attention_max_lanes) {
+        Pass::lanes(team, p, AttentionLaneBlock<AttentionFullLanes>{blk.h, blk.n0, {}});
+        return;
+      }
+    }
+    Pass::lanes(team, p, blk);
   }
 };
 

@@ -352,12 +352,64 @@ template <class Accum, class ExecSpace, class Scalar> struct LayerNormBackwardPa
   }
 };
 
-/// dγ (+)= Σ_r dy ⊙ x̂ and dβ (+)= Σ_r dy over all rows, one team per feature (the rows of a
-/// feature are contiguous), as Dense's bias gradient.
+/// dγ and dβ of layer_norm_backward_parameters on a host, for feature c: `width` partial
+/// sums of each, partial k over the rows r ≡ k (mod width) of the full groups (vectorized),
+/// added pairwise, then the rows after the last full group in order, as ColumnSumPartials.
+template <class Accum, class Scalar> struct LayerNormBackwardParametersHost {
+  static constexpr std::size_t width = 8;
+  LayerNormRows<Scalar> d;
+  const Scalar *dy;
+  Scalar *dgamma;
+  Scalar *dbeta;
+  bool accumulate;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c) const {
+    const std::size_t R = d.rows, full = R - R % width;
+    const Scalar *xc = d.x + d.at(0, c), *dyc = dy + d.at(0, c);
+    Accum pg[width], pb[width];
+    for (std::size_t k = 0; k < width; ++k) {
+      pg[k] = 0;
+      pb[k] = 0;
+    }
+    for (std::size_t r = 0; r < full; r += width) {
+      for (std::size_t k = 0; k < width; ++k) {
+        const Scalar g = dyc[r + k];
+        pg[k] += static_cast<Accum>(g * ((xc[r + k] - d.mean[r + k]) * d.inv_std[r + k]));
+        pb[k] += static_cast<Accum>(g);
+      }
+    }
+    for (std::size_t half = width / 2; half > 0; half /= 2) {
+      for (std::size_t k = 0; k < half; ++k) {
+        pg[k] += pg[k + half];
+        pb[k] += pb[k + half];
+      }
+    }
+    Accum sg = pg[0], sb = pb[0];
+    for (std::size_t r = full; r < R; ++r) {
+      sg += static_cast<Accum>(dyc[r] * d.xhat(r, c));
+      sb += static_cast<Accum>(dyc[r]);
+    }
+    dgamma[c] = static_cast<Scalar>(accumulate ? dgamma[c] + sg : sg);
+    dbeta[c] = static_cast<Scalar>(accumulate ? dbeta[c] + sb : sb);
+  }
+};
+
+/// dγ (+)= Σ_r dy ⊙ x̂ and dβ (+)= Σ_r dy over all rows (the rows of a feature are
+/// contiguous), as Dense's bias gradient: a thread per feature on a host
+/// (LayerNormBackwardParametersHost; a team's reduction, one chain of additions, took twice
+/// as long: docs/benchmarks.md, "Kernel design choices, measured"), a team per feature on a
+/// GPU.
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_backward_parameters(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                                     const Scalar *dy, Scalar *dgamma, Scalar *dbeta,
                                     bool accumulate) {
+  if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+    Kokkos::parallel_for(
+        "kat::nn::LayerNorm::backward_parameters",
+        Kokkos::RangePolicy<ExecSpace>(space, 0, d.features),
+        LayerNormBackwardParametersHost<Accum, Scalar>{d, dy, dgamma, dbeta, accumulate});
+    return;
+  }
   layer_norm_launch_teams<LayerNormBackwardParameters, Accum>(
       "kat::nn::LayerNorm::backward_parameters", space, d.features, Kokkos::AUTO, d, dy, dgamma,
       dbeta, accumulate);

@@ -37,7 +37,8 @@ template <class V, class M> struct FillRows {
   }
 };
 
-/// v(j) = (v(j) +) Σ_i m(i, j), the rows added in order by one thread (column_sums).
+/// v(j) = (v(j) +) Σ_i m(i, j), the rows added in order by one thread (column_sums on a GPU
+/// up to 32 rows).
 template <class M, class V> struct ColumnSum {
   using value = typename V::non_const_value_type;
   std::size_t rows;
@@ -48,6 +49,44 @@ template <class M, class V> struct ColumnSum {
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t j) const {
     value sum = 0;
     for (std::size_t i = 0; i < rows; ++i) {
+      sum += m(i, j);
+    }
+    v(j) = accumulate ? v(j) + sum : sum;
+  }
+};
+
+/// v(j) = (v(j) +) Σ_i m(i, j) on a host (column_sums): `width` partial sums, partial k over
+/// the rows i ≡ k (mod width) of the full groups, which GCC keeps in vector registers; then
+/// added pairwise (k and k + width/2, ...), then the rows after the last full group in order.
+/// One sum in a single chain was bound by the latency of an addition per row: Dense's bias
+/// gradients took about 5 ms of a ViT step (docs/benchmarks.md, "Kernel design choices,
+/// measured").
+template <class M, class V> struct ColumnSumPartials {
+  using value = typename V::non_const_value_type;
+  static constexpr std::size_t width = 16;
+  std::size_t rows;
+  M m;
+  V v;
+  bool accumulate;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t j) const {
+    value part[width];
+    for (std::size_t k = 0; k < width; ++k) {
+      part[k] = 0;
+    }
+    const std::size_t full = rows - rows % width;
+    for (std::size_t i = 0; i < full; i += width) {
+      for (std::size_t k = 0; k < width; ++k) {
+        part[k] += m(i + k, j);
+      }
+    }
+    for (std::size_t half = width / 2; half > 0; half /= 2) {
+      for (std::size_t k = 0; k < half; ++k) {
+        part[k] += part[k + half];
+      }
+    }
+    value sum = part[0];
+    for (std::size_t i = full; i < rows; ++i) {
       sum += m(i, j);
     }
     v(j) = accumulate ? v(j) + sum : sum;
@@ -87,8 +126,9 @@ void fill_rows(const ExecSpace &space, const char *label, const V &e, const M &y
 }
 
 /// v(j) = Σ_i m(i, j) (`accumulate` false) or v(j) += Σ_i m(i, j) (true), in a fixed order
-/// of additions for a given backend. A thread per column (adding its rows in order) on a host,
-/// and on a GPU for up to 32 rows; a team per column on a GPU beyond, with as many threads as
+/// of additions for a given backend. A thread per column on a host (ColumnSumPartials); on a
+/// GPU a thread per column (adding its rows in order) for up to 32 rows, and a team per column
+/// beyond, with as many threads as
 /// rows rounded up to 64, at most 256. The batch is often small (N = 8 rows of 196608 columns
 /// for a GPT-sized E_pos), where teams of Kokkos::AUTO's size left most threads idle and a
 /// thread per column was ten times faster on an H100 (docs/benchmarks.md, "Kernel design
@@ -97,7 +137,12 @@ template <class ExecSpace, class M, class V>
 void column_sums(const ExecSpace &space, const char *label, const M &m, const V &v,
                  bool accumulate) {
   const std::size_t rows = m.extent(0);
-  if (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible || rows <= 32) {
+  if (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(1)),
+                         ColumnSumPartials<M, V>{rows, m, v, accumulate});
+    return;
+  }
+  if (rows <= 32) {
     Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(1)),
                          ColumnSum<M, V>{rows, m, v, accumulate});
     return;

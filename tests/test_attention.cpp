@@ -238,6 +238,25 @@ TEST_CASE("attention: R-operator matches finite differences", "[attention][hessi
     }
 }
 
+// forward, forward_r (rx of extent 0: R{x} = 0), backward and backward_r, in that order:
+// {y, A, dx, R{y}, R{dx}} as host vectors.
+std::vector<std::vector<double>> run_passes(nn::ScaledDotProductAttention<double, Mem> &layer,
+                                            const Matrix<double, Mem> &x,
+                                            const Matrix<double, Mem> &rx,
+                                            const Matrix<double, Mem> &dy,
+                                            const Matrix<double, Mem> &rdy) {
+  const std::size_t n = x.extent(0), cols = x.extent(1);
+  Matrix<double, Mem> y("y", n, cols / 3), dx("dx", n, cols);
+  Matrix<double, Mem> ry("ry", n, cols / 3), rdx("rdx", n, cols);
+  layer.forward(Space(), x, y);
+  layer.forward_r(Space(), rx, ry);
+  layer.backward(Space(), dy, dx);
+  layer.backward_r(Space(), dy, rdy, rdx);
+  Space().fence();
+  return {host_values(y), host_values(layer.probabilities()), host_values(dx), host_values(ry),
+          host_values(rdx)};
+}
+
 TEST_CASE("attention: an empty R{x} is a zero R{x}", "[attention][hessian]") {
   const std::size_t n = 2, cols = 18 * 4;
   const auto x = random_matrix<double>(n, cols, 41);
@@ -247,22 +266,13 @@ TEST_CASE("attention: an empty R{x} is a zero R{x}", "[attention][hessian]") {
     INFO(kernel_name(kernel));
     nn::ScaledDotProductAttention<double, Mem> layer(2, 3, true);
     layer.set_kernel(kernel);
-    Matrix<double, Mem> y("y", n, cols / 3), dx("dx", n, cols), zero("zero", n, cols);
-    auto run = [&](const Matrix<double, Mem> &rx) {
-      Matrix<double, Mem> ry("ry", n, cols / 3), rdx("rdx", n, cols);
-      layer.forward(Space(), x, y);
-      layer.forward_r(Space(), rx, ry);
-      layer.backward(Space(), dy, dx);
-      layer.backward_r(Space(), dy, rdy, rdx);
-      Space().fence();
-      return std::vector<std::vector<double>>{host_values(ry), host_values(rdx)};
-    };
-    const auto with_zero = run(zero);
-    const auto with_empty = run(Matrix<double, Mem>());
-    CHECK(with_empty[0] == with_zero[0]);
-    CHECK(with_empty[1] == with_zero[1]);
+    const Matrix<double, Mem> zero("zero", n, cols);
+    const auto with_zero = run_passes(layer, x, zero, dy, rdy);
+    const auto with_empty = run_passes(layer, x, Matrix<double, Mem>(), dy, rdy);
+    CHECK(with_empty[3] == with_zero[3]);
+    CHECK(with_empty[4] == with_zero[4]);
     // R{dx} = the backward of R{dy} alone: not zero.
-    CHECK(max_abs_diff(with_empty[1], std::vector<double>(n * cols, 0.0)) > 1e-3);
+    CHECK(max_abs_diff(with_empty[4], std::vector<double>(n * cols, 0.0)) > 1e-3);
   }
 }
 
@@ -283,15 +293,7 @@ TEST_CASE("attention: every pass agrees between the kernels on full and partial 
     for (int k = 0; k < 2; ++k) {
       nn::ScaledDotProductAttention<double, Mem> layer(heads, dh, causal);
       layer.set_kernel(kernels[k]);
-      Matrix<double, Mem> y("y", n, cols / 3), dx("dx", n, cols);
-      Matrix<double, Mem> ry("ry", n, cols / 3), rdx("rdx", n, cols);
-      layer.forward(Space(), x, y);
-      layer.forward_r(Space(), rx, ry);
-      layer.backward(Space(), dy, dx);
-      layer.backward_r(Space(), dy, rdy, rdx);
-      Space().fence();
-      got[k] = {host_values(y), host_values(layer.probabilities()), host_values(dx),
-                host_values(ry), host_values(rdx)};
+      got[k] = run_passes(layer, x, rx, dy, rdy);
     }
     const char *names[] = {"y", "A", "dx", "R{y}", "R{dx}"};
     for (std::size_t i = 0; i < 5; ++i) {

@@ -10,8 +10,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <numeric>
+#include <string>
+#include <vector>
 
 // OpenBLAS's threading model (0 sequential, 1 pthreads, 2 OpenMP); null when the BLAS loaded
 // is not OpenBLAS.
@@ -100,6 +103,34 @@ TEST_CASE("core: the BLAS shares the OpenMP runtime of Kokkos and oneDNN", "[cor
 #if defined(KAT_OPENMP_BLAS)
   REQUIRE(openblas_get_parallel != nullptr);
   CHECK(openblas_get_parallel() == 2);
+  // Every BLAS and LAPACK library mapped lies beside the OpenBLAS that does the work. With
+  // Debian's GCC linking --as-needed, a program that called neither itself dropped them, and
+  // Kokkos Kernels' libblas.so.3 came from the default (pthread) build's directory.
+  std::ifstream maps("/proc/self/maps");
+  if (maps) {
+    std::vector<std::string> paths;
+    std::string line, openblas_dir;
+    while (std::getline(maps, line)) {
+      const auto slash = line.find('/');
+      if (slash == std::string::npos) {
+        continue;
+      }
+      const std::string path = line.substr(slash);
+      const std::string file = path.substr(path.rfind('/') + 1);
+      const std::string dir = path.substr(0, path.rfind('/'));
+      if (file.rfind("libopenblas", 0) == 0) {
+        openblas_dir = dir;
+      }
+      if (file.rfind("libblas.so", 0) == 0 || file.rfind("liblapack.so", 0) == 0) {
+        paths.push_back(path);
+      }
+    }
+    REQUIRE(!openblas_dir.empty());
+    for (const std::string &path : paths) {
+      INFO(path << " beside " << openblas_dir);
+      CHECK(path.substr(0, path.rfind('/')) == openblas_dir);
+    }
+  }
 #elif defined(KOKKOS_ENABLE_OPENMP)
   FAIL("an OpenMP Kokkos without the OpenMP OpenBLAS (cmake/KATOpenMPBLAS.cmake)");
 #else

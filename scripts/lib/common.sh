@@ -149,11 +149,17 @@ kat_gpu_check_build() { # kat_gpu_check_build DIR JOBS
   fi
   # Every program but the tests: the examples and benchmarks that configure enabled. With
   # Makefiles, make builds each folder's programs side by side (cmake --build given several
-  # targets builds one after the other, so a program of one file leaves a core idle).
+  # targets builds one after the other, so a program of one file leaves a core idle). Only the
+  # folders the parts name: a build directory reused with fewer parts keeps the Makefile of a
+  # folder configure no longer generates, and make there finds no rule.
   if [ -f "$dir/examples/Makefile" ] || [ -f "$dir/bench/Makefile" ]; then
-    local sub
-    for sub in examples bench; do
-      [ ! -f "$dir/$sub/Makefile" ] || make -C "$dir/$sub" -j "$jobs" all
+    local sub part
+    for part in examples benchmarks; do
+      sub=$part
+      [ "$part" != benchmarks ] || sub=bench
+      if [[ $parts == *" $part "* ]] && [ -f "$dir/$sub/Makefile" ]; then
+        make -C "$dir/$sub" -j "$jobs" all
+      fi
     done
     return
   fi

@@ -4,6 +4,7 @@
 /// needs: y = x Wᵀ, dx = dy W and the weight gradient sampled at the active entries.
 
 #include "kat/core/blas.hpp"
+#include "kat/core/detail/unrolled_sum.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
@@ -66,29 +67,11 @@ template <class ExecSpace>
 inline constexpr bool is_host_space_v =
     std::is_same<typename ExecSpace::memory_space, Kokkos::HostSpace>::value;
 
-/// Σ_i a[i] b[i] for i < n, in 16 interleaved partial sums (a fixed order, so the result is
-/// deterministic) that compilers turn into SIMD multiply-adds. 16, not 8: with AVX-512
-/// (-march=native) GCC 12 made 8 partial sums half as fast as 16; the baseline x86-64 build
-/// runs both at the same speed.
+/// Σ_i a[i] b[i] for i < n, in unrolled_sum's 16 interleaved partial sums (a fixed order, so
+/// the result is deterministic) that compilers turn into SIMD multiply-adds.
 template <class Scalar>
 KOKKOS_INLINE_FUNCTION Scalar unrolled_dot(const Scalar *a, const Scalar *b, std::size_t n) {
-  constexpr int lanes = 16;
-  Scalar s[lanes] = {};
-  std::size_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    for (int k = 0; k < lanes; ++k) {
-      s[k] += a[i + k] * b[i + k];
-    }
-  }
-  for (int k = 0; i < n; ++i, ++k) {
-    s[k] += a[i] * b[i];
-  }
-  for (int width = lanes / 2; width > 0; width /= 2) {
-    for (int k = 0; k < width; ++k) {
-      s[k] += s[k + width];
-    }
-  }
-  return s[0];
+  return kat::detail::unrolled_sum<Scalar>(n, [&](std::size_t i) { return a[i] * b[i]; });
 }
 
 /// dW(r, c) (+)= Σ_i dy(i, r) x(i, c) for every active (r, c), one team per column c of W,

@@ -3,6 +3,7 @@
 /// @brief Internal: the kernels of kat::nn::LayerNorm (row statistics, normalization, the input
 /// and parameter gradients and the R-operator), as named functors and their launchers.
 
+#include "kat/core/detail/unrolled_sum.hpp"
 #include "kat/core/math.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -352,11 +353,10 @@ template <class Accum, class ExecSpace, class Scalar> struct LayerNormBackwardPa
   }
 };
 
-/// dγ and dβ of layer_norm_backward_parameters on a host, for feature c: `width` partial
-/// sums of each, partial k over the rows r ≡ k (mod width) of the full groups (vectorized),
-/// added pairwise, then the rows after the last full group in order, as ColumnSumPartials.
+/// dγ and dβ of layer_norm_backward_parameters on a host, for feature c, each in
+/// kat::detail::unrolled_sum's partial sums (the second pass reads the feature's dy again, from
+/// cache).
 template <class Accum, class Scalar> struct LayerNormBackwardParametersHost {
-  static constexpr std::size_t width = 8;
   LayerNormRows<Scalar> d;
   const Scalar *dy;
   Scalar *dgamma;
@@ -364,31 +364,11 @@ template <class Accum, class Scalar> struct LayerNormBackwardParametersHost {
   bool accumulate;
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t c) const {
-    const std::size_t R = d.rows, full = R - R % width;
-    const Scalar *xc = d.x + d.at(0, c), *dyc = dy + d.at(0, c);
-    Accum pg[width], pb[width];
-    for (std::size_t k = 0; k < width; ++k) {
-      pg[k] = 0;
-      pb[k] = 0;
-    }
-    for (std::size_t r = 0; r < full; r += width) {
-      for (std::size_t k = 0; k < width; ++k) {
-        const Scalar g = dyc[r + k];
-        pg[k] += static_cast<Accum>(g * ((xc[r + k] - d.mean[r + k]) * d.inv_std[r + k]));
-        pb[k] += static_cast<Accum>(g);
-      }
-    }
-    for (std::size_t half = width / 2; half > 0; half /= 2) {
-      for (std::size_t k = 0; k < half; ++k) {
-        pg[k] += pg[k + half];
-        pb[k] += pb[k + half];
-      }
-    }
-    Accum sg = pg[0], sb = pb[0];
-    for (std::size_t r = full; r < R; ++r) {
-      sg += static_cast<Accum>(dyc[r] * d.xhat(r, c));
-      sb += static_cast<Accum>(dyc[r]);
-    }
+    const Scalar *dyc = dy + d.at(0, c);
+    const Accum sg = kat::detail::unrolled_sum<Accum>(
+        d.rows, [&](std::size_t r) { return static_cast<Accum>(dyc[r] * d.xhat(r, c)); });
+    const Accum sb = kat::detail::unrolled_sum<Accum>(
+        d.rows, [&](std::size_t r) { return static_cast<Accum>(dyc[r]); });
     dgamma[c] = static_cast<Scalar>(accumulate ? dgamma[c] + sg : sg);
     dbeta[c] = static_cast<Scalar>(accumulate ? dbeta[c] + sb : sb);
   }
@@ -396,9 +376,7 @@ template <class Accum, class Scalar> struct LayerNormBackwardParametersHost {
 
 /// dγ (+)= Σ_r dy ⊙ x̂ and dβ (+)= Σ_r dy over all rows (the rows of a feature are
 /// contiguous), as Dense's bias gradient: a thread per feature on a host
-/// (LayerNormBackwardParametersHost; a team's reduction, one chain of additions, took twice
-/// as long: docs/benchmarks.md, "Kernel design choices, measured"), a team per feature on a
-/// GPU.
+/// (LayerNormBackwardParametersHost), a team per feature on a GPU.
 template <class Accum, class ExecSpace, class Scalar>
 void layer_norm_backward_parameters(const ExecSpace &space, const LayerNormRows<Scalar> &d,
                                     const Scalar *dy, Scalar *dgamma, Scalar *dbeta,

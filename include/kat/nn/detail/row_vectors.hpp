@@ -3,6 +3,7 @@
 /// @brief Kernels between a matrix's rows and one vector (biases, position embeddings): add or
 /// fill the vector into every row, sum the rows; and the per-position view of a token batch.
 
+#include "kat/core/detail/unrolled_sum.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/views.hpp"
 
@@ -55,40 +56,18 @@ template <class M, class V> struct ColumnSum {
   }
 };
 
-/// v(j) = (v(j) +) Σ_i m(i, j) on a host (column_sums): `width` partial sums, partial k over
-/// the rows i ≡ k (mod width) of the full groups, which GCC keeps in vector registers; then
-/// added pairwise (k and k + width/2, ...), then the rows after the last full group in order.
-/// One sum in a single chain was bound by the latency of an addition per row: Dense's bias
-/// gradients took about 5 ms of a ViT step (docs/benchmarks.md, "Kernel design choices,
-/// measured").
+/// v(j) = (v(j) +) Σ_i m(i, j) on a host (column_sums), in kat::detail::unrolled_sum's
+/// partial sums.
 template <class M, class V> struct ColumnSumPartials {
   using value = typename V::non_const_value_type;
-  static constexpr std::size_t width = 16;
   std::size_t rows;
   M m;
   V v;
   bool accumulate;
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t j) const {
-    value part[width];
-    for (std::size_t k = 0; k < width; ++k) {
-      part[k] = 0;
-    }
-    const std::size_t full = rows - rows % width;
-    for (std::size_t i = 0; i < full; i += width) {
-      for (std::size_t k = 0; k < width; ++k) {
-        part[k] += m(i + k, j);
-      }
-    }
-    for (std::size_t half = width / 2; half > 0; half /= 2) {
-      for (std::size_t k = 0; k < half; ++k) {
-        part[k] += part[k + half];
-      }
-    }
-    value sum = part[0];
-    for (std::size_t i = full; i < rows; ++i) {
-      sum += m(i, j);
-    }
+    const value sum =
+        kat::detail::unrolled_sum<value>(rows, [&](std::size_t i) { return m(i, j); });
     v(j) = accumulate ? v(j) + sum : sum;
   }
 };

@@ -153,11 +153,10 @@ kat_gpu_check_build() { # kat_gpu_check_build DIR JOBS
   # folders the parts name: a build directory reused with fewer parts keeps the Makefile of a
   # folder configure no longer generates, and make there finds no rule.
   if [ -f "$dir/examples/Makefile" ] || [ -f "$dir/bench/Makefile" ]; then
-    local sub part
-    for part in examples benchmarks; do
-      sub=$part
-      [ "$part" != benchmarks ] || sub=bench
-      if [[ $parts == *" $part "* ]] && [ -f "$dir/$sub/Makefile" ]; then
+    local part sub
+    for part in examples:examples benchmarks:bench; do # part:folder
+      sub=${part#*:}
+      if [[ $parts == *" ${part%:*} "* ]] && [ -f "$dir/$sub/Makefile" ]; then
         make -C "$dir/$sub" -j "$jobs" all
       fi
     done

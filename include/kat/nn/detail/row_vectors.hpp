@@ -38,9 +38,9 @@ template <class V, class M> struct FillRows {
   }
 };
 
-/// v(j) = (v(j) +) Σ_i m(i, j), the rows added in order by one thread (column_sums on a GPU
-/// up to 32 rows).
-template <class M, class V> struct ColumnSum {
+/// v(j) = (v(j) +) Σ_i m(i, j) by one thread (column_sums): in kat::detail::unrolled_sum's
+/// partial sums when Unrolled (a host), else the rows added in order (a GPU, up to 32 rows).
+template <class M, class V, bool Unrolled> struct ColumnSum {
   using value = typename V::non_const_value_type;
   std::size_t rows;
   M m;
@@ -49,25 +49,13 @@ template <class M, class V> struct ColumnSum {
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t j) const {
     value sum = 0;
-    for (std::size_t i = 0; i < rows; ++i) {
-      sum += m(i, j);
+    if constexpr (Unrolled) {
+      sum = kat::detail::unrolled_sum<value>(rows, [&](std::size_t i) { return m(i, j); });
+    } else {
+      for (std::size_t i = 0; i < rows; ++i) {
+        sum += m(i, j);
+      }
     }
-    v(j) = accumulate ? v(j) + sum : sum;
-  }
-};
-
-/// v(j) = (v(j) +) Σ_i m(i, j) on a host (column_sums), in kat::detail::unrolled_sum's
-/// partial sums.
-template <class M, class V> struct ColumnSumPartials {
-  using value = typename V::non_const_value_type;
-  std::size_t rows;
-  M m;
-  V v;
-  bool accumulate;
-
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t j) const {
-    const value sum =
-        kat::detail::unrolled_sum<value>(rows, [&](std::size_t i) { return m(i, j); });
     v(j) = accumulate ? v(j) + sum : sum;
   }
 };
@@ -105,25 +93,20 @@ void fill_rows(const ExecSpace &space, const char *label, const V &e, const M &y
 }
 
 /// v(j) = Σ_i m(i, j) (`accumulate` false) or v(j) += Σ_i m(i, j) (true), in a fixed order
-/// of additions for a given backend. A thread per column on a host (ColumnSumPartials); on a
-/// GPU a thread per column (adding its rows in order) for up to 32 rows, and a team per column
-/// beyond, with as many threads as
-/// rows rounded up to 64, at most 256. The batch is often small (N = 8 rows of 196608 columns
-/// for a GPT-sized E_pos), where teams of Kokkos::AUTO's size left most threads idle and a
-/// thread per column was ten times faster on an H100 (docs/benchmarks.md, "Kernel design
-/// choices, measured").
+/// of additions for a given backend. A thread per column on a host (unrolled partial sums); on
+/// a GPU a thread per column (adding its rows in order) for up to 32 rows, and a team per
+/// column beyond, with as many threads as rows rounded up to 64, at most 256. The batch is often
+/// small (N = 8 rows of 196608 columns for a GPT-sized E_pos), where teams of Kokkos::AUTO's size
+/// left most threads idle and a thread per column was ten times faster on an H100
+/// (docs/benchmarks.md, "Kernel design choices, measured").
 template <class ExecSpace, class M, class V>
 void column_sums(const ExecSpace &space, const char *label, const M &m, const V &v,
                  bool accumulate) {
   const std::size_t rows = m.extent(0);
-  if (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
+  constexpr bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
+  if (host || rows <= 32) {
     Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(1)),
-                         ColumnSumPartials<M, V>{rows, m, v, accumulate});
-    return;
-  }
-  if (rows <= 32) {
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, m.extent(1)),
-                         ColumnSum<M, V>{rows, m, v, accumulate});
+                         ColumnSum<M, V, host>{rows, m, v, accumulate});
     return;
   }
   using team_policy = Kokkos::TeamPolicy<ExecSpace>;

@@ -11,6 +11,7 @@
 #include <kat/nn/batch_norm.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/dense.hpp>
+#include <kat/nn/flatten.hpp>
 #include <kat/nn/global_avg_pool2d.hpp>
 #include <kat/nn/hessian_vector_product.hpp>
 #include <kat/nn/max_pool2d.hpp>
@@ -540,6 +541,150 @@ TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dn
   CHECK_FALSE(pool.supports_layouts(ActivationLayout::channels_last, ActivationLayout::channels16));
 }
 
+TEST_CASE("conv_dnn: in bf16 pooling reads and writes bf16 activations", "[dnn][layouts][bf16]") {
+  using L = ActivationLayout;
+  if (!have_dnn) {
+    WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
+    return;
+  }
+  struct Case {
+    bool max;
+    int channels, size, kernel, stride, padding;
+  };
+  // The CNN's 2x2 max pooling; overlapping 3x3 windows with stride 2 and padding 1 (an input
+  // element gets dy from up to four windows); channels_last_bf16 with 5 channels.
+  const Case cases[] = {{true, 32, 8, 2, 2, 0},  {true, 16, 7, 3, 2, 1}, {false, 32, 8, 2, 2, 0},
+                        {false, 16, 7, 3, 2, 1}, {true, 5, 7, 3, 2, 1},  {false, 5, 6, 2, 2, 0}};
+  for (const L layout : bf16_layouts)
+    for (const Case &t : cases) {
+      INFO((t.max ? "max" : "avg") << " channels " << t.channels << " size " << t.size << " kernel "
+                                   << t.kernel << " stride " << t.stride << " padding " << t.padding
+                                   << " layout " << to_string(layout));
+      std::unique_ptr<nn::Layer<float, Mem>> ref, b16;
+      if (t.max) {
+        ref = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+        b16 = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+      } else {
+        ref = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+        b16 = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
+      }
+      const FeatureShape in{t.channels, t.size, t.size};
+      const FeatureShape out = ref->output_shape(in);
+      b16->output_shape(in);
+      // Only in bf16: fp32 never stores activations in bf16.
+      CHECK_FALSE(b16->supports_layouts(layout, layout));
+      b16->set_precision(Precision::bf16);
+      if (!layout_fits_bf16(layout, t.channels)) {
+        CHECK_FALSE(b16->supports_layouts(layout, layout));
+        continue;
+      }
+      REQUIRE(b16->supports_layouts(layout, layout));
+      CHECK_FALSE(b16->supports_layouts(layout, L::features));
+      b16->set_layouts(layout, layout);
+      // The reference: KAT's fp32 kernels on the same bf16 values.
+      const std::size_t n = 3;
+      auto x = bf16_values(random_matrix<float>(n, in.size(), 42));
+      auto dy = bf16_values(random_matrix<float>(n, out.size(), 43));
+      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+      Matrix<float, Mem> dx1("dx1", n, in.size()), dx2("dx2", n, in.size());
+      ref->forward(Space(), x, y1);
+      ref->backward(Space(), dy, dx1);
+      b16->forward(Space(), to_bf16(x, in, layout), y2);
+      b16->backward(Space(), to_bf16(dy, out, layout), dx2);
+      if (t.max) {
+        // A maximum is one of its inputs: bit for bit.
+        CHECK(max_diff_over_scale(from_bf16(y2, out, layout), y1) == 0);
+      } else {
+        // The average, computed in fp32 and rounded to bf16 once (a relative error of at most
+        // 2^-9).
+        CHECK(excess_over_bf16_rounding(from_bf16(y2, out, layout), y1) < 1e-6);
+      }
+      if (t.stride == t.kernel) {
+        // Windows that do not overlap: each dx is one dy (max: bit for bit) or dy / area
+        // rounded once.
+        if (t.max) {
+          CHECK(max_diff_over_scale(from_bf16(dx2, in, layout), dx1) == 0);
+        } else {
+          CHECK(excess_over_bf16_rounding(from_bf16(dx2, in, layout), dx1) < 1e-6);
+        }
+        continue;
+      }
+      // Overlapping windows: oneDNN adds the up to m = 4 contributions to an element in bf16,
+      // rounding each partial sum (relative error 2^-9 of at most Σ|dy_k|; the average's
+      // dy_k / area once more), so |dx - dx_ref| <= (m + 1) 2^-9 Σ|dy_k|, Σ|dy_k| being the
+      // same backward applied to |dy|.
+      auto abs_dy = to_host(dy);
+      for (std::size_t i = 0; i < abs_dy.span(); ++i)
+        abs_dy.data()[i] = std::abs(abs_dy.data()[i]);
+      Matrix<float, Mem> dy_abs("dy_abs", n, out.size()), dx_abs("dx_abs", n, in.size());
+      Kokkos::deep_copy(dy_abs, abs_dy);
+      ref->backward(Space(), dy_abs, dx_abs);
+      const auto got = to_host(from_bf16(dx2, in, layout));
+      const auto want = to_host(dx1);
+      const auto bound = to_host(dx_abs);
+      double worst = 0;
+      for (std::size_t i = 0; i < want.span(); ++i)
+        worst = std::max(worst, std::abs(double(got.data()[i]) - double(want.data()[i])) -
+                                    5 * std::ldexp(double(bound.data()[i]), -9));
+      CHECK(worst <= 0);
+    }
+}
+
+TEST_CASE("conv_dnn: Flatten gathers every layout into KAT's order and scatters dy back",
+          "[layouts][flatten]") {
+  using L = ActivationLayout;
+  const std::size_t n = 3;
+  for (const FeatureShape in : {FeatureShape{16, 3, 2}, FeatureShape{5, 2, 4}})
+    for (const L layout :
+         {L::channels16, L::channels_last, L::channels16_bf16, L::channels_last_bf16}) {
+      INFO("input " << in << " layout " << to_string(layout));
+      nn::Flatten<float, Mem> flatten;
+      CHECK(flatten.output_shape(in) == FeatureShape{static_cast<int>(in.size())});
+      CHECK(flatten.supports_layouts(L::features, L::features));
+      CHECK_FALSE(flatten.supports_layouts(L::features, layout));
+      CHECK_FALSE(flatten.supports_layouts(layout, layout));
+      CHECK(flatten.supports_layouts(layout, L::features) == layout_fits(layout, in.channels));
+      flatten.set_precision(Precision::bf16);
+      if (!layout_fits(layout, in.channels, Precision::bf16)) {
+        CHECK_FALSE(flatten.supports_layouts(layout, L::features));
+        continue;
+      }
+      REQUIRE(flatten.supports_layouts(layout, L::features));
+      flatten.set_layouts(layout, L::features);
+      CHECK_FALSE(flatten.passes_through());
+      auto x = random_matrix<float>(n, in.size(), 44);
+      auto dy = random_matrix<float>(n, in.size(), 45);
+      Matrix<float, Mem> y("y", n, in.size()), dx("dx", n, in.size());
+      Matrix<float, Mem> ry("ry", n, in.size()), rdx("rdx", n, in.size());
+      const bool b16 = layout_stores_bf16(layout);
+      const auto x_in = b16 ? to_bf16(x, in, layout) : convert(x, in, layout, true);
+      flatten.forward(Space(), x_in, y);
+      flatten.backward(Space(), dy, dx);
+      flatten.forward_r(Space(), x_in, ry);
+      flatten.backward_r(Space(), dy, dy, rdx);
+      // A permutation: exact, bf16 values widened exactly; dy rounded to nearest even.
+      const auto expected_y = b16 ? bf16_values(x) : x;
+      CHECK(max_diff_over_scale(y, expected_y) == 0);
+      CHECK(max_diff_over_scale(ry, expected_y) == 0);
+      if (b16) {
+        const auto expected_dx = to_bf16(dy, in, layout);
+        CHECK(same_bf16(dx, expected_dx, n * in.size()));
+        CHECK(same_bf16(rdx, expected_dx, n * in.size()));
+      } else {
+        CHECK(max_diff_over_scale(convert(dx, in, layout, false), dy) == 0);
+        CHECK(max_diff_over_scale(convert(rdx, in, layout, false), dy) == 0);
+      }
+      // Outside KAT's layout the matrices must hold the recorded input shape.
+      Matrix<float, Mem> wrong("wrong", n, in.size() + 1);
+      CHECK_THROWS_AS(flatten.forward(Space(), wrong, wrong), ShapeError);
+      // Back in KAT's layout, y = x again.
+      flatten.set_layouts(L::features, L::features);
+      CHECK(flatten.passes_through());
+      flatten.forward(Space(), x, y);
+      CHECK(max_diff_over_scale(y, x) == 0);
+    }
+}
+
 TEST_CASE("conv_dnn: in bf16 convolutions in oneDNN's layouts equal those in KAT's layout",
           "[conv2d][dnn][layouts][bf16]") {
   using L = ActivationLayout;
@@ -672,18 +817,21 @@ TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 activations between its layers
   for (nn::Layer<float, Mem> *l : resnet.layer(3).sublayers()) {
     CHECK(l->output_layout() == (have_dnn ? L::channels16 : L::features));
   }
-  // The CNN: conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, ...; pooling takes no bf16
-  // values, so the convolutions write fp32, in their order.
-  const L last = bf16_dnn ? (blocked ? L::channels16 : L::channels_last) : L::features;
+  // The CNN: conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, dense, ...: bf16 values
+  // from the first convolution's output to Flatten, which hands the dense layers fp32 in KAT's
+  // order.
   auto cnn = nn::models::cnn<float, Mem>(in, 10);
   cnn.compile(Space(), 2);
   cnn.set_precision(Precision::bf16);
   cnn.forward(Space(), x);
-  CHECK(cnn.layer(0).output_layout() == last);
-  CHECK(cnn.layer(1).output_layout() == last);
-  CHECK(cnn.layer(3).input_layout() == last);
-  // The second pooling's output goes to Flatten: KAT's layout from the second convolution on.
-  CHECK(cnn.layer(3).output_layout() == L::features);
+  CHECK(cnn.layer(0).input_layout() == L::features);
+  for (std::size_t i = 0; i < 6; ++i) {
+    INFO("layer " << i << " " << cnn.layer(i).name());
+    CHECK(cnn.layer(i).output_layout() == expected);
+  }
+  CHECK(cnn.layer(6).input_layout() == expected);
+  CHECK(cnn.layer(6).output_layout() == L::features);
+  CHECK(cnn.layer(6).passes_through() == (expected == L::features));
 }
 
 TEST_CASE("conv_dnn: in bf16 convolutions read and write bf16 activations",
@@ -901,7 +1049,7 @@ TEST_CASE("conv_dnn: ReLU residual sums and global average pooling on bf16 value
   CHECK(pool.supports_layouts(L::channels_last_bf16, L::features));
 }
 
-TEST_CASE("conv_dnn: the CNN keeps its first convolution's output blocked through pooling",
+TEST_CASE("conv_dnn: the CNN keeps its activations blocked from the first convolution to Flatten",
           "[dnn][layouts]") {
   auto model = nn::models::cnn<float, Mem>(FeatureShape{1, 28, 28}, 10);
   model.compile(Space(), 2);
@@ -910,13 +1058,19 @@ TEST_CASE("conv_dnn: the CNN keeps its first convolution's output blocked throug
   const ActivationLayout blocked =
       have_dnn ? ActivationLayout::channels16 : ActivationLayout::features;
   // conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, dense, ReLU, dense
-  CHECK(model.layer(0).output_layout() == blocked);
-  CHECK(model.layer(1).output_layout() == blocked);
-  CHECK(model.layer(2).output_layout() == blocked);
-  CHECK(model.layer(3).input_layout() == blocked);
-  // The second pooling's output goes to Flatten and a dense layer: KAT's layout from there.
-  CHECK(model.layer(3).output_layout() == ActivationLayout::features);
-  CHECK(model.layer(4).input_layout() == ActivationLayout::features);
+  for (std::size_t i = 0; i < 6; ++i) {
+    INFO("layer " << i << " " << model.layer(i).name());
+    CHECK(model.layer(i).output_layout() == blocked);
+  }
+  // Flatten gathers the last pooling's output into KAT's order for the dense layers.
+  CHECK(model.layer(6).input_layout() == blocked);
+  CHECK(model.layer(6).output_layout() == ActivationLayout::features);
+  CHECK(model.layer(7).input_layout() == ActivationLayout::features);
+  // Evaluation: pooling computes in KAT's layout, and so does everything up to it.
+  model.eval();
+  model.forward(Space(), x);
+  CHECK(model.layer(6).input_layout() == ActivationLayout::features);
+  CHECK(model.layer(6).passes_through());
 }
 
 TEST_CASE("conv_dnn: backend dnn is refused where no DNN library serves the layer",

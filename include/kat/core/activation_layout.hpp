@@ -37,9 +37,10 @@ enum class ActivationLayout : std::uint8_t {
   /// (n, c, h, w) is the bf16 value number ((n H + h) W + w) C + c of the buffer, so the
   /// N·C·H·W values take the first half of the N x (C·H·W) float matrix. Used in
   /// Precision::bf16 between layers that read and write bf16 activations themselves (oneDNN's
-  /// convolutions and batch normalization, a ReLU), as autocast keeps a convolution's output
-  /// in bf16: half the memory traffic, and no conversion before the next convolution. Only
-  /// layers that say so take it (layout_fits() is false for it); their docs name it.
+  /// convolutions, batch normalization and pooling, a ReLU; Flatten's input), as autocast
+  /// keeps a convolution's output in bf16: half the memory traffic, and no conversion before
+  /// the next convolution. Only layers that say so take it (layout_fits() is false for it);
+  /// their docs name it.
   channels_last_bf16 = 3,
   /// oneDNN's nChw16c (as channels16, C a multiple of 16) with the values stored as
   /// kat::bfloat16: element (n, c, h, w) is the bf16 value number

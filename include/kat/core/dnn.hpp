@@ -146,7 +146,8 @@ struct Pool2dProblem {
   int kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
   /// @}
   bool max = true; ///< max pooling, else average over the whole window (padding counted)
-  /// Of x, y, dx and dy.
+  /// Of x, y, dx and dy (in a layout that stores bf16 all four hold bf16; averages are
+  /// computed in fp32 and rounded once).
   ActivationLayout layout = ActivationLayout::channels16;
 
   /// Whether every field is equal (the same primitive serves both).
@@ -910,7 +911,8 @@ private:
 };
 
 /// Max or average pooling through the vendor DNN library, for one layer, in training mode, on
-/// batches in oneDNN's blocked layout (ActivationLayout::channels16); plans cached per
+/// batches in one of oneDNN's layouts (Pool2dProblem::layout: channels16, channels_last, or
+/// their bf16-storage forms); plans cached per
 /// problem as in Conv2dDnn. backward() follows the last forward() on the same problem (max
 /// pooling routes dy through the argmax that forward recorded).
 template <class ExecSpace, class Scalar> class Pool2dDnn {

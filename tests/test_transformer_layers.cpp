@@ -351,11 +351,19 @@ TEST_CASE("gelu: equals x/2 (1 + erf(x/sqrt 2)) from std::erf", "[gelu]") {
                                    -2.5, 5.0,  -5.0, 10.0,  -10.0, 40.0, -40.0, 1e10, -1e10};
   const std::size_t n = points.size();
   const auto x = matrix_of<double>(n, 1, [&](std::size_t i, std::size_t) { return points[i]; });
+  // In training the forward keeps GELU'(x) for backward; in evaluation backward computes it
+  // from x: both must give the derivative.
+  const bool training = GENERATE(true, false);
+  INFO("training " << training);
   Matrix<double, Mem> y("y", n, 1), dx("dx", n, 1);
   nn::GELU<double, Mem> layer;
+  layer.train(training);
   layer.forward(Space(), x, y);
   const auto ones = matrix_of<double>(n, 1, [](std::size_t, std::size_t) { return 1.0; });
   layer.backward(Space(), ones, dx);
+  CHECK(layer.workspace_allocations() == (training ? 1u : 0u));
+  layer.forward(Space(), x, y);
+  CHECK(layer.workspace_allocations() == (training ? 1u : 0u));
   const auto yh = host_values(y), dxh = host_values(dx);
   for (std::size_t i = 0; i < n; ++i) {
     const double t = points[i];
@@ -379,15 +387,21 @@ TEST_CASE("gelu: equals x/2 (1 + erf(x/sqrt 2)) from std::erf", "[gelu]") {
 
   SECTION("float") {
     const auto xd = matrix_of<float>(n, 1, [&](std::size_t i, std::size_t) { return points[i]; });
-    Matrix<float, Mem> yf("yf", n, 1);
+    const auto onesf = matrix_of<float>(n, 1, [](std::size_t, std::size_t) { return 1.0f; });
+    Matrix<float, Mem> yf("yf", n, 1), dxf("dxf", n, 1);
     nn::GELU<float, Mem> lf;
+    lf.train(training);
     lf.forward(Space(), xd, yf);
-    const auto yfh = host_values(yf);
+    lf.backward(Space(), onesf, dxf);
+    const auto yfh = host_values(yf), dxfh = host_values(dxf);
     for (std::size_t i = 0; i < n; ++i) {
       const double t = double(float(points[i]));
       const double ref = 0.5 * t * std::erfc(-t / std::sqrt(2.0));
+      const double dref =
+          0.5 * std::erfc(-t / std::sqrt(2.0)) + t * std::exp(-0.5 * t * t) / std::sqrt(2.0 * M_PI);
       INFO("x = " << t);
       CHECK(yfh[i] == Approx(ref).epsilon(1e-6).margin(1e-37));
+      CHECK(dxfh[i] == Approx(dref).epsilon(1e-6).margin(1e-6)); // Φ + x φ cancels near x = −0.75
     }
   }
 }

@@ -8,6 +8,7 @@
 #include "kat/core/policy.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
+#include "kat/core/workspace.hpp"
 #include "kat/nn/detail/activation_kernels.hpp"
 #include "kat/nn/layer.hpp"
 
@@ -54,6 +55,19 @@ struct GELUOp {
       return cdf(x) + x * pdf(x);
     }
   }
+  /// f(x), and f'(x) into d1: one evaluation of Φ and φ for both (GELU's training forward).
+  template <class T> KOKKOS_INLINE_FUNCTION static T f_and_d1(T x, T &d1) {
+    if constexpr (std::is_same_v<T, float>) {
+      float c, p;
+      math::detail::normal_cdf_pdf(x, c, p);
+      d1 = c + x * p;
+      return x * c;
+    } else {
+      const T c = cdf(x);
+      d1 = c + x * pdf(x);
+      return x * c;
+    }
+  }
   template <class T> KOKKOS_INLINE_FUNCTION static T d2(T x) {
     const T p = pdf(x);
     return T(2) * p - (x * p) * x;
@@ -65,6 +79,21 @@ template <class ExecSpace, class Scalar>
 void gelu_forward(const ExecSpace &space, std::size_t count, const Scalar *x, Scalar *y) {
   parallel_for_elements("kat::nn::GELU::forward", space, count,
                         ActivationForward<GELUOp, Scalar>{x, y});
+}
+
+/// y = GELU(x) and g = GELU'(x) over `count` contiguous values.
+template <class ExecSpace, class Scalar>
+void gelu_forward_with_derivative(const ExecSpace &space, std::size_t count, const Scalar *x,
+                                  Scalar *y, Scalar *g) {
+  parallel_for_elements("kat::nn::GELU::forward", space, count,
+                        ActivationForwardWithDerivative<GELUOp, Scalar>{x, y, g});
+}
+
+/// out = g ⊙ d for a derivative g kept from the forward: dx from dy in backward.
+template <class ExecSpace, class Scalar>
+void gelu_times_kept_derivative(const ExecSpace &space, const char *label, std::size_t count,
+                                const Scalar *g, const Scalar *d, Scalar *out) {
+  parallel_for_elements(label, space, count, ElementProduct<Scalar>{g, d, out});
 }
 
 /// out = GELU'(x) ⊙ d: dx from dy in backward, R{y} from R{x} in forward_r.
@@ -91,9 +120,14 @@ void gelu_backward_r(const ExecSpace &space, std::size_t count, const Scalar *x,
 /// and out). Φ is computed as erfc(−x/√2)/2, which keeps its relative accuracy for x << 0
 /// where 1 + erf cancels.
 ///
-/// Backward: dx = dy ⊙ (Φ(x) + x φ(x)), with φ the standard normal density; the layer keeps
-/// x (the input of the last forward, which must stay valid until backward) because, unlike
-/// ReLU, Tanh and Sigmoid, GELU is not invertible and its derivative cannot be read off y.
+/// Backward: dx = dy ⊙ (Φ(x) + x φ(x)), with φ the standard normal density. Unlike ReLU, Tanh
+/// and Sigmoid, GELU is not invertible and its derivative cannot be read off y: in training
+/// the forward, which evaluates Φ(x) anyway, also writes GELU'(x) into a workspace of x's size
+/// (one batch of the layer's features, grown only with the batch: workspace_allocations()), and
+/// backward multiplies by it, instead of evaluating Φ and φ a second time (the bulk of GELU's
+/// cost: its backward went from about as slow as its forward to a pass over memory). The
+/// layer also keeps x (the input of the last forward, which must stay valid until backward)
+/// for a backward after an evaluation-mode forward and for the R-operator.
 ///
 /// R-operator (Pearlmutter 1994; see Layer): R{y} = y'(x) R{x},
 /// R{dx} = y'(x) R{dy} + y''(x) R{x} dy with y'' = φ(x)(2 − x²).
@@ -120,8 +154,17 @@ public:
     require_contiguous("forward", "x", x);
     require_same("forward", x, y, "y");
     x_ = x;
-    detail::gelu_forward(space, x.span(), x.data(), y.data());
+    if (this->training_) {
+      g_ = derivative_.matrix(x.extent(0), x.extent(1));
+      detail::gelu_forward_with_derivative(space, x.span(), x.data(), y.data(), g_.data());
+    } else {
+      g_ = matrix_type();
+      detail::gelu_forward(space, x.span(), x.data(), y.data());
+    }
   }
+
+  /// (Re)allocations of the workspace that keeps GELU'(x) between forward and backward.
+  std::size_t workspace_allocations() const { return derivative_.allocations(); }
 
   /// dx = dy ⊙ GELU'(x); nothing to do when dx has extent 0.
   /// @throws ShapeError if dy or dx differ from the last forward's x in extents.
@@ -133,6 +176,11 @@ public:
     }
     require_same("backward", x_, dy, "dy");
     require_same("backward", x_, dx, "dx");
+    if (g_.extent(0) != 0) {
+      detail::gelu_times_kept_derivative(space, "kat::nn::GELU::backward", g_.span(), g_.data(),
+                                         dy.data(), dx.data());
+      return;
+    }
     detail::gelu_times_derivative(space, "kat::nn::GELU::backward", x_.span(), x_.data(), dy.data(),
                                   dx.data());
   }
@@ -194,6 +242,8 @@ private:
   }
 
   matrix_type x_, rx_;
+  matrix_type g_; // GELU'(x) of the last forward, in training; empty otherwise
+  Workspace<Scalar, MemorySpace> derivative_{"kat::nn::GELU::derivative"};
 };
 
 } // namespace kat::nn

@@ -98,6 +98,29 @@ template <class Op, class Scalar> struct ActivationBackwardR {
   }
 };
 
+/// y[i] = Op::f(x[i]) and g[i] = Op::d1(x[i]) from one evaluation (Op::f_and_d1): a training
+/// forward that keeps the derivative for backward (GELU).
+template <class Op, class Scalar> struct ActivationForwardWithDerivative {
+  const Scalar *xp;
+  Scalar *yp;
+  Scalar *gp;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const {
+    Scalar g;
+    yp[i] = Op::f_and_d1(xp[i], g);
+    gp[i] = g;
+  }
+};
+
+/// out[i] = a[i] * b[i] (GELU's backward from its kept derivative).
+template <class Scalar> struct ElementProduct {
+  const Scalar *a;
+  const Scalar *b;
+  Scalar *out;
+
+  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const { out[i] = a[i] * b[i]; }
+};
+
 /// out[i] = Op::d1(x[i]) * d[i], f'(x) ⊙ d (GELU: dx from dy, R{y} from R{x}).
 template <class Op, class Scalar> struct TimesDerivative {
   const Scalar *x;

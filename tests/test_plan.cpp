@@ -586,6 +586,15 @@ TEST_CASE("plan memory per device against a hand count", "[plan]") {
         (qkv + probabilities) * 2);
   CHECK(evaluate(a, {"heads"}, model(1, 2)).predicted.memory.activations ==
         (qkv + probabilities) * 2 / 2);
+  // GELU keeps its input and its derivative, ReLU its input; sharding divides both.
+  for (const char *type : {"GELU", "ReLU"}) {
+    Graph e(2, "elementwise");
+    e.add(type, "act", {e.add_input("x", {2, 8, 16})}, {2, 8, 16});
+    const double kept = (std::string(type) == "GELU" ? 2 : 1) * 2 * 8 * 16 * 2.0;
+    INFO(type);
+    CHECK(evaluate(e, {"replicated"}, model(1, 2)).predicted.memory.activations == kept);
+    CHECK(evaluate(e, {"sharded"}, model(1, 2)).predicted.memory.activations == kept / 2);
+  }
   // The weight gradient is all-reduced over the data-parallel replicas, over D·T for batch.
   const Plan dp = evaluate(g, {"column"}, model(2, 2));
   const Plan batch = evaluate(g, {"batch"}, model(2, 2));

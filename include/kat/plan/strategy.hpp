@@ -326,7 +326,10 @@ inline std::vector<StrategyOption> strategy_options(const Graph &g, std::size_t 
     }
     make("batch", {L::batch}, L::batch, tp, 0, data, kept / tp);
   } else if (type == "GELU" || type == "ReLU" || type == "PositionEmbedding") {
-    const double kept = type == "PositionEmbedding" ? 0.0 : input_bytes;
+    // GELU keeps its input and GELU'(x) (kat::nn::GELU's training forward), ReLU its input.
+    const double kept = type == "PositionEmbedding" ? 0.0
+                        : type == "GELU"            ? 2.0 * input_bytes
+                                                    : input_bytes;
     make("replicated", {L::replicated}, L::replicated, 1, params, data, kept);
     make("sharded", {L::sharded}, L::sharded, tp, params / tp, data, kept / tp);
     make("batch", {L::batch}, L::batch, tp, params, both, kept / tp);

@@ -477,36 +477,47 @@ TEST_CASE("conv_dnn: Hessian-vector products of ResNet-14 agree on either path",
   CHECK(a.training());
 }
 
+namespace {
+
+// A pooling layer's hyperparameters and input size.
+struct PoolCase {
+  bool max;
+  int channels, size, kernel, stride, padding;
+
+  std::unique_ptr<nn::Layer<float, Mem>> make() const {
+    if (max) {
+      return std::make_unique<nn::MaxPool2d<float, Mem>>(kernel, stride, padding);
+    }
+    return std::make_unique<nn::AvgPool2d<float, Mem>>(kernel, stride, padding);
+  }
+};
+
+std::ostream &operator<<(std::ostream &os, const PoolCase &t) {
+  return os << (t.max ? "max" : "avg") << " channels " << t.channels << " size " << t.size
+            << " kernel " << t.kernel << " stride " << t.stride << " padding " << t.padding;
+}
+
+// The CNN's 2x2 max pooling, and 3x3 windows with stride 2 and padding 1 on an odd image (the
+// last window's bottom/right padding differs from the top/left; an input element gets dy from
+// up to four windows). The channels-last layouts take any channel count: 5 channels there.
+constexpr PoolCase pool_cases[] = {{true, 32, 8, 2, 2, 0},  {true, 16, 7, 3, 2, 1},
+                                   {false, 32, 8, 2, 2, 0}, {false, 16, 7, 3, 2, 1},
+                                   {true, 5, 7, 3, 2, 1},   {false, 5, 6, 2, 2, 0}};
+
+} // namespace
+
 TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dnn][layouts]") {
   if (!have_dnn) {
     WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
     return;
   }
-  struct Case {
-    bool max;
-    int channels, size, kernel, stride, padding;
-  };
-  // The CNN's 2x2 max pooling, and 3x3 windows with stride 2 and padding 1 on an odd image
-  // (the last window's bottom/right padding differs from the top/left).
-  // channels_last takes any channel count: 5 channels there.
-  const Case cases[] = {{true, 32, 8, 2, 2, 0},  {true, 16, 7, 3, 2, 1}, {false, 32, 8, 2, 2, 0},
-                        {false, 16, 7, 3, 2, 1}, {true, 5, 7, 3, 2, 1},  {false, 5, 6, 2, 2, 0}};
   for (const auto layout : {ActivationLayout::channels16, ActivationLayout::channels_last})
-    for (const Case &t : cases) {
+    for (const PoolCase &t : pool_cases) {
       if (!layout_fits(layout, t.channels)) {
         continue;
       }
-      INFO((t.max ? "max" : "avg") << " channels " << t.channels << " size " << t.size << " kernel "
-                                   << t.kernel << " stride " << t.stride << " padding " << t.padding
-                                   << " layout " << to_string(layout));
-      std::unique_ptr<nn::Layer<float, Mem>> kat_pool, dnn_pool;
-      if (t.max) {
-        kat_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-        dnn_pool = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-      } else {
-        kat_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-        dnn_pool = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-      }
+      INFO(t << " layout " << to_string(layout));
+      const auto kat_pool = t.make(), dnn_pool = t.make();
       const FeatureShape in{t.channels, t.size, t.size};
       const FeatureShape out = kat_pool->output_shape(in);
       dnn_pool->output_shape(in);
@@ -547,27 +558,10 @@ TEST_CASE("conv_dnn: in bf16 pooling reads and writes bf16 activations", "[dnn][
     WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
     return;
   }
-  struct Case {
-    bool max;
-    int channels, size, kernel, stride, padding;
-  };
-  // The CNN's 2x2 max pooling; overlapping 3x3 windows with stride 2 and padding 1 (an input
-  // element gets dy from up to four windows); channels_last_bf16 with 5 channels.
-  const Case cases[] = {{true, 32, 8, 2, 2, 0},  {true, 16, 7, 3, 2, 1}, {false, 32, 8, 2, 2, 0},
-                        {false, 16, 7, 3, 2, 1}, {true, 5, 7, 3, 2, 1},  {false, 5, 6, 2, 2, 0}};
   for (const L layout : bf16_layouts)
-    for (const Case &t : cases) {
-      INFO((t.max ? "max" : "avg") << " channels " << t.channels << " size " << t.size << " kernel "
-                                   << t.kernel << " stride " << t.stride << " padding " << t.padding
-                                   << " layout " << to_string(layout));
-      std::unique_ptr<nn::Layer<float, Mem>> ref, b16;
-      if (t.max) {
-        ref = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-        b16 = std::make_unique<nn::MaxPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-      } else {
-        ref = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-        b16 = std::make_unique<nn::AvgPool2d<float, Mem>>(t.kernel, t.stride, t.padding);
-      }
+    for (const PoolCase &t : pool_cases) {
+      INFO(t << " layout " << to_string(layout));
+      const auto ref = t.make(), b16 = t.make();
       const FeatureShape in{t.channels, t.size, t.size};
       const FeatureShape out = ref->output_shape(in);
       b16->output_shape(in);

@@ -32,42 +32,31 @@ KOKKOS_INLINE_FUNCTION std::size_t flatten_source_offset(ActivationLayout layout
   return kat::detail::activation_offset(layout, n, channels, plane, i, c, h * width + w);
 }
 
-/// y(i, j) = element j (KAT's feature order) of sample i of x, x in `layout`, bf16 values
-/// widened exactly (flatten_forward).
-template <class MatrixView> struct FlattenFromLayout {
+/// Element (i, j) of a batch in KAT's feature order, `features`, and the same element of a
+/// batch in `layout` at `other`: with ToLayout false, features(i, j) = other's element (bf16
+/// values widened exactly; flatten_forward), with ToLayout true the transpose, other's element
+/// = features(i, j), rounded to bf16 (nearest even) where the layout stores bf16
+/// (flatten_backward).
+template <class MatrixView, bool ToLayout> struct FlattenPermute {
   using Scalar = typename MatrixView::non_const_value_type;
-  const Scalar *xp;
-  MatrixView y;
+  MatrixView features;
+  Scalar *other;
   ActivationLayout layout;
   std::size_t channels, height, width;
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t j) const {
     const std::size_t at =
-        flatten_source_offset(layout, y.extent(0), channels, height, width, i, j);
-    if (layout_stores_bf16(layout)) {
-      y(i, j) = static_cast<Scalar>(reinterpret_cast<const bfloat16 *>(xp)[at].to_float());
+        flatten_source_offset(layout, features.extent(0), channels, height, width, i, j);
+    auto *bf16 = reinterpret_cast<bfloat16 *>(other);
+    if constexpr (ToLayout) {
+      if (layout_stores_bf16(layout)) {
+        bf16[at] = bfloat16::from_float(static_cast<float>(features(i, j)));
+      } else {
+        other[at] = features(i, j);
+      }
     } else {
-      y(i, j) = xp[at];
-    }
-  }
-};
-
-/// The transpose of FlattenFromLayout: dy in KAT's feature order into dx in `layout`, rounded
-/// to bf16 (nearest even) where the layout stores bf16 (flatten_backward).
-template <class MatrixView> struct FlattenToLayout {
-  using Scalar = typename MatrixView::non_const_value_type;
-  MatrixView dy;
-  Scalar *dxp;
-  ActivationLayout layout;
-  std::size_t channels, height, width;
-
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i, const std::size_t j) const {
-    const std::size_t at =
-        flatten_source_offset(layout, dy.extent(0), channels, height, width, i, j);
-    if (layout_stores_bf16(layout)) {
-      reinterpret_cast<bfloat16 *>(dxp)[at] = bfloat16::from_float(static_cast<float>(dy(i, j)));
-    } else {
-      dxp[at] = dy(i, j);
+      features(i, j) =
+          layout_stores_bf16(layout) ? static_cast<Scalar>(bf16[at].to_float()) : other[at];
     }
   }
 };
@@ -77,8 +66,9 @@ template <class ExecSpace, class MatrixView>
 void flatten_forward(const ExecSpace &space, const MatrixView &x, const MatrixView &y,
                      ActivationLayout layout, std::size_t channels, std::size_t height,
                      std::size_t width) {
-  Kokkos::parallel_for("kat::nn::Flatten::forward", matrix_policy(space, y.extent(0), y.extent(1)),
-                       FlattenFromLayout<MatrixView>{x.data(), y, layout, channels, height, width});
+  Kokkos::parallel_for(
+      "kat::nn::Flatten::forward", matrix_policy(space, y.extent(0), y.extent(1)),
+      FlattenPermute<MatrixView, false>{y, x.data(), layout, channels, height, width});
 }
 
 /// dx (in `layout`) = dy (in KAT's feature order): the transpose of flatten_forward.
@@ -86,9 +76,9 @@ template <class ExecSpace, class MatrixView>
 void flatten_backward(const ExecSpace &space, const MatrixView &dy, const MatrixView &dx,
                       ActivationLayout layout, std::size_t channels, std::size_t height,
                       std::size_t width) {
-  Kokkos::parallel_for("kat::nn::Flatten::backward",
-                       matrix_policy(space, dy.extent(0), dy.extent(1)),
-                       FlattenToLayout<MatrixView>{dy, dx.data(), layout, channels, height, width});
+  Kokkos::parallel_for(
+      "kat::nn::Flatten::backward", matrix_policy(space, dy.extent(0), dy.extent(1)),
+      FlattenPermute<MatrixView, true>{dy, dx.data(), layout, channels, height, width});
 }
 
 } // namespace detail

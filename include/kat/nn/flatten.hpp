@@ -62,8 +62,8 @@ public:
       Kokkos::deep_copy(space, y, x);
       return;
     }
-    detail::flatten_forward(space, x, y, this->in_layout_, input_.channels, input_.height,
-                            input_.width);
+    detail::flatten_permute<false>(space, y, x.data(), this->in_layout_, input_.channels,
+                                   input_.height, input_.width);
   }
   /// dx (in the input layout) = dy (KAT's order); an empty dx skips the work.
   /// @throws ShapeError if dy or dx do not have the input's C·H·W columns or their rows differ.
@@ -93,8 +93,8 @@ public:
       Kokkos::deep_copy(space, ry, rx);
       return;
     }
-    detail::flatten_forward(space, rx, ry, this->in_layout_, input_.channels, input_.height,
-                            input_.width);
+    detail::flatten_permute<false>(space, ry, rx.data(), this->in_layout_, input_.channels,
+                                   input_.height, input_.width);
   }
   void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
                   const matrix_type &rdx) override {
@@ -112,8 +112,8 @@ private:
       Kokkos::deep_copy(space, dx, dy);
       return;
     }
-    detail::flatten_backward(space, dy, dx, this->in_layout_, input_.channels, input_.height,
-                             input_.width);
+    detail::flatten_permute<true>(space, dy, dx.data(), this->in_layout_, input_.channels,
+                                  input_.height, input_.width);
   }
 
   /// Outside KAT's layout the input shape must be known and both matrices must hold it.

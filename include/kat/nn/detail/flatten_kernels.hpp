@@ -34,9 +34,9 @@ KOKKOS_INLINE_FUNCTION std::size_t flatten_source_offset(ActivationLayout layout
 
 /// Element (i, j) of a batch in KAT's feature order, `features`, and the same element of a
 /// batch in `layout` at `other`: with ToLayout false, features(i, j) = other's element (bf16
-/// values widened exactly; flatten_forward), with ToLayout true the transpose, other's element
+/// values widened exactly; Flatten's forward), with ToLayout true the transpose, other's element
 /// = features(i, j), rounded to bf16 (nearest even) where the layout stores bf16
-/// (flatten_backward).
+/// (its backward): flatten_permute.
 template <class MatrixView, bool ToLayout> struct FlattenPermute {
   using Scalar = typename MatrixView::non_const_value_type;
   MatrixView features;
@@ -61,24 +61,17 @@ template <class MatrixView, bool ToLayout> struct FlattenPermute {
   }
 };
 
-/// y = x (a batch of (C, H, W) samples in `layout`) in KAT's feature order.
-template <class ExecSpace, class MatrixView>
-void flatten_forward(const ExecSpace &space, const MatrixView &x, const MatrixView &y,
-                     ActivationLayout layout, std::size_t channels, std::size_t height,
-                     std::size_t width) {
+/// Without ToLayout, `features` (N x C·H·W, KAT's order) = the batch of (C, H, W) samples at
+/// `other` in `layout` (Flatten's forward); with ToLayout the transpose, `other` = `features`
+/// (its backward: dy into dx).
+template <bool ToLayout, class ExecSpace, class MatrixView>
+void flatten_permute(const ExecSpace &space, const MatrixView &features,
+                     typename MatrixView::non_const_value_type *other, ActivationLayout layout,
+                     std::size_t channels, std::size_t height, std::size_t width) {
   Kokkos::parallel_for(
-      "kat::nn::Flatten::forward", matrix_policy(space, y.extent(0), y.extent(1)),
-      FlattenPermute<MatrixView, false>{y, x.data(), layout, channels, height, width});
-}
-
-/// dx (in `layout`) = dy (in KAT's feature order): the transpose of flatten_forward.
-template <class ExecSpace, class MatrixView>
-void flatten_backward(const ExecSpace &space, const MatrixView &dy, const MatrixView &dx,
-                      ActivationLayout layout, std::size_t channels, std::size_t height,
-                      std::size_t width) {
-  Kokkos::parallel_for(
-      "kat::nn::Flatten::backward", matrix_policy(space, dy.extent(0), dy.extent(1)),
-      FlattenPermute<MatrixView, true>{dy, dx.data(), layout, channels, height, width});
+      ToLayout ? "kat::nn::Flatten::backward" : "kat::nn::Flatten::forward",
+      matrix_policy(space, features.extent(0), features.extent(1)),
+      FlattenPermute<MatrixView, ToLayout>{features, other, layout, channels, height, width});
 }
 
 } // namespace detail

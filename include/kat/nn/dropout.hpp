@@ -8,6 +8,7 @@
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/nn/detail/dropout_kernels.hpp"
+#include "kat/nn/detail/element_product.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -25,12 +26,7 @@ namespace detail {
 template <class ExecSpace, class MatrixView>
 void dropout_apply_mask(const ExecSpace &space, const char *label, const MatrixView &s,
                         const MatrixView &in, const MatrixView &out) {
-  using Scalar = typename MatrixView::non_const_value_type;
-  const Scalar *sp = s.data();
-  const Scalar *inp = in.data();
-  Scalar *outp = out.data();
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, in.span()),
-                       DropoutApplyMask<Scalar>{outp, inp, sp});
+  element_product(space, label, in.span(), s.data(), in.data(), out.data());
 }
 
 } // namespace detail

@@ -58,12 +58,7 @@ public:
     ScopedRegion region("kat::nn::Flatten::forward");
     check("forward", "x", x, "y", y);
     this->require_layouts_supported("kat::nn::Flatten::forward");
-    if (this->in_layout_ == ActivationLayout::features) {
-      Kokkos::deep_copy(space, y, x);
-      return;
-    }
-    detail::flatten_permute<false>(space, y, x.data(), this->in_layout_, input_.channels,
-                                   input_.height, input_.width);
+    permute<false>(space, y, x);
   }
   /// dx (in the input layout) = dy (KAT's order); an empty dx skips the work.
   /// @throws ShapeError if dy or dx do not have the input's C·H·W columns or their rows differ.
@@ -74,7 +69,7 @@ public:
       return;
     }
     check("backward", "dy", dy, "dx", dx);
-    scatter(space, dy, dx);
+    permute<true>(space, dy, dx);
   }
 
   /// R-operator (see Layer): R{y} = R{x}, R{dx} = R{dy}, in the layouts of forward() and
@@ -89,12 +84,7 @@ public:
       return;
     }
     check("forward_r", "rx", rx, "ry", ry);
-    if (this->in_layout_ == ActivationLayout::features) {
-      Kokkos::deep_copy(space, ry, rx);
-      return;
-    }
-    detail::flatten_permute<false>(space, ry, rx.data(), this->in_layout_, input_.channels,
-                                   input_.height, input_.width);
+    permute<false>(space, ry, rx);
   }
   void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
                   const matrix_type &rdx) override {
@@ -103,17 +93,25 @@ public:
       return;
     }
     check("backward_r", "rdy", rdy, "rdx", rdx);
-    scatter(space, rdy, rdx);
+    permute<true>(space, rdy, rdx);
   }
 
 private:
-  void scatter(const execution_space &space, const matrix_type &dy, const matrix_type &dx) const {
+  /// Without ToLayout `features` (KAT's order) = `other` (in the input layout), with it the
+  /// transpose; a copy in KAT's layout.
+  template <bool ToLayout>
+  void permute(const execution_space &space, const matrix_type &features,
+               const matrix_type &other) const {
     if (this->in_layout_ == ActivationLayout::features) {
-      Kokkos::deep_copy(space, dx, dy);
+      if constexpr (ToLayout) {
+        Kokkos::deep_copy(space, other, features);
+      } else {
+        Kokkos::deep_copy(space, features, other);
+      }
       return;
     }
-    detail::flatten_permute<true>(space, dy, dx.data(), this->in_layout_, input_.channels,
-                                  input_.height, input_.width);
+    detail::flatten_permute<ToLayout>(space, features, other.data(), this->in_layout_,
+                                      input_.channels, input_.height, input_.width);
   }
 
   /// Outside KAT's layout the input shape must be known and both matrices must hold it.

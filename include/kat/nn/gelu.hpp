@@ -10,6 +10,7 @@
 #include "kat/core/views.hpp"
 #include "kat/core/workspace.hpp"
 #include "kat/nn/detail/activation_kernels.hpp"
+#include "kat/nn/detail/element_product.hpp"
 #include "kat/nn/layer.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -46,27 +47,23 @@ struct GELUOp {
     }
   }
   template <class T> KOKKOS_INLINE_FUNCTION static T f(T x) { return x * cdf(x); }
-  template <class T> KOKKOS_INLINE_FUNCTION static T d1(T x) {
-    if constexpr (std::is_same_v<T, float>) {
-      float c, p;
-      math::detail::normal_cdf_pdf(x, c, p);
-      return c + x * p;
-    } else {
-      return cdf(x) + x * pdf(x);
-    }
-  }
-  /// f(x), and f'(x) into d1: one evaluation of Φ and φ for both (GELU's training forward).
+  /// f(x), and f'(x) into d1: one evaluation of Φ and φ for both (GELU's training forward;
+  /// d1() alone is the same evaluation, so a kept derivative equals a recomputed one).
   template <class T> KOKKOS_INLINE_FUNCTION static T f_and_d1(T x, T &d1) {
+    T c, p;
     if constexpr (std::is_same_v<T, float>) {
-      float c, p;
       math::detail::normal_cdf_pdf(x, c, p);
-      d1 = c + x * p;
-      return x * c;
     } else {
-      const T c = cdf(x);
-      d1 = c + x * pdf(x);
-      return x * c;
+      c = cdf(x);
+      p = pdf(x);
     }
+    d1 = c + x * p;
+    return x * c;
+  }
+  template <class T> KOKKOS_INLINE_FUNCTION static T d1(T x) {
+    T d;
+    f_and_d1(x, d);
+    return d;
   }
   template <class T> KOKKOS_INLINE_FUNCTION static T d2(T x) {
     const T p = pdf(x);
@@ -87,13 +84,6 @@ void gelu_forward_with_derivative(const ExecSpace &space, std::size_t count, con
                                   Scalar *y, Scalar *g) {
   parallel_for_elements("kat::nn::GELU::forward", space, count,
                         ActivationForwardWithDerivative<GELUOp, Scalar>{x, y, g});
-}
-
-/// out = g ⊙ d for a derivative g kept from the forward: dx from dy in backward.
-template <class ExecSpace, class Scalar>
-void gelu_times_kept_derivative(const ExecSpace &space, const char *label, std::size_t count,
-                                const Scalar *g, const Scalar *d, Scalar *out) {
-  parallel_for_elements(label, space, count, ElementProduct<Scalar>{g, d, out});
 }
 
 /// out = GELU'(x) ⊙ d: dx from dy in backward, R{y} from R{x} in forward_r.
@@ -177,8 +167,8 @@ public:
     require_same("backward", x_, dy, "dy");
     require_same("backward", x_, dx, "dx");
     if (g_.extent(0) != 0) {
-      detail::gelu_times_kept_derivative(space, "kat::nn::GELU::backward", g_.span(), g_.data(),
-                                         dy.data(), dx.data());
+      detail::element_product(space, "kat::nn::GELU::backward", g_.span(), g_.data(), dy.data(),
+                              dx.data());
       return;
     }
     detail::gelu_times_derivative(space, "kat::nn::GELU::backward", x_.span(), x_.data(), dy.data(),

@@ -112,15 +112,6 @@ template <class Op, class Scalar> struct ActivationForwardWithDerivative {
   }
 };
 
-/// out[i] = a[i] * b[i] (GELU's backward from its kept derivative).
-template <class Scalar> struct ElementProduct {
-  const Scalar *a;
-  const Scalar *b;
-  Scalar *out;
-
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const { out[i] = a[i] * b[i]; }
-};
-
 /// out[i] = Op::d1(x[i]) * d[i], f'(x) ⊙ d (GELU: dx from dy, R{y} from R{x}).
 template <class Op, class Scalar> struct TimesDerivative {
   const Scalar *x;

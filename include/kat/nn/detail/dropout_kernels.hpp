@@ -17,15 +17,6 @@ namespace detail {
 // across translation units while its function pointers are not, which crashed kernels on the
 // host (docs/backends.md).
 
-/// out[i] = in[i] · s[i] (dropout_apply_mask).
-template <class Scalar> struct DropoutApplyMask {
-  Scalar *outp;
-  const Scalar *inp;
-  const Scalar *sp;
-
-  KOKKOS_INLINE_FUNCTION void operator()(const std::size_t i) const { outp[i] = inp[i] * sp[i]; }
-};
-
 /// s[i] = 0 with probability p (from counter_uniform(seed, call, i)), keep_scale otherwise;
 /// y[i] = x[i] · s[i] (Dropout::forward).
 template <class Scalar> struct DropoutForward {

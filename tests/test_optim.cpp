@@ -331,6 +331,33 @@ TEST_CASE("optim: Adam stores subnormal moments as zero", "[optim][adam]") {
   CHECK(ph[1] == Approx(expected).epsilon(1e-6));
 }
 
+TEST_CASE("optim: SGD stores a subnormal momentum buffer as zero", "[optim][sgd]") {
+  // With g = 0 after the first step, buf only decays by the momentum 0.5. Element 0 starts at
+  // 4 FLT_MIN: 2, 1 FLT_MIN stay normal, 0.5 FLT_MIN is subnormal and must be stored as 0
+  // (it would otherwise stay subnormal for ever: 0.9 times the smallest one rounds back to
+  // it); element 1 is ordinary and follows the formula. lr = 1, p = 0: p sums the buffer.
+  ExecSpace space;
+  const double fmin = double(std::numeric_limits<float>::min()); // 1.1755e-38
+  auto p = to_device<float>({0.0, 0.0});
+  auto g = to_device<float>({4 * fmin, 1.0});
+  typename kat::optim::SGD<float>::Options o;
+  o.lr = 1.0;
+  o.momentum = 0.5;
+  kat::optim::SGD<float> sgd(2, o);
+  sgd.step(space, p, g); // buf = g
+  assign(g, {0.0, 0.0});
+  sgd.step(space, p, g); // 2 FLT_MIN, 0.5
+  sgd.step(space, p, g); // FLT_MIN, 0.25
+  CHECK(to_host(sgd.momentum_buffer())[0] == Approx(fmin).epsilon(1e-6));
+  sgd.step(space, p, g); // 0.5 FLT_MIN -> 0, 0.125
+  const auto buf = to_host(sgd.momentum_buffer());
+  CHECK(buf[0] == 0.0);
+  CHECK(buf[1] == 0.125);
+  const auto ph = to_host(p);
+  CHECK(ph[0] == Approx(-7 * fmin).epsilon(1e-6)); // 4 + 2 + 1, the last step moved nothing
+  CHECK(ph[1] == -1.875);
+}
+
 TEMPLATE_TEST_CASE("optim: Adam many elements against a host reference", "[optim][adam]", float,
                    double) {
   ExecSpace space;

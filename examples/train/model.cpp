@@ -1,8 +1,10 @@
 // The model: --model mlp | cnn | resnet | vit (its shape from --vit-*), the convolution
-// backend (--conv-backend) and the compute precision (--precision).
+// backend (--conv-backend), the compute precision (--precision) and subnormal numbers
+// (--denormals).
 #include "run.hpp"
 
 #include <kat/core/bf16_support.hpp>
+#include <kat/core/denormals.hpp>
 #include <kat/core/precision.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/models.hpp>
@@ -50,6 +52,14 @@ public:
                     "checkpoints stay fp32; docs/precision.md)")
         ->check(CLI::IsMember({"fp32", "bf16"}))
         ->capture_default_str();
+    r.app
+        .add_option("--denormals", denormals_,
+                    "flush (subnormal numbers become zero on the host threads: SGD's momentum "
+                    "of dead units decays into them, which x86 cores compute a hundred times "
+                    "slower) | keep (IEEE gradual underflow); kat::set_flush_denormals, "
+                    "docs/precision.md")
+        ->check(CLI::IsMember({"flush", "keep"}))
+        ->capture_default_str();
   }
 
   void check(Run &r) override {
@@ -87,9 +97,17 @@ public:
     };
   }
 
+  void model_ready(Run &, const Space &) override {
+    flushing_ = kat::set_flush_denormals(denormals_ == "flush");
+  }
+
   // In bf16, what computes the products: a user on a CPU without bf16 units learns why bf16
   // is slower than fp32 there.
-  void describe(Run &) override {
+  void describe(Run &r) override {
+    if (!flushing_ && denormals_ == "flush" && r.root) {
+      std::printf("denormals: warning: this CPU has no flush-to-zero control in this build; "
+                  "subnormal numbers are kept\n");
+    }
     if (precision_ != "bf16") {
       return;
     }
@@ -117,6 +135,8 @@ private:
   std::vector<CLI::Option *> vit_flags_;
   std::string conv_backend_ = "auto";
   std::string precision_ = "fp32";
+  std::string denormals_ = "flush";
+  bool flushing_ = false;
 };
 const auto model_choice = register_component<ModelChoice>(10);
 

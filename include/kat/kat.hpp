@@ -17,6 +17,7 @@
 #include "kat/core/bfloat16.hpp"
 #include "kat/core/blas.hpp"
 #include "kat/core/curvature.hpp"
+#include "kat/core/denormals.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/hyperparameter.hpp"
 #include "kat/core/lanczos.hpp"

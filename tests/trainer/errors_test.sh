@@ -44,6 +44,7 @@ expect 2 "--vit-depth" "${base[@]}" --model mlp --vit-depth 2
 expect 2 "--damping" "${base[@]}" --optimizer sgd --damping 0.1
 expect 2 "--resume latest" "${base[@]}" --resume latest
 expect 2 "--precision: fp16 not in {fp32,bf16}" "${base[@]}" --precision fp16
+expect 2 "--denormals: ftz not in {flush,keep}" "${base[@]}" --denormals ftz
 # Negative and out-of-range integers are refused, never wrapped to huge unsigned numbers.
 expect 2 "--seed: must be an integer in [0, 9223372036854775807], got -1" "${base[@]}" --seed -1
 expect 2 "--vit-mlp: must be an integer in [0, 1048576], got 3000000000" "${base[@]}" --model vit \

@@ -40,10 +40,15 @@ bool zero_bits(float x) {
   return bits == 0;
 }
 
+// How many products zero_products() computes: 4,096 per host thread.
+std::size_t product_count() {
+  return 4096 * std::size_t(Kokkos::DefaultHostExecutionSpace().concurrency());
+}
+
 // The product on every host thread: the number of results that are zero.
 std::size_t zero_products() {
   using Host = Kokkos::DefaultHostExecutionSpace;
-  const std::size_t n = 4096 * std::size_t(Host().concurrency());
+  const std::size_t n = product_count();
   Kokkos::View<float *, Kokkos::HostSpace> a("a", n), out("out", n);
   Kokkos::deep_copy(a, 1e-30f);
   Kokkos::parallel_for(Kokkos::RangePolicy<Host>(0, n), Products{a, out});
@@ -75,8 +80,7 @@ TEST_CASE("set_flush_denormals flushes subnormal results and operands and turns 
   // Normal numbers are untouched: FLT_MIN is the smallest normal float.
   volatile float smallest = FLT_MIN, two = 2.0f;
   CHECK(smallest * two == 2.0f * FLT_MIN);
-  const std::size_t n = 4096 * std::size_t(Kokkos::DefaultHostExecutionSpace().concurrency());
-  CHECK(zero_products() == n); // on every thread of the pool
+  CHECK(zero_products() == product_count()); // on every thread of the pool
 
   REQUIRE(kat::set_flush_denormals(false));
   CHECK_FALSE(kat::flushes_denormals());

@@ -17,43 +17,37 @@ namespace kat {
 
 namespace detail {
 
+// The calling thread's floating-point control register and its subnormal-flushing bits:
+// x86's MXCSR with FTZ (bit 15: subnormal results become zero) and DAZ (bit 6: subnormal
+// operands are read as zero), AArch64's FPCR with FZ (bit 24: both).
 #if defined(__SSE__) || defined(_M_X64)
-/// MXCSR's FTZ (bit 15: subnormal results become zero) and DAZ (bit 6: subnormal operands
-/// are read as zero).
-constexpr unsigned mxcsr_flush_bits = 0x8040u;
-#endif
-
-/// Sets or clears subnormal flushing on the calling thread; false where this CPU family has
-/// no such control in this build.
-inline bool set_thread_flush_denormals(bool on) {
-#if defined(__SSE__) || defined(_M_X64)
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(on ? (csr | mxcsr_flush_bits) : (csr & ~mxcsr_flush_bits));
-  return true;
+constexpr bool has_flush_control = true;
+using FpControl = unsigned;
+constexpr FpControl fp_flush_bits = 0x8040u;
+inline FpControl read_fp_control() { return _mm_getcsr(); }
+inline void write_fp_control(FpControl c) { _mm_setcsr(c); }
 #elif defined(__aarch64__)
-  std::uint64_t fpcr = 0;
-  __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
-  constexpr std::uint64_t fz = std::uint64_t(1) << 24; // FPCR.FZ: flush to zero
-  fpcr = on ? (fpcr | fz) : (fpcr & ~fz);
-  __asm__ __volatile__("msr fpcr, %0" : : "r"(fpcr));
-  return true;
-#else
-  (void)on;
-  return false;
-#endif
+constexpr bool has_flush_control = true;
+using FpControl = std::uint64_t;
+constexpr FpControl fp_flush_bits = FpControl(1) << 24;
+inline FpControl read_fp_control() {
+  FpControl c = 0;
+  __asm__ __volatile__("mrs %0, fpcr" : "=r"(c));
+  return c;
 }
-
-/// Whether subnormal flushing is on for the calling thread (false where there is no control).
-inline bool thread_flushes_denormals() {
-#if defined(__SSE__) || defined(_M_X64)
-  return (_mm_getcsr() & mxcsr_flush_bits) == mxcsr_flush_bits;
-#elif defined(__aarch64__)
-  std::uint64_t fpcr = 0;
-  __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
-  return (fpcr >> 24) & 1u;
+inline void write_fp_control(FpControl c) { __asm__ __volatile__("msr fpcr, %0" : : "r"(c)); }
 #else
-  return false;
+constexpr bool has_flush_control = false;
+using FpControl = unsigned;
+constexpr FpControl fp_flush_bits = 0;
+inline FpControl read_fp_control() { return 0; }
+inline void write_fp_control(FpControl) {}
 #endif
+
+/// Sets or clears subnormal flushing on the calling thread (nothing without the control).
+inline void set_thread_flush_denormals(bool on) {
+  const FpControl c = read_fp_control();
+  write_fp_control(on ? (c | fp_flush_bits) : (c & ~fp_flush_bits));
 }
 
 } // namespace detail
@@ -88,9 +82,10 @@ inline bool thread_flushes_denormals() {
 /// @return false, changing nothing, where the CPU family has no such control in this build
 /// (neither x86 SSE nor AArch64).
 inline bool set_flush_denormals(bool on) {
-  if (!detail::set_thread_flush_denormals(on)) {
+  if (!detail::has_flush_control) {
     return false;
   }
+  detail::set_thread_flush_denormals(on);
 #if defined(_OPENMP)
   // Every thread of the pool, the calling one (thread 0) included.
 #pragma omp parallel num_threads(omp_get_max_threads())
@@ -100,6 +95,9 @@ inline bool set_flush_denormals(bool on) {
 }
 
 /// Whether the calling thread flushes subnormals (see set_flush_denormals()).
-inline bool flushes_denormals() { return detail::thread_flushes_denormals(); }
+inline bool flushes_denormals() {
+  return detail::has_flush_control &&
+         (detail::read_fp_control() & detail::fp_flush_bits) == detail::fp_flush_bits;
+}
 
 } // namespace kat

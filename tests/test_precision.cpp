@@ -376,6 +376,36 @@ void check_layer_bf16(MakeLayer make, FeatureShape in, std::size_t batch, std::s
   }
 }
 
+TEMPLATE_TEST_CASE("precision: Bf16Operand's ones column keeps assign's values before it",
+                   "[precision][bf16]", float, double) {
+  using T = TestType;
+  const std::size_t rows = 19, cols = 7;
+  const auto x = random_matrix<T>(rows, cols, 41);
+  Bf16Operand<T, Mem> plain, ones;
+  plain.assign(Space(), x);
+  ones.assign_with_ones_column(Space(), x);
+  REQUIRE(ones.matrix().extent(0) == rows);
+  REQUIRE(ones.matrix().extent(1) == cols + 1);
+  const auto p = to_host(plain.matrix()), o = to_host(ones.matrix());
+  const auto lead = to_host(ones.leading_columns(cols));
+  REQUIRE(lead.extent(1) == cols);
+  const auto value = [](auto v) -> double {
+    if constexpr (std::is_same_v<decltype(v), kat::bfloat16>) {
+      return v.to_float();
+    } else {
+      return double(v);
+    }
+  };
+  for (std::size_t j = 0; j < cols; ++j)
+    for (std::size_t i = 0; i < rows; ++i) {
+      CHECK(value(o(i, j)) == value(p(i, j)));
+      CHECK(value(lead(i, j)) == value(p(i, j)));
+    }
+  for (std::size_t i = 0; i < rows; ++i)
+    CHECK(value(o(i, cols)) == 1.0);
+  CHECK_THROWS_AS(ones.leading_columns(cols + 2), kat::ShapeError);
+}
+
 TEST_CASE("precision: Dense in bf16 stays within the bf16 bound of fp32", "[precision][bf16]") {
   const std::size_t in = 300, out = 24, batch = 17;
   check_layer_bf16(

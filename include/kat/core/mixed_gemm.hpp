@@ -7,6 +7,7 @@
 #include "kat/core/blas.hpp"
 #include "kat/core/detail/gemm_bf16_cublas.hpp"
 #include "kat/core/detail/matmul_bf16_onednn.hpp"
+#include "kat/core/error.hpp"
 #include "kat/core/policy.hpp"
 #include "kat/core/precision.hpp"
 #include "kat/core/profiling.hpp"
@@ -48,6 +49,23 @@ template <class Src, class Dst> struct ConvertBf16 {
   }
 };
 
+/// [src 1] across bf16: dst(i, j) as ConvertBf16 for the `in` columns of src, 1 (exact in
+/// bf16) in dst's column `in`.
+template <class Src, class Dst> struct ConvertBf16OnesColumn {
+  ConvertBf16<Src, Dst> convert;
+  std::size_t in;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
+    using value = typename Dst::non_const_value_type;
+    if (j < in) {
+      convert(i, j);
+    } else if constexpr (std::is_same_v<value, bfloat16>) {
+      convert.dst(i, j) = bfloat16::from_float(1.0f);
+    } else {
+      convert.dst(i, j) = value(1);
+    }
+  }
+};
+
 } // namespace detail
 
 /// A matrix rounded to bf16 once, for several bf16 products of a MixedPrecisionGemm: a Dense
@@ -85,6 +103,28 @@ public:
     resize(rows, cols);
     parallel_for_matrix("kat::Bf16Operand::assign", space, rows, cols,
                         detail::ConvertBf16<View, matrix_type>{src, matrix_});
+  }
+
+  /// Rounds [src 1] into the operand: `src` (rows x cols) and a column of ones after it, a
+  /// rows x (cols + 1) matrix; a product with [W b] then adds a Dense layer's bias itself.
+  /// `leading_columns()` is src rounded, the same values assign(src) stores.
+  template <class ExecSpace, class View>
+  void assign_with_ones_column(const ExecSpace &space, const View &src) {
+    const std::size_t rows = src.extent(0), cols = src.extent(1);
+    resize(rows, cols + 1);
+    parallel_for_matrix("kat::Bf16Operand::assign_with_ones_column", space, rows, cols + 1,
+                        detail::ConvertBf16OnesColumn<View, matrix_type>{{src, matrix_}, cols});
+  }
+
+  /// The first `cols` columns of matrix() (a contiguous block of the column-major storage):
+  /// the rounded src of assign_with_ones_column(), or the weights W of an assigned [W b].
+  /// @throws ShapeError if cols exceeds matrix()'s columns.
+  matrix_type leading_columns(std::size_t cols) const {
+    if (cols > matrix_.extent(1)) {
+      throw ShapeError(detail::concat("kat::Bf16Operand::leading_columns: cols must be <= ",
+                                      matrix_.extent(1), ", got ", cols));
+    }
+    return matrix_type(matrix_.data(), matrix_.extent(0), cols);
   }
 
   /// Makes matrix() a rows x cols matrix without writing it, for a kernel that writes the

@@ -114,8 +114,10 @@ enum class DenseInput {
 /// **bf16** (set_precision(Precision::bf16); docs/precision.md): the three products take bf16
 /// operands and accumulate in fp32 (kat::MixedPrecisionGemm). forward rounds x and W once
 /// (kat::Bf16Operand) and backward rounds dy once; dW = dyᵀx and dx = dy W reuse them, so x
-/// and W must hold forward's values until backward (as they must for the fp32 gradient). The
-/// K-FAC recording path with a bias ([x 1][W b]ᵀ) and the sparse path round per product.
+/// and W must hold forward's values until backward (as they must for the fp32 gradient). With
+/// a bias, forward rounds [x 1] and [W b], so the product adds b rounded to bf16 (as PyTorch's
+/// autocast rounds linear's bias); db sums the unrounded dy in fp32. The K-FAC recording path
+/// and the sparse path round per product.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Dense final : public Layer<Scalar, MemorySpace> {
   using base = Layer<Scalar, MemorySpace>;
@@ -345,16 +347,23 @@ public:
     if (this->recording_) {
       record_activations(space, x);
     }
-    if (bias_) {
-      detail::fill_rows(space, "kat::nn::Dense::forward_bias", bias_view_, y); // y = b
-    }
     if (this->precision_ == Precision::bf16) {
-      // x and W rounded once: backward's dW = dyᵀx and dx = dy W reuse them.
-      x_bf16_.assign(space, x);
-      w_bf16_.assign(space, weight_);
-      product_(space, Trans::N, Trans::T, Scalar(1), x_bf16_, w_bf16_, Scalar(bias_ ? 1 : 0), y);
+      // x and W rounded once: backward's dW = dyᵀx and dx = dy W reuse them. With a bias the
+      // operands are [x 1] and [W b], so the product adds b (rounded to bf16, as autocast's
+      // linear rounds it) instead of a pass writing b into y and the product adding to it.
+      if (bias_) {
+        x_bf16_.assign_with_ones_column(space, x);
+        w_bf16_.assign(space, weight_bias_);
+      } else {
+        x_bf16_.assign(space, x);
+        w_bf16_.assign(space, weight_);
+      }
+      product_(space, Trans::N, Trans::T, Scalar(1), x_bf16_, w_bf16_, Scalar(0), y);
       rounded_operands_ = true;
       return;
+    }
+    if (bias_) {
+      detail::fill_rows(space, "kat::nn::Dense::forward_bias", bias_view_, y); // y = b
     }
     product_(space, this->precision_, Trans::N, Trans::T, Scalar(1), x, weight_,
              Scalar(bias_ ? 1 : 0), y);
@@ -385,7 +394,8 @@ public:
     }
     const auto weight_gradient = [&](Scalar beta, const matrix_type &out) { // out = dyᵀx + β out
       if (rounded) {
-        product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_, x_bf16_, beta, out);
+        product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_.matrix(),
+                 x_bf16_.leading_columns(in_), beta, out);
       } else {
         product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, beta, out);
       }
@@ -419,7 +429,8 @@ public:
       if (sparse) {
         sparse_->multiply_transposed(space, weight_, dy, dx);
       } else if (rounded) {
-        product_(space, Trans::N, Trans::N, Scalar(1), dy_bf16_, w_bf16_, Scalar(0), dx);
+        product_(space, Trans::N, Trans::N, Scalar(1), dy_bf16_.matrix(),
+                 w_bf16_.leading_columns(in_), Scalar(0), dx);
       } else {
         product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0),
                  dx);

@@ -416,6 +416,59 @@ TEST_CASE("precision: Dense in bf16 stays within the bf16 bound of fp32", "[prec
       FeatureShape{in}, batch, in + 1, out, 31);
 }
 
+TEST_CASE("precision: bf16 Dense's bias gradient sums the rounded dy and accumulates",
+          "[precision][bf16]") {
+  const std::size_t in = 5, out = 3, batch = 41;
+  nn::Dense<float, Mem> layer(in, out);
+  auto buffer = bind_fresh<float>(layer, 7);
+  layer.set_precision(Precision::bf16);
+  const auto x = random_matrix<float>(batch, in, 8);
+  const auto dy = random_matrix<float>(batch, out, 9);
+  Matrix<float, Mem> y("y", batch, out), dx("dx", batch, in);
+  layer.forward(Space(), x, y);
+  layer.accumulate_gradients(false);
+  layer.backward(Space(), dy, dx);
+  const auto db1 = to_host(layer.bias_gradient());
+  const auto dw1 = to_host(layer.weight_gradient());
+  // db = the fp32 sum of dy rounded to bf16: within k u_fp32 sum |dy| of the exact sum of the
+  // rounded values, and (random dy) away from the sum of the unrounded ones.
+  const auto dyh = to_host(dy);
+  double moved = 0;
+  for (std::size_t j = 0; j < out; ++j) {
+    double rounded = 0, plain = 0, scale = 0;
+    for (std::size_t i = 0; i < batch; ++i) {
+      rounded += double(round_to_bf16(dyh(i, j)));
+      plain += double(dyh(i, j));
+      scale += std::abs(double(dyh(i, j)));
+    }
+    CHECK(std::abs(double(db1(j)) - rounded) <= (batch + 2) * u_fp32 * scale);
+    moved = std::max(moved, std::abs(rounded - plain));
+  }
+  CHECK(moved > 1e-5);
+  // Accumulating adds the same product again: twice the values, up to the summation order
+  // of a product kernel that also reads C (2 (k + 2) u_fp32 of the sum of |terms|).
+  layer.accumulate_gradients(true);
+  layer.backward(Space(), dy, dx);
+  const auto db2 = to_host(layer.bias_gradient());
+  const auto dw2 = to_host(layer.weight_gradient());
+  const auto xh = to_host(x);
+  const double k_bound = 2 * (batch + 2) * u_fp32;
+  for (std::size_t j = 0; j < out; ++j) {
+    double scale = 0;
+    for (std::size_t n = 0; n < batch; ++n)
+      scale += std::abs(double(dyh(n, j)));
+    CHECK(std::abs(double(db2(j)) - 2 * double(db1(j))) <= 2 * k_bound * scale);
+  }
+  for (std::size_t j = 0; j < in; ++j)
+    for (std::size_t i = 0; i < out; ++i) {
+      double scale = 0;
+      for (std::size_t n = 0; n < batch; ++n)
+        scale += std::abs(double(dyh(n, i)) * double(xh(n, j)));
+      CHECK(std::abs(double(dw2(i, j)) - 2 * double(dw1(i, j))) <= 2 * k_bound * scale);
+      CHECK(dw2(i, j) != 0);
+    }
+}
+
 TEST_CASE("precision: Conv2d in bf16 stays within the bf16 bound of fp32", "[precision][bf16]") {
   const std::size_t batch = 6;
   check_layer_bf16(

@@ -116,8 +116,9 @@ enum class DenseInput {
 /// (kat::Bf16Operand) and backward rounds dy once; dW = dyᵀx and dx = dy W reuse them, so x
 /// and W must hold forward's values until backward (as they must for the fp32 gradient). With
 /// a bias, forward rounds [x 1] and [W b], so the product adds b rounded to bf16 (as PyTorch's
-/// autocast rounds linear's bias); db sums the unrounded dy in fp32. The K-FAC recording path
-/// and the sparse path round per product.
+/// autocast rounds linear's bias), and backward forms [dW db] = dyᵀ[x 1] in one product (db:
+/// the fp32 sum of the rounded dy, as in a bf16 convolution; a masked layer sums the
+/// unrounded dy). The K-FAC recording path and the sparse path round per product.
 template <class Scalar = float, class MemorySpace = DefaultMemorySpace>
 class Dense final : public Layer<Scalar, MemorySpace> {
   using base = Layer<Scalar, MemorySpace>;
@@ -400,8 +401,15 @@ public:
         product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, beta, out);
       }
     };
+    // bf16 with a bias: [dW db] (+)= dyᵀ [x 1] in one product, from the operand forward
+    // rounded with its ones column; db then sums the rounded dy in fp32, as the bf16
+    // convolutions' bias gradient does (and autocast's, which sums in bf16).
+    const bool bias_in_product = rounded && bias_ && dense_gradient;
     if (!this->parameter_gradients_) {
       // dx only (compute_parameter_gradients(false))
+    } else if (bias_in_product) {
+      product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_, x_bf16_, Scalar(accumulate ? 1 : 0),
+               grad_weight_bias_);
     } else if (dense_gradient) {
       // dW (+)= dyᵀ x
       weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_);
@@ -418,7 +426,7 @@ public:
       weight_gradient(Scalar(0), grad_weight_);
       detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
     }
-    if (bias_ && this->parameter_gradients_) {
+    if (bias_ && this->parameter_gradients_ && !bias_in_product) {
       // db (+)= column sums of dy
       detail::column_sums(space, "kat::nn::Dense::backward_bias", dy, grad_bias_, accumulate);
     }

@@ -38,31 +38,30 @@ namespace detail {
 template <class Src, class Dst> struct ConvertBf16 {
   Src src;
   Dst dst;
-  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
+  /// One value across bf16, as operator() converts src(i, j).
+  KOKKOS_INLINE_FUNCTION static typename Dst::non_const_value_type
+  convert(typename Src::non_const_value_type v) {
     if constexpr (std::is_same_v<typename Dst::non_const_value_type, bfloat16>) {
-      dst(i, j) = bfloat16::from_float(src(i, j));
+      return bfloat16::from_float(v);
     } else if constexpr (std::is_same_v<typename Src::non_const_value_type, bfloat16>) {
-      dst(i, j) = src(i, j).to_float();
+      return v.to_float();
     } else {
-      dst(i, j) = round_to_bf16(src(i, j));
+      return round_to_bf16(v);
     }
+  }
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
+    dst(i, j) = convert(src(i, j));
   }
 };
 
 /// [src 1] across bf16: dst(i, j) as ConvertBf16 for the `in` columns of src, 1 (exact in
 /// bf16) in dst's column `in`.
 template <class Src, class Dst> struct ConvertBf16OnesColumn {
-  ConvertBf16<Src, Dst> convert;
+  ConvertBf16<Src, Dst> rounded;
   std::size_t in;
   KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::size_t j) const {
-    using value = typename Dst::non_const_value_type;
-    if (j < in) {
-      convert(i, j);
-    } else if constexpr (std::is_same_v<value, bfloat16>) {
-      convert.dst(i, j) = bfloat16::from_float(1.0f);
-    } else {
-      convert.dst(i, j) = value(1);
-    }
+    rounded.dst(i, j) =
+        rounded.convert(j < in ? rounded.src(i, j) : typename Src::non_const_value_type(1));
   }
 };
 

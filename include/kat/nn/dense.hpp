@@ -352,13 +352,13 @@ public:
       // x and W rounded once: backward's dW = dyᵀx and dx = dy W reuse them. With a bias the
       // operands are [x 1] and [W b], so the product adds b (rounded to bf16, as autocast's
       // linear rounds it) instead of a pass writing b into y and the product adding to it.
+      // (Without a bias, weight_bias_ is W.)
       if (bias_) {
         x_bf16_.assign_with_ones_column(space, x);
-        w_bf16_.assign(space, weight_bias_);
       } else {
         x_bf16_.assign(space, x);
-        w_bf16_.assign(space, weight_);
       }
+      w_bf16_.assign(space, weight_bias_);
       product_(space, Trans::N, Trans::T, Scalar(1), x_bf16_, w_bf16_, Scalar(0), y);
       rounded_operands_ = true;
       return;
@@ -393,10 +393,11 @@ public:
     if (rounded && (this->parameter_gradients_ || dx.extent(0) != 0)) {
       dy_bf16_.assign(space, dy);
     }
-    const auto weight_gradient = [&](Scalar beta, const matrix_type &out) { // out = dyᵀx + β out
+    // out = dyᵀx + β out; in bf16, out = dyᵀ[x 1] + β out when out is [dW db] (in_ + 1 columns).
+    const auto weight_gradient = [&](Scalar beta, const matrix_type &out) {
       if (rounded) {
         product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_.matrix(),
-                 x_bf16_.leading_columns(in_), beta, out);
+                 x_bf16_.leading_columns(out.extent(1)), beta, out);
       } else {
         product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, beta, out);
       }
@@ -408,8 +409,8 @@ public:
     if (!this->parameter_gradients_) {
       // dx only (compute_parameter_gradients(false))
     } else if (bias_in_product) {
-      product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_, x_bf16_, Scalar(accumulate ? 1 : 0),
-               grad_weight_bias_);
+      // [dW db] (+)= dyᵀ [x 1]
+      weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_bias_);
     } else if (dense_gradient) {
       // dW (+)= dyᵀ x
       weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_);

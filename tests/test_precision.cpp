@@ -24,6 +24,7 @@
 #include <KokkosBlas1_axpby.hpp>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -405,6 +406,89 @@ TEMPLATE_TEST_CASE("precision: Bf16Operand's ones column keeps assign's values b
     CHECK(value(o(i, cols)) == 1.0);
   CHECK_THROWS_AS(ones.leading_columns(cols + 2), kat::ShapeError);
 }
+
+#if defined(KAT_ENABLE_ONEDNN)
+TEST_CASE("precision: onednn_row_batches splits only tall products of bf16 operands",
+          "[precision][bf16]") {
+  kat::detail::MatmulProblem p;
+  p.m = 2048, p.n = 192, p.k = 65, p.bf16_operands = true, p.threads = 2;
+  const std::string avx512 = "brg:avx512_core_bf16", amx = "brg:avx512_core_amx";
+  CHECK(kat::detail::onednn_row_batches(p, avx512) == 2);
+  CHECK(kat::detail::onednn_row_batches(p, amx) == 1); // AMX tiles: kept whole
+  auto changed = [&](auto change) {
+    kat::detail::MatmulProblem q = p;
+    change(q);
+    return kat::detail::onednn_row_batches(q, avx512);
+  };
+  CHECK(changed([](auto &q) { q.bf16_operands = false; }) == 1);
+  CHECK(changed([](auto &q) { q.threads = 1; }) == 1);
+  CHECK(changed([](auto &q) { q.threads = 4; }) == 4);
+  CHECK(changed([](auto &q) { q.m = 2047; }) == 1);               // not a multiple
+  CHECK(changed([](auto &q) { q.m = 2 * 255; }) == 1);            // blocks too short
+  CHECK(changed([](auto &q) { q.n = 2048 / 4 + 1; }) == 1);       // not tall enough
+  CHECK(changed([](auto &q) { q.m = 2 * 256, q.n = 128; }) == 2); // the limits
+}
+
+TEST_CASE("precision: oneDNN's bf16 matmul in blocks of rows is the fp32 sum of its operands",
+          "[precision][bf16]") {
+  // A tall product, as a ViT's Dense layers have (N·P rows): on two threads the plan runs it
+  // as a batch of two blocks of rows (unless oneDNN's kernel for the whole uses AMX tiles).
+  // Operands in bf16 with leading dimensions above their rows, C within a wider matrix.
+  const std::size_t m = 1024, n = 24, k = 70;
+  for (const char ta : {'N', 'T'})
+    for (const char tb : {'N', 'T'})
+      for (const std::size_t threads : {std::size_t(1), std::size_t(2)})
+        for (const auto &ab : std::vector<std::pair<float, float>>{{1.0f, 0.0f}, {0.5f, 2.0f}}) {
+          kat::detail::MatmulProblem p;
+          p.trans_a = ta, p.trans_b = tb, p.m = m, p.n = n, p.k = k;
+          const std::size_t a_rows = ta == 'T' ? k : m, a_cols = ta == 'T' ? m : k;
+          const std::size_t b_rows = tb == 'T' ? n : k, b_cols = tb == 'T' ? k : n;
+          p.lda = a_rows + 3, p.ldb = b_rows + 5, p.ldc = m + 7;
+          p.alpha = ab.first, p.beta = ab.second, p.bf16_operands = true, p.threads = threads;
+          std::vector<kat::bfloat16> a(p.lda * a_cols), b(p.ldb * b_cols);
+          std::vector<float> c(p.ldc * n), c0(p.ldc * n);
+          std::uint32_t state = 12345u + 7u * (ta == 'T') + 13u * (tb == 'T');
+          const auto uniform = [&state] { // in [-1, 1)
+            state = state * 1664525u + 1013904223u;
+            return float(state >> 8) * 0x1.0p-23f - 1.0f;
+          };
+          for (auto &v : a)
+            v = kat::bfloat16::from_float(uniform());
+          for (auto &v : b)
+            v = kat::bfloat16::from_float(uniform());
+          for (auto &v : c0)
+            v = uniform();
+          c = c0;
+          kat::detail::OnednnBf16MatmulPlan plan(p);
+          const bool amx = plan.implementation().find("amx") != std::string::npos;
+          INFO("trans " << ta << tb << ", threads " << threads << ", alpha " << ab.first
+                        << ", beta " << ab.second << ", " << plan.implementation());
+          CHECK(plan.row_batches() == (threads == 2 && !amx ? 2u : 1u));
+          plan.run(a.data(), b.data(), c.data());
+          double worst = 0;
+          for (std::size_t j = 0; j < n; ++j)
+            for (std::size_t i = 0; i < m; ++i) {
+              double sum = 0, abs_sum = 0;
+              for (std::size_t l = 0; l < k; ++l) {
+                const double x = (ta == 'T' ? a[l + i * p.lda] : a[i + l * p.lda]).to_float();
+                const double y = (tb == 'T' ? b[j + l * p.ldb] : b[l + j * p.ldb]).to_float();
+                sum += x * y;
+                abs_sum += std::abs(x * y);
+              }
+              const double beta_c = double(ab.second) * c0[i + j * p.ldc];
+              const double want = double(ab.first) * sum + beta_c;
+              const double scale = std::abs(ab.first) * abs_sum + std::abs(beta_c);
+              worst =
+                  std::max(worst, std::abs(c[i + j * p.ldc] - want) / ((k + 2) * u_fp32 * scale));
+            }
+          CHECK(worst <= 1.0);
+          // The rows between C's columns (ldc > m) are untouched.
+          for (std::size_t j = 0; j < n; ++j)
+            for (std::size_t i = m; i < p.ldc; ++i)
+              CHECK(c[i + j * p.ldc] == c0[i + j * p.ldc]);
+        }
+}
+#endif
 
 TEST_CASE("precision: Dense in bf16 stays within the bf16 bound of fp32", "[precision][bf16]") {
   const std::size_t in = 300, out = 24, batch = 17;

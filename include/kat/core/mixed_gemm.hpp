@@ -343,6 +343,7 @@ private:
     p.ldc = detail::blas_leading_dimension(C);
     p.alpha = alpha, p.beta = beta;
     p.bf16_operands = bf16_operands;
+    p.threads = static_cast<std::size_t>(space.concurrency());
     if (p.lda == 0 || p.ldb == 0 || p.ldc == 0) {
       return false;
     }

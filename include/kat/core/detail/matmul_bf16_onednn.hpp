@@ -22,13 +22,38 @@ struct MatmulProblem {
   float alpha = 1, beta = 0;
   /// A and B are bf16 already (kat::Bf16Operand), read as they are; else f32, converted.
   bool bf16_operands = false;
+  /// The threads oneDNN runs on (the host execution space's concurrency): how many blocks of
+  /// C's rows a tall product may be split into (see onednn_row_batches).
+  std::size_t threads = 1;
 
   bool operator==(const MatmulProblem &o) const {
     return trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n && k == o.k &&
            lda == o.lda && ldb == o.ldb && ldc == o.ldc && alpha == o.alpha && beta == o.beta &&
-           bf16_operands == o.bf16_operands;
+           bf16_operands == o.bf16_operands && threads == o.threads;
   }
 };
+
+/// Fewest rows of C per block of a split product.
+constexpr std::size_t onednn_min_rows_per_batch = 256;
+
+/// Into how many equal blocks of rows OnednnBf16MatmulPlan splits C (and op(A)) for problem
+/// `p`, given the implementation oneDNN chose for the whole product: p.threads blocks for a
+/// tall product of bf16 operands (m a multiple of p.threads, at least
+/// onednn_min_rows_per_batch rows a block and at least 4 n), else 1.
+///
+/// Why: oneDNN 2.6 runs such products (a Dense layer's forward and dx with N·P rows, as in a
+/// ViT: 2048 x 64 -> 192) on its `brg` kernels about as fast on two threads as on one
+/// (docs/benchmarks.md, "oneDNN's bf16 products on two threads"); described as a batch of
+/// blocks of rows (op(B) shared), it runs them on `gemm:jit`, 1.3 to 1.5 times faster on two
+/// threads of AMD Zen 5. An implementation on AMX tiles is kept whole: not measured.
+inline std::size_t onednn_row_batches(const MatmulProblem &p, const std::string &whole_impl) {
+  const std::size_t t = p.threads;
+  if (!p.bf16_operands || t < 2 || p.m % t != 0 || p.m / t < onednn_min_rows_per_batch ||
+      p.m < 4 * p.n || whole_impl.find("amx") != std::string::npos) {
+    return 1;
+  }
+  return t;
+}
 
 #if defined(KAT_ENABLE_ONEDNN)
 
@@ -69,6 +94,7 @@ public:
     if (p.bf16_operands) {
       // Read in place: AMX's brgemm kernels take plain layouts of either order.
       pd_ = matmul::primitive_desc(matmul::desc(src_, wei_, dst_), attr, eng);
+      split_rows(p, attr);
       matmul_ = matmul(pd_);
       implementation_ = pd_.impl_info_str();
       return;
@@ -93,6 +119,10 @@ public:
   }
 
   const MatmulProblem &problem() const { return problem_; }
+
+  /// The blocks of C's rows the product runs as (onednn_row_batches): 1, or a batch of that
+  /// many products sharing op(B).
+  std::size_t row_batches() const { return row_batches_; }
 
   /// The kernel oneDNN chose, e.g. "brg:avx512_core_amx" (AMX tiles) or
   /// "brg:avx512_core_bf16".
@@ -120,6 +150,40 @@ public:
   }
 
 private:
+  /// Where onednn_row_batches(p) > 1: describes the product as a batch of that many blocks of
+  /// C's rows sharing op(B) (the same memory, 3-D descriptors: C^T (n x m) as b x n x m/b,
+  /// op(A)^T (k x m) as b x k x m/b, op(B)^T broadcast) and keeps it when oneDNN has a kernel
+  /// for it other than its reference one.
+  void split_rows(const MatmulProblem &p, const dnnl::primitive_attr &attr) {
+    using namespace dnnl;
+    using dim = memory::dim;
+    const std::size_t b = onednn_row_batches(p, pd_.impl_info_str());
+    if (b == 1) {
+      return;
+    }
+    const dim rows = dim(p.m / b), n = dim(p.n), k = dim(p.k);
+    // op(A)^T's strides: (lda, 1) or (1, lda); a block of rows starts `rows` columns on.
+    const dim ax = p.trans_a == 'T' ? 1 : dim(p.lda), ay = p.trans_a == 'T' ? dim(p.lda) : 1;
+    const dim bx = p.trans_b == 'T' ? 1 : dim(p.ldb), by = p.trans_b == 'T' ? dim(p.ldb) : 1;
+    const auto bf16 = memory::data_type::bf16;
+    const memory::desc src({1, n, k}, bf16, memory::dims{n * k, bx, by});
+    const memory::desc wei({dim(b), k, rows}, bf16, memory::dims{rows * ay, ax, ay});
+    const memory::desc dst({dim(b), n, rows}, memory::data_type::f32,
+                           memory::dims{rows, dim(p.ldc), 1});
+    matmul::primitive_desc split;
+    try {
+      split = matmul::primitive_desc(matmul::desc(src, wei, dst), attr, onednn_engine());
+    } catch (const dnnl::error &) {
+      return; // no kernel for the batch: the whole product stays
+    }
+    if (std::string(split.impl_info_str()).rfind("ref", 0) == 0) {
+      return;
+    }
+    pd_ = split;
+    src_ = src, wei_ = wei, dst_ = dst;
+    row_batches_ = b;
+  }
+
   MatmulProblem problem_;
   dnnl::stream stream_;
   // op(B)^T, op(A)^T, C^T in KAT's memory (the operands in bf16 for bf16_operands)
@@ -129,6 +193,7 @@ private:
   dnnl::memory src_bf16_, wei_bf16_;
   dnnl::reorder to_src_, to_wei_;
   std::string implementation_; // pd_'s, read once
+  std::size_t row_batches_ = 1;
 };
 
 #endif

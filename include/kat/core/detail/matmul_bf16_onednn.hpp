@@ -71,17 +71,13 @@ public:
     const dim m = dim(p.m), n = dim(p.n), k = dim(p.k);
     // oneDNN's fast matmul kernels write a row-major destination, and KAT's C is column-major:
     // the row-major storage of C^T. So the primitive computes C^T (n x m) = op(B)^T op(A)^T,
-    // as dnnl_sgemm does internally. An r x c matrix whose element (x, y) is at x sx + y sy:
-    const auto strided = [](dim r, dim c, std::size_t sx, std::size_t sy, memory::data_type t) {
-      return memory::desc({r, c}, t, memory::dims{dim(sx), dim(sy)});
-    };
+    // as dnnl_sgemm does internally.
     // The operands in KAT's memory are f32, or bf16 already with bf16_operands.
     const auto type = p.bf16_operands ? memory::data_type::bf16 : memory::data_type::f32;
-    // op(B)^T (n x k): element (j, l) = op(B)(l, j), B(l, j) at l + j ldb or B(j, l) at
-    // j + l ldb; op(A)^T (k x m) likewise; C^T (n x m): element (j, i) at i + j ldc.
-    src_ = p.trans_b == 'T' ? strided(n, k, 1, p.ldb, type) : strided(n, k, p.ldb, 1, type);
-    wei_ = p.trans_a == 'T' ? strided(k, m, 1, p.lda, type) : strided(k, m, p.lda, 1, type);
-    dst_ = strided(n, m, p.ldc, 1, memory::data_type::f32);
+    // op(B)^T (n x k), op(A)^T (k x m); C^T (n x m): element (j, i) at i + j ldc.
+    src_ = memory::desc({n, k}, type, transposed_strides(p.trans_b, p.ldb));
+    wei_ = memory::desc({k, m}, type, transposed_strides(p.trans_a, p.lda));
+    dst_ = memory::desc({n, m}, memory::data_type::f32, memory::dims{dim(p.ldc), 1});
     primitive_attr attr;
     if (p.alpha != 1.0f) {
       attr.set_output_scales(0, {p.alpha});
@@ -150,6 +146,13 @@ public:
   }
 
 private:
+  /// The strides (x, y) of op(X)^T for a column-major X with leading dimension ld: element
+  /// (x, y) is op(X)(y, x), i.e. X(y, x) at y + x ld ('N') or X(x, y) at x + y ld ('T').
+  static dnnl::memory::dims transposed_strides(char trans, std::size_t ld) {
+    using dim = dnnl::memory::dim;
+    return trans == 'T' ? dnnl::memory::dims{1, dim(ld)} : dnnl::memory::dims{dim(ld), 1};
+  }
+
   /// Where onednn_row_batches(p) > 1: describes the product as a batch of that many blocks of
   /// C's rows sharing op(B) (the same memory, 3-D descriptors: C^T (n x m) as b x n x m/b,
   /// op(A)^T (k x m) as b x k x m/b, op(B)^T broadcast) and keeps it when oneDNN has a kernel
@@ -162,12 +165,12 @@ private:
       return;
     }
     const dim rows = dim(p.m / b), n = dim(p.n), k = dim(p.k);
-    // op(A)^T's strides: (lda, 1) or (1, lda); a block of rows starts `rows` columns on.
-    const dim ax = p.trans_a == 'T' ? 1 : dim(p.lda), ay = p.trans_a == 'T' ? dim(p.lda) : 1;
-    const dim bx = p.trans_b == 'T' ? 1 : dim(p.ldb), by = p.trans_b == 'T' ? dim(p.ldb) : 1;
+    // A block of C's rows is a block of `rows` columns of op(A)^T.
+    const memory::dims sa = transposed_strides(p.trans_a, p.lda),
+                       sb = transposed_strides(p.trans_b, p.ldb);
     const auto bf16 = memory::data_type::bf16;
-    const memory::desc src({1, n, k}, bf16, memory::dims{n * k, bx, by});
-    const memory::desc wei({dim(b), k, rows}, bf16, memory::dims{rows * ay, ax, ay});
+    const memory::desc src({1, n, k}, bf16, memory::dims{n * k, sb[0], sb[1]});
+    const memory::desc wei({dim(b), k, rows}, bf16, memory::dims{rows * sa[1], sa[0], sa[1]});
     const memory::desc dst({dim(b), n, rows}, memory::data_type::f32,
                            memory::dims{rows, dim(p.ldc), 1});
     matmul::primitive_desc split;

@@ -4,6 +4,7 @@
 /// batch lanes, forward, backward and the R-operator), as named functors and their launchers.
 
 #include "kat/core/detail/float_math.hpp"
+#include "kat/core/detail/unroll.hpp"
 #include "kat/core/math.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -205,6 +206,87 @@ attention_lane_block_of(const Member &team, const AttentionGeometry &g, int bloc
   return {h, n0, left < std::size_t(block) ? int(left) : block};
 }
 
+/// One product of a host batch-lanes chunk, the same for each of its samples: C[i, k] =
+/// alpha Σ_{r < depth} A[i, r] B[r, k], with the vector of element (i, r) of A at
+/// a + i·a_row + r·a_dep (B's and C's alike), its attention_tile_width samples contiguous.
+template <class Scalar> struct AttentionLaneGemm {
+  const Scalar *a;
+  std::size_t a_row, a_dep;
+  const Scalar *b;
+  std::size_t b_dep, b_col;
+  Scalar *c;
+  std::size_t c_row, c_col;
+  std::size_t depth;
+  Scalar alpha;
+};
+
+/// Register tile of the host's batch-lanes products: attention_tile_rows x attention_tile_cols
+/// outputs of one sample vector each, 2 + 8 vector loads per 8 fused multiply-adds (a dot
+/// product at a time took 2 per multiply-add). 2 x 4 accumulators and the 2 loaded vectors of A
+/// fit AVX2's 16 registers.
+constexpr int attention_tile_rows = 2;
+constexpr int attention_tile_cols = 4;
+/// Samples per vector of the host's tiles: 8 floats, one AVX2 register (the build's baseline,
+/// docs/backends.md).
+constexpr int attention_tile_width = 8;
+
+/// Columns [0, K) of rows [0, I) of a product (AttentionLaneGemm's operands, passed one by one:
+/// read through a struct in the loop, GCC 12 kept the accumulators in memory).
+template <int I, int K, class Scalar>
+KAT_IMPL_HOST_NOINLINE KOKKOS_INLINE_FUNCTION void
+attention_lane_tile(const Scalar *a, std::size_t a_row, std::size_t a_dep, const Scalar *b,
+                    std::size_t b_dep, std::size_t b_col, Scalar *c, std::size_t c_row,
+                    std::size_t c_col, std::size_t depth, Scalar alpha) {
+  constexpr int W = attention_tile_width;
+  Scalar acc[I][K][W];
+  KAT_IMPL_UNROLL
+  for (int i = 0; i < I; ++i) {
+    KAT_IMPL_UNROLL
+    for (int k = 0; k < K; ++k) {
+      for (int l = 0; l < W; ++l) {
+        acc[i][k][l] = Scalar(0);
+      }
+    }
+  }
+  for (std::size_t r = 0; r < depth; ++r, a += a_dep, b += b_dep) {
+    KAT_IMPL_UNROLL
+    for (int i = 0; i < I; ++i) {
+      KAT_IMPL_UNROLL
+      for (int k = 0; k < K; ++k) {
+        for (int l = 0; l < W; ++l) {
+          acc[i][k][l] += a[i * a_row + l] * b[k * b_col + l];
+        }
+      }
+    }
+  }
+  KAT_IMPL_UNROLL
+  for (int i = 0; i < I; ++i) {
+    KAT_IMPL_UNROLL
+    for (int k = 0; k < K; ++k) {
+      for (int l = 0; l < W; ++l) {
+        c[i * c_row + k * c_col + l] = alpha * acc[i][k][l];
+      }
+    }
+  }
+}
+
+/// Columns [0, cols) of rows [0, I) of g's product: tiles of attention_tile_cols columns, then
+/// one column at a time.
+template <int I, class Scalar>
+KOKKOS_INLINE_FUNCTION void attention_lane_rows(const AttentionLaneGemm<Scalar> &g,
+                                                std::size_t cols) {
+  constexpr int K = attention_tile_cols;
+  std::size_t k0 = 0;
+  for (; k0 + K <= cols; k0 += K) {
+    attention_lane_tile<I, K>(g.a, g.a_row, g.a_dep, g.b + k0 * g.b_col, g.b_dep, g.b_col,
+                              g.c + k0 * g.c_col, g.c_row, g.c_col, g.depth, g.alpha);
+  }
+  for (; k0 < cols; ++k0) {
+    attention_lane_tile<I, 1>(g.a, g.a_row, g.a_dep, g.b + k0 * g.b_col, g.b_dep, g.b_col,
+                              g.c + k0 * g.c_col, g.c_row, g.c_col, g.depth, g.alpha);
+  }
+}
+
 /// The buffers and constants of one attention pass (one struct for all four, so the kernels
 /// and their launch are shared): each pass reads and writes the ones its doc names.
 template <class Scalar> struct AttentionArgs {
@@ -218,6 +300,245 @@ template <class Scalar> struct AttentionArgs {
   Scalar *out = nullptr;                      ///< y, dx, R{y} or R{dx}
   Scalar *work = nullptr, *rwork = nullptr;   ///< A-sized scratch: dA/dS and R{dA}/R{dS}
 };
+
+// ---------------------------------------------------------------------------------------------
+// Host batch lanes: a team's block of samples in chunks of attention_tile_width, the head's
+// blocks of Q, K, V (and dO, A) copied into the team's scratch as [row][column][sample], so that
+// the register tiles read contiguous vectors. Read in place, the token matrices' column stride
+// N·P (8 KB for the ViT's batch of 128) put a head's columns on a few L1 sets, and the tiles
+// waited on the caches below (docs/benchmarks.md, "Kernel design choices, measured").
+// ---------------------------------------------------------------------------------------------
+
+/// Copies a rows x cols block of sample vectors for the block's `lanes` samples into the chunks:
+/// chunk q's copy of element (r, c), samples [q·W, q·W + W), is at dst + q·stride +
+/// (r·cols + c)·W, from src + r·row + c·col + q·W. A partial chunk's missing samples are 0, so
+/// that its unused lanes stay finite. Each element's samples are read in one pass (128 bytes
+/// for a full block), not a chunk's 32 bytes at a time.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION void attention_pack(const Scalar *src, std::size_t row, std::size_t col,
+                                           std::size_t rows, std::size_t cols, int lanes,
+                                           Scalar *dst, std::size_t stride) {
+  constexpr int W = attention_tile_width;
+  for (std::size_t c = 0; c < cols; ++c) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const Scalar *from = src + r * row + c * col;
+      Scalar *to = dst + (r * cols + c) * W;
+      int l0 = 0;
+      for (; l0 + W <= lanes; l0 += W, to += stride) {
+        for (int l = 0; l < W; ++l) {
+          to[l] = from[l0 + l];
+        }
+      }
+      if (l0 < lanes) {
+        for (int l = 0; l < W; ++l) {
+          to[l] = l0 + l < lanes ? from[l0 + l] : Scalar(0);
+        }
+      }
+    }
+  }
+}
+
+/// The reverse of attention_pack for the block's `lanes` samples.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION void attention_unpack(const Scalar *src, std::size_t stride,
+                                             std::size_t rows, std::size_t cols, int lanes,
+                                             Scalar *dst, std::size_t row, std::size_t col) {
+  constexpr int W = attention_tile_width;
+  for (std::size_t c = 0; c < cols; ++c) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const Scalar *from = src + (r * cols + c) * W;
+      Scalar *to = dst + r * row + c * col;
+      int l0 = 0;
+      for (; l0 + W <= lanes; l0 += W, from += stride) {
+        for (int l = 0; l < W; ++l) {
+          to[l0 + l] = from[l];
+        }
+      }
+      for (int l = 0; l0 + l < lanes; ++l) {
+        to[l0 + l] = from[l];
+      }
+    }
+  }
+}
+
+/// rows(std::integral_constant<int, I>, r0) for r0 = 0, I, 2I, ... < count with
+/// I = attention_tile_rows, then I = 1 for the rows left.
+template <class Rows>
+KOKKOS_INLINE_FUNCTION void attention_host_row_tiles(std::size_t count, const Rows &rows) {
+  constexpr int I = attention_tile_rows;
+  std::size_t r0 = 0;
+  for (; r0 + I <= count; r0 += I) {
+    rows(std::integral_constant<int, I>(), r0);
+  }
+  for (; r0 < count; ++r0) {
+    rows(std::integral_constant<int, 1>(), r0);
+  }
+}
+
+/// The packed blocks of one chunk: P x dh for tokens, P x P for A and dS, W samples each.
+struct AttentionChunkSizes {
+  std::size_t token, square;
+  KOKKOS_INLINE_FUNCTION explicit AttentionChunkSizes(const AttentionGeometry &g)
+      : token(g.positions * g.head_dim * attention_tile_width),
+        square(g.positions * g.positions * attention_tile_width) {}
+};
+
+/// Forward of a block (head h, samples [n0, n0 + lanes)) in chunks of W samples: S = Q Kᵀ/√dh,
+/// its row softmax, O = A V, all on the packed copies; writes A and y. Scratch per chunk:
+/// 4 token blocks and 1 square.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION void attention_forward_block(const AttentionArgs<Scalar> &p, std::size_t h,
+                                                    std::size_t n0, int lanes, Scalar *scratch) {
+  constexpr int W = attention_tile_width;
+  const AttentionGeometry &g = p.g;
+  const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+  const AttentionChunkSizes size(g);
+  const std::size_t stride = 4 * size.token + size.square;
+  const std::size_t k_at = size.token, v_at = 2 * size.token, o_at = 3 * size.token;
+  const std::size_t s_at = 4 * size.token;
+  const std::size_t d = g.model_dim();
+  attention_pack(p.x + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch, stride);
+  attention_pack(p.x + g.token(n0, 0, d + h * dh), N, NP, P, dh, lanes, scratch + k_at, stride);
+  attention_pack(p.x + g.token(n0, 0, 2 * d + h * dh), N, NP, P, dh, lanes, scratch + v_at, stride);
+  for (int l0 = 0; l0 < lanes; l0 += W) {
+    Scalar *qp = scratch + std::size_t(l0 / W) * stride, *kp = qp + k_at, *vp = qp + v_at;
+    Scalar *op = qp + o_at, *sp = qp + s_at;
+    attention_host_row_tiles(P, [&](auto rows, const std::size_t t0) {
+      constexpr int I = decltype(rows)::value;
+      const std::size_t end = attention_row_end(g, t0 + I - 1);
+      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{qp + t0 * dh * W, dh * W, W, kp, W, dh * W,
+                                                       sp + t0 * P * W, P * W, W, dh, p.scale},
+                             end);
+      for (std::size_t t = t0; t < t0 + I; ++t) {
+        // the stable softmax of row t over s < its end, 0 from there on
+        const std::size_t row_end = attention_row_end(g, t);
+        Scalar *st = sp + t * P * W;
+        Scalar m[W], sum[W];
+        for (int l = 0; l < W; ++l) {
+          m[l] = st[l];
+          sum[l] = 0;
+        }
+        for (std::size_t s = 1; s < row_end; ++s) {
+          for (int l = 0; l < W; ++l) {
+            m[l] = st[s * W + l] > m[l] ? st[s * W + l] : m[l];
+          }
+        }
+        for (std::size_t s = 0; s < row_end; ++s) {
+          for (int l = 0; l < W; ++l) {
+            const Scalar e = math::detail::exp_vectorizable(st[s * W + l] - m[l]);
+            st[s * W + l] = e;
+            sum[l] += e;
+          }
+        }
+        for (int l = 0; l < W; ++l) {
+          m[l] = Scalar(1) / sum[l];
+        }
+        for (std::size_t s = 0; s < row_end; ++s) {
+          for (int l = 0; l < W; ++l) {
+            st[s * W + l] *= m[l];
+          }
+        }
+        for (std::size_t s = row_end; s < P; ++s) {
+          for (int l = 0; l < W; ++l) {
+            st[s * W + l] = Scalar(0);
+          }
+        }
+      }
+      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{sp + t0 * P * W, P * W, W, vp, dh * W, W,
+                                                       op + t0 * dh * W, dh * W, W, end, Scalar(1)},
+                             dh);
+    });
+  }
+  attention_unpack(scratch + o_at, stride, P, dh, lanes, p.out + g.token(n0, 0, h * dh), N, NP);
+  attention_unpack(scratch + s_at, stride, P, P, lanes, p.a + g.prob(n0, h, 0, 0), NH, NH * P);
+}
+
+/// Backward of a block in chunks of W samples: dA = dO Vᵀ, dS = A ⊙ (dA − rowsum(dA ⊙ A)),
+/// dQ = dS K/√dh, dV = Aᵀ dO, dK = dSᵀ Q/√dh on the packed copies; writes dx. Scratch per
+/// chunk: 7 token blocks and 2 squares.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION void attention_backward_block(const AttentionArgs<Scalar> &p, std::size_t h,
+                                                     std::size_t n0, int lanes, Scalar *scratch) {
+  constexpr int W = attention_tile_width;
+  const AttentionGeometry &g = p.g;
+  const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+  const AttentionChunkSizes size(g);
+  const std::size_t stride = 7 * size.token + 2 * size.square, tk = size.token;
+  const std::size_t d = g.model_dim();
+  attention_pack(p.x + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch, stride);
+  attention_pack(p.x + g.token(n0, 0, d + h * dh), N, NP, P, dh, lanes, scratch + tk, stride);
+  attention_pack(p.x + g.token(n0, 0, 2 * d + h * dh), N, NP, P, dh, lanes, scratch + 2 * tk,
+                 stride);
+  attention_pack(p.dy + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch + 3 * tk, stride);
+  attention_pack(p.a + g.prob(n0, h, 0, 0), NH, NH * P, P, P, lanes, scratch + 7 * tk, stride);
+  for (int l0 = 0; l0 < lanes; l0 += W) {
+    Scalar *qp = scratch + std::size_t(l0 / W) * stride, *kp = qp + tk, *vp = kp + tk;
+    Scalar *dop = vp + tk, *dqp = dop + tk, *dkp = dqp + tk, *dvp = dkp + tk;
+    Scalar *ap = dvp + tk, *dsp = ap + size.square;
+    // Query rows: dA, dS (0 where masked), dQ.
+    attention_host_row_tiles(P, [&](auto rows, const std::size_t t0) {
+      constexpr int I = decltype(rows)::value;
+      const std::size_t end = attention_row_end(g, t0 + I - 1);
+      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{dop + t0 * dh * W, dh * W, W, vp, W, dh * W,
+                                                       dsp + t0 * P * W, P * W, W, dh, Scalar(1)},
+                             end);
+      for (std::size_t t = t0; t < t0 + I; ++t) {
+        const std::size_t row_end = attention_row_end(g, t);
+        Scalar *wt = dsp + t * P * W;
+        const Scalar *at = ap + t * P * W;
+        Scalar r[W];
+        for (int l = 0; l < W; ++l) {
+          r[l] = 0;
+        }
+        for (std::size_t s = 0; s < row_end; ++s) {
+          for (int l = 0; l < W; ++l) {
+            r[l] += wt[s * W + l] * at[s * W + l];
+          }
+        }
+        for (std::size_t s = 0; s < row_end; ++s) {
+          for (int l = 0; l < W; ++l) {
+            wt[s * W + l] = at[s * W + l] * (wt[s * W + l] - r[l]);
+          }
+        }
+        for (std::size_t s = row_end; s < P; ++s) {
+          for (int l = 0; l < W; ++l) {
+            wt[s * W + l] = Scalar(0);
+          }
+        }
+      }
+      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{dsp + t0 * P * W, P * W, W, kp, dh * W, W,
+                                                       dqp + t0 * dh * W, dh * W, W, end, p.scale},
+                             dh);
+    });
+    // Key rows: dV = Aᵀ dO and dK = dSᵀ Q/√dh over the queries t that see key s0 (A and dS are
+    // 0 where a query does not see a key).
+    attention_host_row_tiles(P, [&](auto rows, const std::size_t s0) {
+      constexpr int I = decltype(rows)::value;
+      const std::size_t begin = g.causal ? s0 : 0;
+      attention_lane_rows<I>(
+          AttentionLaneGemm<Scalar>{ap + (begin * P + s0) * W, W, P * W, dop + begin * dh * W,
+                                    dh * W, W, dvp + s0 * dh * W, dh * W, W, P - begin, Scalar(1)},
+          dh);
+      attention_lane_rows<I>(
+          AttentionLaneGemm<Scalar>{dsp + (begin * P + s0) * W, W, P * W, qp + begin * dh * W,
+                                    dh * W, W, dkp + s0 * dh * W, dh * W, W, P - begin, p.scale},
+          dh);
+    });
+  }
+  attention_unpack(scratch + 4 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, h * dh), N, NP);
+  attention_unpack(scratch + 5 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, d + h * dh), N,
+                   NP);
+  attention_unpack(scratch + 6 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, 2 * d + h * dh),
+                   N, NP);
+}
+
+/// The team's scratch for `floats` scalars per chunk of attention_tile_width samples, enough for
+/// a full block of attention_max_lanes.
+template <class Scalar, class Member>
+KOKKOS_INLINE_FUNCTION Scalar *attention_host_scratch(const Member &team, std::size_t floats) {
+  const std::size_t chunks = attention_max_lanes / attention_tile_width;
+  return static_cast<Scalar *>(team.team_scratch(0).get_shmem(sizeof(Scalar) * floats * chunks));
+}
 
 // ---------------------------------------------------------------------------------------------
 // The four passes, each as both kernel families: gemm(team, p, pair) for the (sample, head)
@@ -265,67 +586,81 @@ struct AttentionForwardPass {
                                                             Scalar(0), pair.token(p.out, 0));
   }
 
+  /// Scratch of the host kernels per chunk, in scalars: 4 token blocks and 1 square.
+  KOKKOS_INLINE_FUNCTION static std::size_t host_scratch(const AttentionGeometry &g) {
+    const AttentionChunkSizes size(g);
+    return 4 * size.token + size.square;
+  }
+
   template <class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock<Lanes> &blk) {
-    const AttentionGeometry &g = p.g;
-    const Scalar scale = p.scale;
-    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
-    const Scalar *q = p.x + blk.token(g, 0), *k = p.x + blk.token(g, 1), *v = p.x + blk.token(g, 2);
-    Scalar *o = p.out + blk.token(g, 0);
-    Scalar *ap = p.a + blk.prob(g);
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      Scalar acc[attention_max_lanes], m[attention_max_lanes];
-      const std::size_t end = attention_row_end(g, t);
-      // logits S[t, s] = Q_t·K_s/√dh
-      for (std::size_t s = 0; s < end; ++s) {
-        attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
-        for (std::size_t j = 0; j < dh; ++j) {
-          const Scalar *qj = q + N * t + NP * j;
-          const Scalar *kj = k + N * s + NP * j;
-          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += qj[l] * kj[l]; });
-        }
-        Scalar *as = ap + NH * (t + P * s);
-        attention_lanes(team, blk.lanes, [&](const int l) { as[l] = acc[l] * scale; });
-      }
-      // softmax over s < end, stable: subtract the row max
-      attention_lanes(team, blk.lanes, [&](const int l) {
-        m[l] = ap[NH * t + l];
-        acc[l] = 0;
-      });
-      for (std::size_t s = 1; s < end; ++s) {
-        const Scalar *as = ap + NH * (t + P * s);
-        attention_lanes(team, blk.lanes, [&](const int l) { m[l] = as[l] > m[l] ? as[l] : m[l]; });
-      }
-      for (std::size_t s = 0; s < end; ++s) {
-        Scalar *as = ap + NH * (t + P * s);
-        attention_lanes(team, blk.lanes, [&](const int l) {
-          const Scalar e = math::detail::exp_vectorizable(as[l] - m[l]);
-          as[l] = e;
-          acc[l] += e;
-        });
-      }
-      attention_lanes(team, blk.lanes, [&](const int l) { m[l] = Scalar(1) / acc[l]; });
-      for (std::size_t s = 0; s < end; ++s) {
-        Scalar *as = ap + NH * (t + P * s);
-        attention_lanes(team, blk.lanes, [&](const int l) { as[l] *= m[l]; });
-      }
-      for (std::size_t s = end; s < P; ++s) {
-        Scalar *as = ap + NH * (t + P * s);
-        attention_lanes(team, blk.lanes, [&](const int l) { as[l] = Scalar(0); });
-      }
-      // O[t, j] = Σ_s A[t, s] V[s, j]
-      for (std::size_t j = 0; j < dh; ++j) {
-        attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
+    using exec = typename Member::execution_space;
+    if constexpr (Kokkos::SpaceAccessibility<exec, Kokkos::HostSpace>::accessible) {
+      attention_forward_block(p, blk.h, blk.n0, int(blk.lanes),
+                              attention_host_scratch<Scalar>(team, host_scratch(p.g)));
+    } else {
+      const AttentionGeometry &g = p.g;
+      const Scalar scale = p.scale;
+      const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+      const Scalar *q = p.x + blk.token(g, 0), *k = p.x + blk.token(g, 1),
+                   *v = p.x + blk.token(g, 2);
+      Scalar *o = p.out + blk.token(g, 0);
+      Scalar *ap = p.a + blk.prob(g);
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
+        Scalar acc[attention_max_lanes], m[attention_max_lanes];
+        const std::size_t end = attention_row_end(g, t);
+        // logits S[t, s] = Q_t·K_s/√dh
         for (std::size_t s = 0; s < end; ++s) {
-          const Scalar *as = ap + NH * (t + P * s);
-          const Scalar *vj = v + N * s + NP * j;
-          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += as[l] * vj[l]; });
+          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
+          for (std::size_t j = 0; j < dh; ++j) {
+            const Scalar *qj = q + N * t + NP * j;
+            const Scalar *kj = k + N * s + NP * j;
+            attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += qj[l] * kj[l]; });
+          }
+          Scalar *as = ap + NH * (t + P * s);
+          attention_lanes(team, blk.lanes, [&](const int l) { as[l] = acc[l] * scale; });
         }
-        Scalar *oj = o + N * t + NP * j;
-        attention_lanes(team, blk.lanes, [&](const int l) { oj[l] = acc[l]; });
-      }
-    });
+        // softmax over s < end, stable: subtract the row max
+        attention_lanes(team, blk.lanes, [&](const int l) {
+          m[l] = ap[NH * t + l];
+          acc[l] = 0;
+        });
+        for (std::size_t s = 1; s < end; ++s) {
+          const Scalar *as = ap + NH * (t + P * s);
+          attention_lanes(team, blk.lanes,
+                          [&](const int l) { m[l] = as[l] > m[l] ? as[l] : m[l]; });
+        }
+        for (std::size_t s = 0; s < end; ++s) {
+          Scalar *as = ap + NH * (t + P * s);
+          attention_lanes(team, blk.lanes, [&](const int l) {
+            const Scalar e = math::detail::exp_vectorizable(as[l] - m[l]);
+            as[l] = e;
+            acc[l] += e;
+          });
+        }
+        attention_lanes(team, blk.lanes, [&](const int l) { m[l] = Scalar(1) / acc[l]; });
+        for (std::size_t s = 0; s < end; ++s) {
+          Scalar *as = ap + NH * (t + P * s);
+          attention_lanes(team, blk.lanes, [&](const int l) { as[l] *= m[l]; });
+        }
+        for (std::size_t s = end; s < P; ++s) {
+          Scalar *as = ap + NH * (t + P * s);
+          attention_lanes(team, blk.lanes, [&](const int l) { as[l] = Scalar(0); });
+        }
+        // O[t, j] = Σ_s A[t, s] V[s, j]
+        for (std::size_t j = 0; j < dh; ++j) {
+          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
+          for (std::size_t s = 0; s < end; ++s) {
+            const Scalar *as = ap + NH * (t + P * s);
+            const Scalar *vj = v + N * s + NP * j;
+            attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += as[l] * vj[l]; });
+          }
+          Scalar *oj = o + N * t + NP * j;
+          attention_lanes(team, blk.lanes, [&](const int l) { oj[l] = acc[l]; });
+        }
+      });
+    }
   }
 };
 
@@ -352,81 +687,94 @@ struct AttentionBackwardPass {
                                                           Scalar(0), pair.token(p.out, 1));
   }
 
+  /// Scratch of the host kernels per chunk, in scalars: 7 token blocks and 2 squares.
+  KOKKOS_INLINE_FUNCTION static std::size_t host_scratch(const AttentionGeometry &g) {
+    const AttentionChunkSizes size(g);
+    return 7 * size.token + 2 * size.square;
+  }
+
   template <class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock<Lanes> &blk) {
-    const AttentionGeometry &g = p.g;
-    const Scalar scale = p.scale;
-    const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
-    const Scalar *q = p.x + blk.token(g, 0), *k = p.x + blk.token(g, 1), *v = p.x + blk.token(g, 2);
-    const Scalar *d_o = p.dy + blk.token(g, 0);
-    Scalar *dq = p.out + blk.token(g, 0), *dk = p.out + blk.token(g, 1),
-           *dv = p.out + blk.token(g, 2);
-    const Scalar *ap = p.a + blk.prob(g);
-    Scalar *wp = p.work + blk.prob(g);
-    // Query rows: dA = dO Vᵀ, dS = A ⊙ (dA − rowsum(dA ⊙ A)) into work, dQ = dS K/√dh.
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
-      Scalar acc[attention_max_lanes], r[attention_max_lanes];
-      const std::size_t end = attention_row_end(g, t);
-      attention_lanes(team, blk.lanes, [&](const int l) { r[l] = 0; });
-      for (std::size_t s = 0; s < end; ++s) {
-        attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
-        for (std::size_t j = 0; j < dh; ++j) {
-          const Scalar *doj = d_o + N * t + NP * j;
-          const Scalar *vj = v + N * s + NP * j;
-          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += doj[l] * vj[l]; });
-        }
-        Scalar *ws = wp + NH * (t + P * s);
-        const Scalar *as = ap + NH * (t + P * s);
-        attention_lanes(team, blk.lanes, [&](const int l) {
-          ws[l] = acc[l];
-          r[l] += acc[l] * as[l];
-        });
-      }
-      for (std::size_t s = 0; s < end; ++s) {
-        Scalar *ws = wp + NH * (t + P * s);
-        const Scalar *as = ap + NH * (t + P * s);
-        attention_lanes(team, blk.lanes, [&](const int l) { ws[l] = as[l] * (ws[l] - r[l]); });
-      }
-      for (std::size_t j = 0; j < dh; ++j) {
-        attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
+    using exec = typename Member::execution_space;
+    if constexpr (Kokkos::SpaceAccessibility<exec, Kokkos::HostSpace>::accessible) {
+      attention_backward_block(p, blk.h, blk.n0, int(blk.lanes),
+                               attention_host_scratch<Scalar>(team, host_scratch(p.g)));
+    } else {
+      const AttentionGeometry &g = p.g;
+      const Scalar scale = p.scale;
+      const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
+      const Scalar *q = p.x + blk.token(g, 0), *k = p.x + blk.token(g, 1),
+                   *v = p.x + blk.token(g, 2);
+      const Scalar *d_o = p.dy + blk.token(g, 0);
+      Scalar *dq = p.out + blk.token(g, 0), *dk = p.out + blk.token(g, 1),
+             *dv = p.out + blk.token(g, 2);
+      const Scalar *ap = p.a + blk.prob(g);
+      Scalar *wp = p.work + blk.prob(g);
+      // Query rows: dA = dO Vᵀ, dS = A ⊙ (dA − rowsum(dA ⊙ A)) into work, dQ = dS K/√dh.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t t) {
+        Scalar acc[attention_max_lanes], r[attention_max_lanes];
+        const std::size_t end = attention_row_end(g, t);
+        attention_lanes(team, blk.lanes, [&](const int l) { r[l] = 0; });
         for (std::size_t s = 0; s < end; ++s) {
-          const Scalar *ws = wp + NH * (t + P * s);
-          const Scalar *kj = k + N * s + NP * j;
-          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += ws[l] * kj[l]; });
-        }
-        Scalar *dqj = dq + N * t + NP * j;
-        attention_lanes(team, blk.lanes, [&](const int l) { dqj[l] = acc[l] * scale; });
-      }
-    });
-    team.team_barrier();
-    // Key rows: dV = Aᵀ dO, dK = dSᵀ Q/√dh, over the queries t that see key s.
-    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t s) {
-      Scalar acc[attention_max_lanes], acc2[attention_max_lanes];
-      const std::size_t begin = g.causal ? s : 0;
-      for (std::size_t j = 0; j < dh; ++j) {
-        attention_lanes(team, blk.lanes, [&](const int l) {
-          acc[l] = 0;
-          acc2[l] = 0;
-        });
-        for (std::size_t t = begin; t < P; ++t) {
+          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
+          for (std::size_t j = 0; j < dh; ++j) {
+            const Scalar *doj = d_o + N * t + NP * j;
+            const Scalar *vj = v + N * s + NP * j;
+            attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += doj[l] * vj[l]; });
+          }
+          Scalar *ws = wp + NH * (t + P * s);
           const Scalar *as = ap + NH * (t + P * s);
-          const Scalar *ws = wp + NH * (t + P * s);
-          const Scalar *doj = d_o + N * t + NP * j;
-          const Scalar *qj = q + N * t + NP * j;
           attention_lanes(team, blk.lanes, [&](const int l) {
-            acc[l] += as[l] * doj[l];
-            acc2[l] += ws[l] * qj[l];
+            ws[l] = acc[l];
+            r[l] += acc[l] * as[l];
           });
         }
-        Scalar *dvj = dv + N * s + NP * j;
-        Scalar *dkj = dk + N * s + NP * j;
-        attention_lanes(team, blk.lanes, [&](const int l) {
-          dvj[l] = acc[l];
-          dkj[l] = acc2[l] * scale;
-        });
-      }
-    });
+        for (std::size_t s = 0; s < end; ++s) {
+          Scalar *ws = wp + NH * (t + P * s);
+          const Scalar *as = ap + NH * (t + P * s);
+          attention_lanes(team, blk.lanes, [&](const int l) { ws[l] = as[l] * (ws[l] - r[l]); });
+        }
+        for (std::size_t j = 0; j < dh; ++j) {
+          attention_lanes(team, blk.lanes, [&](const int l) { acc[l] = 0; });
+          for (std::size_t s = 0; s < end; ++s) {
+            const Scalar *ws = wp + NH * (t + P * s);
+            const Scalar *kj = k + N * s + NP * j;
+            attention_lanes(team, blk.lanes, [&](const int l) { acc[l] += ws[l] * kj[l]; });
+          }
+          Scalar *dqj = dq + N * t + NP * j;
+          attention_lanes(team, blk.lanes, [&](const int l) { dqj[l] = acc[l] * scale; });
+        }
+      });
+      team.team_barrier();
+      // Key rows: dV = Aᵀ dO, dK = dSᵀ Q/√dh, over the queries t that see key s.
+      Kokkos::parallel_for(Kokkos::TeamThreadRange(team, P), [&](const std::size_t s) {
+        Scalar acc[attention_max_lanes], acc2[attention_max_lanes];
+        const std::size_t begin = g.causal ? s : 0;
+        for (std::size_t j = 0; j < dh; ++j) {
+          attention_lanes(team, blk.lanes, [&](const int l) {
+            acc[l] = 0;
+            acc2[l] = 0;
+          });
+          for (std::size_t t = begin; t < P; ++t) {
+            const Scalar *as = ap + NH * (t + P * s);
+            const Scalar *ws = wp + NH * (t + P * s);
+            const Scalar *doj = d_o + N * t + NP * j;
+            const Scalar *qj = q + N * t + NP * j;
+            attention_lanes(team, blk.lanes, [&](const int l) {
+              acc[l] += as[l] * doj[l];
+              acc2[l] += ws[l] * qj[l];
+            });
+          }
+          Scalar *dvj = dv + N * s + NP * j;
+          Scalar *dkj = dk + N * s + NP * j;
+          attention_lanes(team, blk.lanes, [&](const int l) {
+            dvj[l] = acc[l];
+            dkj[l] = acc2[l] * scale;
+          });
+        }
+      });
+    }
   }
 };
 
@@ -434,6 +782,8 @@ struct AttentionBackwardPass {
 /// rowsum(A ⊙ R{S})) into `ra`, R{O} = R{A} V + A R{V} into `out` (R{y}). Reads x, rx, a.
 struct AttentionForwardRPass {
   static constexpr const char *label = "kat::nn::ScaledDotProductAttention::forward_r";
+  /// No thread scratch: the R passes run on the unpacked blocks.
+  KOKKOS_INLINE_FUNCTION static std::size_t host_scratch(const AttentionGeometry &) { return 0; }
 
   template <class Member, class Scalar, class MemorySpace>
   KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
@@ -519,6 +869,8 @@ struct AttentionForwardRPass {
 /// rx, a, ra, dy, rdy.
 struct AttentionBackwardRPass {
   static constexpr const char *label = "kat::nn::ScaledDotProductAttention::backward_r";
+  /// No thread scratch: the R passes run on the unpacked blocks.
+  KOKKOS_INLINE_FUNCTION static std::size_t host_scratch(const AttentionGeometry &) { return 0; }
 
   template <class Member, class Scalar, class MemorySpace>
   KOKKOS_INLINE_FUNCTION static void gemm(const Member &team, const AttentionArgs<Scalar> &p,
@@ -698,10 +1050,17 @@ void attention_run(const ExecSpace &space, const AttentionArgs<Scalar> &p, bool 
   const int block = attention_lane_block<ExecSpace>();
   const std::size_t blocks = (p.g.batch + block - 1) / block;
   const bool host = Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible;
-  Kokkos::parallel_for(
-      std::string(Pass::label) + " (batch lanes)",
-      policy(space, static_cast<int>(p.g.heads * blocks), Kokkos::AUTO, host ? 1 : block),
-      AttentionLanesKernel<Pass, ExecSpace, Scalar>{p, block});
+  const int league = static_cast<int>(p.g.heads * blocks);
+  // One thread per team on hosts: a team's chunks share its scratch.
+  policy lanes = host ? policy(space, league, 1, 1) : policy(space, league, Kokkos::AUTO, block);
+  const std::size_t scratch =
+      host ? Pass::host_scratch(p.g) * sizeof(Scalar) * (attention_max_lanes / attention_tile_width)
+           : 0;
+  if (scratch > 0) {
+    lanes.set_scratch_size(0, Kokkos::PerTeam(scratch));
+  }
+  Kokkos::parallel_for(std::string(Pass::label) + " (batch lanes)", lanes,
+                       AttentionLanesKernel<Pass, ExecSpace, Scalar>{p, block});
 }
 
 } // namespace detail

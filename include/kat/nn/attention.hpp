@@ -22,9 +22,10 @@ namespace kat::nn {
 /// How ScaledDotProductAttention computes its passes; both give the same results up to
 /// rounding and keep A in the same layout.
 ///
-/// batch_lanes is 4.7 to 9.2 times faster on a host, batched_gemm an order of magnitude faster on
-/// an H100, where batch_lanes launches only heads·N/32 teams (docs/benchmarks.md, "Kernel design
-/// choices, measured").
+/// batch_lanes is 10 to 19 times faster on a host (4.7 to 9.2 before its forward and backward
+/// ran on packed copies), batched_gemm an order of magnitude faster on an H100, where
+/// batch_lanes launches only heads·N/32 teams (docs/benchmarks.md, "Kernel design choices,
+/// measured").
 enum class AttentionKernel {
   /// batch_lanes on host backends, batched_gemm on GPUs.
   automatic,
@@ -52,12 +53,17 @@ enum class AttentionKernel {
 /// logits do not overflow.
 ///
 /// Work (see AttentionKernel): on host backends one team per (head, block of 32 consecutive
-/// samples), every loop vectorized over the samples, which are contiguous in memory; on GPUs
+/// samples), every loop vectorized over the samples, which are contiguous in memory (forward
+/// and backward copy the head's block into the team's scratch as vectors of 8 samples and
+/// compute the products in 2 x 4 register tiles of them); on GPUs
 /// one team per (sample, head) pair running KokkosBatched team GEMMs on strided views of x, y
 /// and dx (no copies), with the softmax and its derivatives as row loops in the same kernel.
 /// The probabilities A (N·heads x P x P, see probabilities()) are kept from forward() for the
 /// backward and R passes. No parameters. Memory: A, and in backward one more buffer of A's
-/// size (dS); the R passes keep R{A} and use one more.
+/// size (dS); the R passes keep R{A} and use one more. On a host each thread running a pass
+/// also holds its team's scratch, 32 samples' copies: in backward 7 P x dh blocks and 2 P x P
+/// blocks a sample (288 KB in float for P = 16, dh = 16; as much as A for 64 (sample, head)
+/// pairs when P >> dh); in forward 4 P x dh blocks and 1 P x P block a sample.
 ///
 /// R-operator (Pearlmutter 1994): forward_r gives R{O} from R{x} (R{Q}, R{K}, R{V});
 /// backward_r gives R{dx} by the product rule on each backward formula.

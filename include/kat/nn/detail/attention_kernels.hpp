@@ -196,6 +196,12 @@ template <class Lanes = int> struct AttentionLaneBlock {
   }
 };
 
+/// A block's sample count as an int, for a runtime count or AttentionFullLanes alike
+/// (integral_constant's conversion is a host function, which nvcc will not call from a
+/// KOKKOS_INLINE_FUNCTION).
+KOKKOS_INLINE_FUNCTION int attention_lane_count(int lanes) { return lanes; }
+KOKKOS_INLINE_FUNCTION int attention_lane_count(AttentionFullLanes) { return attention_max_lanes; }
+
 template <class Member>
 KOKKOS_INLINE_FUNCTION AttentionLaneBlock<>
 attention_lane_block_of(const Member &team, const AttentionGeometry &g, int block) {
@@ -597,7 +603,7 @@ struct AttentionForwardPass {
                                            const AttentionLaneBlock<Lanes> &blk) {
     using exec = typename Member::execution_space;
     if constexpr (Kokkos::SpaceAccessibility<exec, Kokkos::HostSpace>::accessible) {
-      attention_forward_block(p, blk.h, blk.n0, int(blk.lanes),
+      attention_forward_block(p, blk.h, blk.n0, attention_lane_count(blk.lanes),
                               attention_host_scratch<Scalar>(team, host_scratch(p.g)));
     } else {
       const AttentionGeometry &g = p.g;
@@ -698,7 +704,7 @@ struct AttentionBackwardPass {
                                            const AttentionLaneBlock<Lanes> &blk) {
     using exec = typename Member::execution_space;
     if constexpr (Kokkos::SpaceAccessibility<exec, Kokkos::HostSpace>::accessible) {
-      attention_backward_block(p, blk.h, blk.n0, int(blk.lanes),
+      attention_backward_block(p, blk.h, blk.n0, attention_lane_count(blk.lanes),
                                attention_host_scratch<Scalar>(team, host_scratch(p.g)));
     } else {
       const AttentionGeometry &g = p.g;

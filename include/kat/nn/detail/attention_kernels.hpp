@@ -235,6 +235,9 @@ constexpr int attention_tile_cols = 4;
 /// Samples per vector of the host's tiles: 8 floats, one AVX2 register (the build's baseline,
 /// docs/backends.md).
 constexpr int attention_tile_width = 8;
+/// Chunks of attention_tile_width samples in a full block: the host kernels' scratch holds
+/// this many chunks' copies.
+constexpr std::size_t attention_block_chunks = attention_max_lanes / attention_tile_width;
 
 /// Columns [0, K) of rows [0, I) of a product (AttentionLaneGemm's operands, passed one by one:
 /// read through a struct in the loop, GCC 12 kept the accumulators in memory).
@@ -389,6 +392,21 @@ struct AttentionChunkSizes {
         square(g.positions * g.positions * attention_tile_width) {}
 };
 
+/// Copies the head's Q, K and V for samples [n0, n0 + lanes) into each chunk's first three
+/// token blocks (forward and backward alike).
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION void attention_pack_qkv(const AttentionArgs<Scalar> &p, std::size_t h,
+                                               std::size_t n0, int lanes, Scalar *scratch,
+                                               std::size_t stride) {
+  const AttentionGeometry &g = p.g;
+  const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, d = g.model_dim();
+  const std::size_t token = AttentionChunkSizes(g).token;
+  for (std::size_t part = 0; part < 3; ++part) {
+    attention_pack(p.x + g.token(n0, 0, part * d + h * dh), N, N * P, P, dh, lanes,
+                   scratch + part * token, stride);
+  }
+}
+
 /// Forward of a block (head h, samples [n0, n0 + lanes)) in chunks of W samples: S = Q Kᵀ/√dh,
 /// its row softmax, O = A V, all on the packed copies; writes A and y. Scratch per chunk:
 /// 4 token blocks and 1 square.
@@ -402,10 +420,7 @@ KOKKOS_INLINE_FUNCTION void attention_forward_block(const AttentionArgs<Scalar> 
   const std::size_t stride = 4 * size.token + size.square;
   const std::size_t k_at = size.token, v_at = 2 * size.token, o_at = 3 * size.token;
   const std::size_t s_at = 4 * size.token;
-  const std::size_t d = g.model_dim();
-  attention_pack(p.x + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch, stride);
-  attention_pack(p.x + g.token(n0, 0, d + h * dh), N, NP, P, dh, lanes, scratch + k_at, stride);
-  attention_pack(p.x + g.token(n0, 0, 2 * d + h * dh), N, NP, P, dh, lanes, scratch + v_at, stride);
+  attention_pack_qkv(p, h, n0, lanes, scratch, stride);
   for (int l0 = 0; l0 < lanes; l0 += W) {
     Scalar *qp = scratch + std::size_t(l0 / W) * stride, *kp = qp + k_at, *vp = qp + v_at;
     Scalar *op = qp + o_at, *sp = qp + s_at;
@@ -471,10 +486,7 @@ KOKKOS_INLINE_FUNCTION void attention_backward_block(const AttentionArgs<Scalar>
   const AttentionChunkSizes size(g);
   const std::size_t stride = 7 * size.token + 2 * size.square, tk = size.token;
   const std::size_t d = g.model_dim();
-  attention_pack(p.x + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch, stride);
-  attention_pack(p.x + g.token(n0, 0, d + h * dh), N, NP, P, dh, lanes, scratch + tk, stride);
-  attention_pack(p.x + g.token(n0, 0, 2 * d + h * dh), N, NP, P, dh, lanes, scratch + 2 * tk,
-                 stride);
+  attention_pack_qkv(p, h, n0, lanes, scratch, stride);
   attention_pack(p.dy + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch + 3 * tk, stride);
   attention_pack(p.a + g.prob(n0, h, 0, 0), NH, NH * P, P, P, lanes, scratch + 7 * tk, stride);
   for (int l0 = 0; l0 < lanes; l0 += W) {
@@ -542,8 +554,8 @@ KOKKOS_INLINE_FUNCTION void attention_backward_block(const AttentionArgs<Scalar>
 /// a full block of attention_max_lanes.
 template <class Scalar, class Member>
 KOKKOS_INLINE_FUNCTION Scalar *attention_host_scratch(const Member &team, std::size_t floats) {
-  const std::size_t chunks = attention_max_lanes / attention_tile_width;
-  return static_cast<Scalar *>(team.team_scratch(0).get_shmem(sizeof(Scalar) * floats * chunks));
+  return static_cast<Scalar *>(
+      team.team_scratch(0).get_shmem(sizeof(Scalar) * floats * attention_block_chunks));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1060,8 +1072,7 @@ void attention_run(const ExecSpace &space, const AttentionArgs<Scalar> &p, bool 
   // One thread per team on hosts: a team's chunks share its scratch.
   policy lanes = host ? policy(space, league, 1, 1) : policy(space, league, Kokkos::AUTO, block);
   const std::size_t scratch =
-      host ? Pass::host_scratch(p.g) * sizeof(Scalar) * (attention_max_lanes / attention_tile_width)
-           : 0;
+      host ? Pass::host_scratch(p.g) * sizeof(Scalar) * attention_block_chunks : 0;
   if (scratch > 0) {
     lanes.set_scratch_size(0, Kokkos::PerTeam(scratch));
   }

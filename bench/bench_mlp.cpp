@@ -139,6 +139,48 @@ BENCHMARK(BM_DensePrecision)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// GELU's training forward (y = x Φ(x) and GELU'(x) kept for backward) on the ViT MLP's hidden
+// activations (N·P = 128 · 16 rows, 128 features), against its backward, dx = GELU'(x) ⊙ dy: a
+// pass over the same three matrices without Φ or φ, the floor of a kernel limited by memory
+// traffic. Both run alternately in every iteration; the timed iteration is the forward.
+// Counters: forward_ns (per element), backward_ns, forward_over_backward.
+void BM_GELU(benchmark::State &state) {
+  const std::size_t n = state.range(0), features = state.range(1);
+  const Space space;
+  kat::nn::GELU<float, Mem> gelu;
+  // x in [-6, 6]: GELU's inputs in a trained ViT are mostly within a few units of 0.
+  const M x = filled(n, features, 6, 6.0), dy = filled(n, features, 7);
+  M y("y", n, features), dx("dx", n, features);
+  const auto timed = [&](const auto &f) {
+    const auto t0 = Clock::now();
+    f();
+    space.fence();
+    return seconds(t0);
+  };
+  const auto forward = [&] { gelu.forward(space, x, y); };
+  const auto backward = [&] { gelu.backward(space, dy, dx); };
+  for (int i = 0; i < 3; ++i) { // workspace
+    forward();
+    backward();
+  }
+  double forward_s = 0, backward_s = 0;
+  for (auto _ : state) {
+    backward_s += timed(backward);
+    const double this_s = timed(forward);
+    forward_s += this_s;
+    state.SetIterationTime(this_s);
+  }
+  const double ns = 1e9 / (double(state.iterations()) * double(n * features));
+  state.counters["forward_ns"] = forward_s * ns;
+  state.counters["backward_ns"] = backward_s * ns;
+  state.counters["forward_over_backward"] = forward_s / backward_s;
+}
+BENCHMARK(BM_GELU)
+    ->ArgNames({"rows", "features"})
+    ->Args({2048, 128})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // One SGD epoch of the MLP (lr 0.05, momentum 0.9, batch 128, 60,000 images), as kat_train
 // runs it, against a floor: exactly the GEMM calls an epoch makes and nothing else.
 void BM_MLPEpochSGD(benchmark::State &state) {

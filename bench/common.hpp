@@ -20,11 +20,11 @@ inline double seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// An n x m matrix of U(-1, 1) entries.
-inline M filled(std::size_t n, std::size_t m, std::uint64_t seed) {
+// An n x m matrix of U(-bound, bound) entries.
+inline M filled(std::size_t n, std::size_t m, std::uint64_t seed, double bound = 1.0) {
   M a("a", n, m);
   kat::Vector<float, Mem> flat(a.data(), n * m);
-  kat::nn::uniform_(Space(), flat, -1.0, 1.0, seed, 0);
+  kat::nn::uniform_(Space(), flat, -bound, bound, seed, 0);
   return a;
 }
 

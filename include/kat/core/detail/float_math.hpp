@@ -83,41 +83,51 @@ KOKKOS_INLINE_FUNCTION float exp_float(float a) {
   return select_float(nan_mask(a), a, p * exp2_int(n1) * exp2_int(ni - n1));
 }
 
-/// erfc(z)/2 = Φ(−|x|) for z = |x|/√2 as t·exp(−z² + P(t))/2, t = 1/(1 + z/2), with the
-/// degree-9 polynomial P of Press et al., "Numerical Recipes" (2nd ed., sec. 6.2, erfcc:
-/// fractional error below 1.2e-7 for every z >= 0). `t` and `log_term` = P(t) are returned for
-/// the callers to finish; relative accuracy is kept in the lower tail (Φ(−13) ≈ 6e-39 is
-/// formed, not 1 − erf cancelling to 0).
-KOKKOS_INLINE_FUNCTION void normal_tail_terms(float ax, float &t, float &log_term) {
+/// t = 1/(1 + z/2) for z = |x|/√2, and Q(t), a polynomial approximation of the scaled
+/// complementary error function over t: Q(t) ≈ erfc(z)·exp(z²)/t, so that
+///   Φ(−|x|) = erfc(z)/2 = t·exp(−x²/2)·Q(t)/2.
+/// This is the form of Press et al., "Numerical Recipes" (2nd ed., sec. 6.2, erfcc), with
+/// erfcc's exp(P(t)) replaced by one polynomial (no second exponential): degree 9, from
+/// Chebyshev interpolation of erfc(z)·exp(z²)/t on t in [0.15, 1] (|x| <= 16, past where Φ(−|x|)
+/// underflows) in long double, coefficients rounded to float (scripts/fit_normal_tail.cpp prints
+/// them; Q(1) = 1 in float, so Φ(0) = 1/2 exactly). Q(0) ≈ 1/(2√π), the asymptote. Evaluated
+/// in float, t·Q(t) is within 2.8e-7 relative of erfc(z)·exp(z²) over |x| <= 15.5 (measured by
+/// that program).
+KOKKOS_INLINE_FUNCTION void normal_tail_terms(float ax, float &t, float &q) {
   const float z = ax * 0.70710678118654752f;
   t = 1.0f / (1.0f + 0.5f * z);
-  log_term =
-      -1.26551223f +
-      t * (1.00002368f +
-           t * (0.37409196f +
-                t * (0.09678418f +
-                     t * (-0.18628806f +
-                          t * (0.27886807f +
-                               t * (-1.13520398f +
-                                    t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
+  q = 2.820641100e-01f +
+      t * (2.828835249e-01f +
+           t * (2.382433861e-01f +
+                t * (2.283391058e-01f +
+                     t * (-1.091971472e-01f +
+                          t * (4.467795789e-01f +
+                               t * (-7.068771720e-01f +
+                                    t * (4.610407948e-01f +
+                                         t * (-1.387226135e-01f + t * 1.544642448e-02f))))))));
 }
 
 /// |x| clamped to 64 (Φ and φ are 0 or 1 in float long before; ±inf would give inf − inf in
-/// minus_half_square) by its bits, as exp_float clamps; a NaN becomes 64, and the callers return
-/// the NaN they were given.
+/// exp_minus_half_square) by its bits, as exp_float clamps; a NaN becomes 64, and the callers
+/// return the NaN they were given.
 KOKKOS_INLINE_FUNCTION float clamped_magnitude(float x) {
   const std::uint32_t m = float_bits(x) & 0x7fffffffu;
   return float_from_bits(m < 0x42800000u ? m : 0x42800000u); // 64
 }
 
-/// −x²/2 as `head` + `rest` for x = |x| in [0, 64]: `head` = −s²/2 for s, x with its 12 low
-/// significand bits cleared, is exact (s has 12 significant bits), and `rest` = (s − x)(s + x)/2
-/// is below 2^-11·x² in magnitude. exp(head)·exp(rest) then carries no rounding of x² (which
-/// would cost up to x²/2·2^-24 relative: 3e-6 at x = 10), as in fdlibm's erfc.
-KOKKOS_INLINE_FUNCTION void minus_half_square(float ax, float &head, float &rest) {
+/// exp(−x²/2) for x = |x| in [0, 64] without the rounding of x² (which would cost up to
+/// x²/2·2^-24 relative: 3e-6 at x = 10), as in fdlibm's erfc: with s, x with its 12 low
+/// significand bits cleared, −x²/2 = head + rest where head = −s²/2 is exact (s has 12
+/// significant bits) and rest = (s − x)(s + x)/2 is below 2^-11·x² in magnitude; the result is
+/// exp_float(head) times e^rest by its Taylor polynomial of degree 5 (|rest| <= 0.1 wherever the
+/// result is above 0 in float, a remainder below 2e-9 relative; beyond, exp_float(head) is 0).
+KOKKOS_INLINE_FUNCTION float exp_minus_half_square(float ax) {
   const float s = float_from_bits(float_bits(ax) & 0xfffff000u);
-  head = -0.5f * (s * s);
-  rest = 0.5f * ((s - ax) * (s + ax));
+  const float head = -0.5f * (s * s);
+  const float rest = 0.5f * ((s - ax) * (s + ax));
+  const float e_rest =
+      1.0f + rest * (1.0f + rest * (0.5f + rest * (1.0f / 6 + rest * (1.0f / 24 + rest / 120))));
+  return exp_float(head) * e_rest;
 }
 
 /// e^x: exp_float for float (vectorizable), libm's (Kokkos's) for other types.
@@ -129,46 +139,34 @@ template <class T> KOKKOS_INLINE_FUNCTION T exp_vectorizable(T x) {
   }
 }
 
-/// Φ(x) = erfc(−x/√2)/2, the standard normal CDF, in float: erfc(−z) = 2 − erfc(z) gives
-/// x > 0 from the tail Φ(−|x|) = t·exp(−x²/2)·exp(P(t))/2 of normal_tail_terms, with −x²/2
-/// split by minus_half_square. Relative error within 1e-6 (about 16 ulp, from the fit and
-/// the float evaluation of P), measured against double precision in tests/test_gelu_math.cpp.
-/// NaN gives NaN; ±inf give 1 and 0.
-KOKKOS_INLINE_FUNCTION float normal_cdf(float x) {
-  const float ax = clamped_magnitude(x);
-  float t, log_term, head, rest;
-  normal_tail_terms(ax, t, log_term);
-  minus_half_square(ax, head, rest);
-  const float tail = 0.5f * t * exp_float(head) * exp_float(rest + log_term);
-  const std::uint32_t negative = 0u - (float_bits(x) >> 31); // −0 too: both are 1/2 there
-  return select_float(nan_mask(x), x, select_float(negative, tail, 1.0f - tail));
-}
-
-/// Φ(x) as normal_cdf and φ(x) = exp(−x²/2)/√(2π), the standard normal density, together
-/// (GELU's backward needs both): φ's exp(rest) is a degree-5 Taylor polynomial (|rest| <= 0.09
-/// where φ is above float's normal range), the other factors are normal_cdf's.
+/// Φ(x) = erfc(−x/√2)/2, the standard normal CDF, and φ(x) = exp(−x²/2)/√(2π), its density,
+/// in float, from one exponential: e = exp(−x²/2) (exp_minus_half_square), φ = e/√(2π), and
+/// the tail Φ(−|x|) = t·e·Q(t)/2 (normal_tail_terms); erfc(−z) = 2 − erfc(z) gives x > 0 as
+/// 1 − Φ(−|x|). Relative error within 1e-6 for both (from Q, exp_float's 2 ulp and the float
+/// products), measured against double precision in tests/test_gelu_math.cpp. NaN gives NaN; ±inf
+/// give Φ = 1 and 0, φ = 0.
 KOKKOS_INLINE_FUNCTION void normal_cdf_pdf(float x, float &cdf, float &pdf) {
   const float ax = clamped_magnitude(x);
-  float t, log_term, head, rest;
-  normal_tail_terms(ax, t, log_term);
-  minus_half_square(ax, head, rest);
-  const float e_head = exp_float(head);
-  const float tail = 0.5f * t * e_head * exp_float(rest + log_term);
+  float t, q;
+  normal_tail_terms(ax, t, q);
+  const float e = exp_minus_half_square(ax);
+  const float tail = 0.5f * t * q * e;
   const std::uint32_t negative = 0u - (float_bits(x) >> 31), nan = nan_mask(x);
-  cdf = select_float(nan, x, select_float(negative, tail, 1.0f - tail));
-  const float e_rest =
-      1.0f + rest * (1.0f + rest * (0.5f + rest * (1.0f / 6 + rest * (1.0f / 24 + rest / 120))));
-  pdf = select_float(nan, x, 0.39894228040143267794f * e_head * e_rest);
+  cdf = select_float(nan, x, select_float(negative, tail, 1.0f - tail)); // −0 too: both are 1/2
+  pdf = select_float(nan, x, 0.39894228040143267794f * e);
 }
 
-/// φ(x) = exp(−x²/2)/√(2π) alone, as in normal_cdf_pdf.
+/// Φ(x) alone, as normal_cdf_pdf computes it.
+KOKKOS_INLINE_FUNCTION float normal_cdf(float x) {
+  float cdf, pdf;
+  normal_cdf_pdf(x, cdf, pdf);
+  return cdf;
+}
+
+/// φ(x) = exp(−x²/2)/√(2π) alone, as normal_cdf_pdf computes it.
 KOKKOS_INLINE_FUNCTION float normal_pdf(float x) {
-  const float ax = clamped_magnitude(x);
-  float head, rest;
-  minus_half_square(ax, head, rest);
-  const float e_rest =
-      1.0f + rest * (1.0f + rest * (0.5f + rest * (1.0f / 6 + rest * (1.0f / 24 + rest / 120))));
-  return select_float(nan_mask(x), x, 0.39894228040143267794f * exp_float(head) * e_rest);
+  return select_float(nan_mask(x), x,
+                      0.39894228040143267794f * exp_minus_half_square(clamped_magnitude(x)));
 }
 
 } // namespace kat::math::detail

@@ -95,12 +95,7 @@ void BM_DensePrecision(benchmark::State &state) {
     product(space, Trans::T, Trans::N, 1.f, dy16, x16, 1.f, gemms.dw);
     product(space, Trans::N, Trans::N, 1.f, dy16, w16, 0.f, gemms.dx);
   };
-  const auto timed = [&](const auto &f) {
-    const auto t0 = Clock::now();
-    f();
-    space.fence();
-    return seconds(t0);
-  };
+  const auto timed = [&](const auto &f) { return fenced_seconds(space, f); };
   const auto layer_step = [&](kat::nn::Dense<float, Mem> &layer) {
     return [&] {
       layer.forward(space, x, y);
@@ -151,12 +146,7 @@ void BM_GELU(benchmark::State &state) {
   // x in [-6, 6]: GELU's inputs in a trained ViT are mostly within a few units of 0.
   const M x = filled(n, features, 6, 6.0), dy = filled(n, features, 7);
   M y("y", n, features), dx("dx", n, features);
-  const auto timed = [&](const auto &f) {
-    const auto t0 = Clock::now();
-    f();
-    space.fence();
-    return seconds(t0);
-  };
+  const auto timed = [&](const auto &f) { return fenced_seconds(space, f); };
   const auto forward = [&] { gelu.forward(space, x, y); };
   const auto backward = [&] { gelu.backward(space, dy, dx); };
   for (int i = 0; i < 3; ++i) { // workspace

@@ -28,6 +28,14 @@ inline M filled(std::size_t n, std::size_t m, std::uint64_t seed, double bound =
   return a;
 }
 
+// Seconds `f()` takes, fenced on `space` so the work it launched is done.
+template <class F> double fenced_seconds(const Space &space, const F &f) {
+  const auto t0 = Clock::now();
+  f();
+  space.fence();
+  return seconds(t0);
+}
+
 // Times `layer_step` and `gemm_step` alternately in every iteration (each fenced), so the
 // ratio comes from one run on a noisy machine. The layer's time is the iteration time; the
 // counters are both throughputs for `flop_per_iteration` and fraction_of_gemm = GEMM time /
@@ -38,15 +46,9 @@ void time_against_gemms(benchmark::State &state, double flop_per_iteration,
   const Space space;
   double layer_s = 0, gemm_s = 0;
   for (auto _ : state) {
-    auto t0 = Clock::now();
-    layer_step();
-    space.fence();
-    const double this_layer_s = seconds(t0);
+    const double this_layer_s = fenced_seconds(space, layer_step);
     layer_s += this_layer_s;
-    t0 = Clock::now();
-    gemm_step();
-    space.fence();
-    gemm_s += seconds(t0);
+    gemm_s += fenced_seconds(space, gemm_step);
     state.SetIterationTime(this_layer_s);
   }
   const double flop = flop_per_iteration * double(state.iterations());

@@ -16,6 +16,8 @@
 #   KAT_THREADS=2                threads of both (default: nproc)
 #   KAT_TORCH=0                  KAT only (the accuracy study)
 #   KAT_EXTRA="--optimizer kfac" more kat_train flags (KAT only: set KAT_TORCH=0)
+#   KAT_COMPARE_HOST_ISA=1       also KAT with KAT_HOST_ISA=compiled (its host loops' AVX2 copy
+#                                only; runs katc-fp32, katc-bf16), alternately with the others
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=lib/common.sh
@@ -40,9 +42,11 @@ read -r -a extra <<<"${KAT_EXTRA:-}"
 out=$root/build/compare-precision-runs
 mkdir -p "$out"
 echo "KAT $(git -C "$root" rev-parse --short HEAD), $threads threads, $(date -u +%F), CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -n 1)"
-echo "CPU bf16 units: $(grep -o -w 'amx_bf16\|avx512_bf16' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+echo "CPU bf16 units (and AVX-512 for the host loops): $(grep -o -w 'amx_bf16\|avx512_bf16\|avx512f' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 [ "$torch" = 1 ] && /usr/bin/python3 -c 'import torch; print("PyTorch", torch.__version__)'
 runs=(kat-fp32 kat-bf16)
+compare_isa=${KAT_COMPARE_HOST_ISA:-0}
+[ "$compare_isa" = 1 ] && runs+=(katc-fp32 katc-bf16)
 [ "$torch" = 1 ] && runs+=(torch-fp32 torch-bf16)
 for model in ${KAT_MODELS:-mlp cnn resnet vit}; do
   subset=$(tr ' ' '\n' <<<"$subsets" | awk -F: -v m="$model" '$1 == m { print $2 }')
@@ -58,8 +62,10 @@ for model in ${KAT_MODELS:-mlp cnn resnet vit}; do
   for seed in ${KAT_SEEDS:-1 2}; do
     for run in "${runs[@]}"; do
       which=${run%-*} precision=${run#*-}
-      if [ "$which" = kat ]; then
-        env "${kat_env[@]}" "$build/examples/kat_train" "${common[@]}" --seed "$seed" \
+      if [ "$which" = kat ] || [ "$which" = katc ]; then
+        isa=()
+        [ "$which" = katc ] && isa=(KAT_HOST_ISA=compiled)
+        env "${kat_env[@]}" "${isa[@]}" "$build/examples/kat_train" "${common[@]}" --seed "$seed" \
           --precision "$precision" --data-dir "$data" --progress never "${extra[@]}" \
           --metrics "$out/$model-$run-$seed.csv" >/dev/null
         # kat_train's CSV: epoch, wall_seconds, ..., test_accuracy (column 6).
@@ -91,6 +97,11 @@ for model in ${KAT_MODELS:-mlp cnn resnet vit}; do
     echo
     k32=$(cat "$out/$model-kat-fp32.median") k16=$(cat "$out/$model-kat-bf16.median")
     awk -v a="$k32" -v b="$k16" 'BEGIN { printf "  KAT bf16 speed-up over KAT fp32: %.2f\n", a / b }'
+    if [ "$compare_isa" = 1 ]; then
+      c32=$(cat "$out/$model-katc-fp32.median") c16=$(cat "$out/$model-katc-bf16.median")
+      awk -v a="$c32" -v b="$c16" -v c="$k16" 'BEGIN {
+        printf "  with the AVX2 host loops only (katc): bf16 speed-up %.2f; KAT bf16 / katc bf16: %.2f\n", a / b, c / b }'
+    fi
     if [ "$torch" = 1 ]; then
       t16=$(cat "$out/$model-torch-bf16.median") t32=$(cat "$out/$model-torch-fp32.median")
       awk -v a="$k16" -v b="$t16" -v c="$k32" -v d="$t32" 'BEGIN {

@@ -70,8 +70,9 @@ for backend in $backends; do
       # check_hip.sh). They took 222 s of g++ -O2 here (kat_plan 116 s; AMD Zen 4, 2026-11-28).
       # The tests' two units first, side by side, then kat_train's two: with both programs at
       # once (kat_test_programs), make started kat_train's units beside the tests' first one
-      # and the tests' second one last, alone: 820 s against 726 s.
-      builds=(kat_tests kat_train)
+      # and the tests' second one last, alone: 820 s against 726 s. kat_test_programs then
+      # builds what remains of it (kat_host_isa_tests on x86-64).
+      builds=(kat_tests kat_train kat_test_programs)
       ;;
     sanitize)
       # -O0: the instrumented build was the longest stage of CI (951 s at -O1, 2026-11-25);
@@ -128,7 +129,7 @@ for backend in $backends; do
   esac
   if [ "${KAT_TEST_FAST:-0}" = 1 ]; then
     args+=(-DKAT_ENABLE_EXAMPLES=OFF -DKAT_ENABLE_BENCHMARKS=OFF)
-    builds=(kat_tests)
+    builds=(kat_test_programs) # without the examples: kat_tests and kat_host_isa_tests
     skip=(-E 'headers_are_self_contained|install_and_find_package|install_and_pkg_config|mpi_ranks_(3|4)|training: CNN on a')
   fi
   stage "$backend: configure and build"

@@ -2,6 +2,8 @@
 /// @file
 /// @brief Execution policies shaped for KAT's column-major matrices.
 
+#include "kat/core/host_isa.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
@@ -80,9 +82,8 @@ void parallel_for_elements(const char *label, const ExecSpace &space, std::size_
   if constexpr (chunk == 1) {
     Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, count), f);
   } else {
-    Kokkos::parallel_for(label,
-                         Kokkos::RangePolicy<ExecSpace>(space, 0, (count + chunk - 1) / chunk),
-                         detail::ElementChunks<F>{f, count, chunk});
+    detail::host_parallel_for(label, space, (count + chunk - 1) / chunk,
+                              detail::ElementChunks<F>{f, count, chunk});
   }
 }
 
@@ -98,8 +99,8 @@ void parallel_for_matrix(const char *label, const ExecSpace &space, std::size_t 
     Kokkos::parallel_for(label, matrix_policy(space, rows, cols), f);
   } else {
     const std::size_t row_chunks = (rows + chunk - 1) / chunk;
-    Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, cols * row_chunks),
-                         detail::MatrixColumnChunks<F>{f, rows, chunk, row_chunks});
+    detail::host_parallel_for(label, space, cols * row_chunks,
+                              detail::MatrixColumnChunks<F>{f, rows, chunk, row_chunks});
   }
 }
 

@@ -4,6 +4,7 @@
 /// and parameter gradients and the R-operator), as named functors and their launchers.
 
 #include "kat/core/detail/unrolled_sum.hpp"
+#include "kat/core/host_isa.hpp"
 #include "kat/core/math.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -79,8 +80,8 @@ template <template <class, class, std::size_t> class Kernel, class Accum, class 
 void layer_norm_launch_blocks(const char *label, const ExecSpace &space,
                               const LayerNormRows<Scalar> &d, const Args &...args) {
   constexpr std::size_t B = layer_norm_block<ExecSpace>();
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, (d.rows + B - 1) / B),
-                       Kernel<Accum, Scalar, B>{d, args...});
+  kat::detail::host_parallel_for(label, space, (d.rows + B - 1) / B,
+                                 Kernel<Accum, Scalar, B>{d, args...});
 }
 
 /// Runs Kernel<Accum, ExecSpace, Scalar>{d, args...} with `league` teams of `team_size`.

@@ -28,17 +28,19 @@
 #include <cstdlib>
 #include <string>
 
+/// 1 where kat::detail::cpu_has_avx512 can ask the CPU (GCC's or Clang's
+/// __builtin_cpu_supports, host compilations for x86-64), else 0.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) &&     \
     !defined(__NVCOMPILER) && !defined(__SYCL_DEVICE_ONLY__)
-/// 1 where kat::detail::cpu_has_avx512 can ask the CPU (GCC's or Clang's __builtin_cpu_supports).
 #define KAT_IMPL_HOST_CPU_QUERY 1
 #else
 #define KAT_IMPL_HOST_CPU_QUERY 0
 #endif
 
+/// 1 where this translation unit compiles the vectorized host loops a second time for AVX-512
+/// (see the file comment), else 0.
 #if KAT_IMPL_HOST_CPU_QUERY && defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) &&   \
     !defined(KAT_NO_HOST_ISA_DISPATCH)
-/// 1 where this translation unit compiles host_parallel_for's loops a second time for AVX-512.
 #define KAT_HOST_ISA_DISPATCH 1
 #if defined(__clang__)
 #define KAT_IMPL_AVX512_LOOP                                                                       \

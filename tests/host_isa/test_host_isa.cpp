@@ -4,6 +4,7 @@
 // every parameter gradient) of the MLP, the CNN and the ViT in fp32 and bf16. This file is its
 // own executable compiled with -march=x86-64-v3 (tests/CMakeLists.txt), the build that carries
 // both copies. On a CPU without AVX-512 only the selection's errors are checked.
+#include <kat/core/detail/float_math.hpp>
 #include <kat/core/host_isa.hpp>
 #include <kat/core/mixed_gemm.hpp>
 #include <kat/nn/gelu.hpp>
@@ -14,7 +15,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -52,19 +52,11 @@ template <class F> void require_same_bits(const F &f) {
   REQUIRE(differ == 0);
 }
 
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
+using kat::math::detail::float_from_bits;
 
+/// The bits of a float, or of a bf16 (a Bf16Operand stores either, by build).
+std::uint32_t bits_of(float f) { return kat::math::detail::float_bits(f); }
 std::uint32_t bits_of(kat::bfloat16 b) { return b.bits; }
-
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 /// 10,000 values: uniform in [-8, 8], then every special case of GELU and of the rounding:
 /// ±0, ±inf, NaNs of both signs and payloads, subnormals, the largest floats, and ties.
@@ -81,15 +73,15 @@ std::vector<float> test_values() {
                                    inf,
                                    -inf,
                                    std::numeric_limits<float>::quiet_NaN(),
-                                   float_of(0xffc00001u),
-                                   float_of(0x7f800001u),
+                                   float_from_bits(0xffc00001u),
+                                   float_from_bits(0x7f800001u),
                                    std::numeric_limits<float>::denorm_min(),
-                                   -float_of(0x00400000u),
+                                   -float_from_bits(0x00400000u),
                                    std::numeric_limits<float>::max(),
                                    -std::numeric_limits<float>::max(),
-                                   float_of(0x3f808000u), // a tie, rounds down to even
-                                   float_of(0x3f818000u), // a tie, rounds up to even
-                                   float_of(0x7f7f8000u), // rounds to infinity
+                                   float_from_bits(0x3f808000u), // a tie, rounds down to even
+                                   float_from_bits(0x3f818000u), // a tie, rounds up to even
+                                   float_from_bits(0x7f7f8000u), // rounds to infinity
                                    100.0f,
                                    -100.0f};
   for (std::size_t i = 0; i < special.size(); ++i) {

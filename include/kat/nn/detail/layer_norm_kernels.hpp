@@ -10,6 +10,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <cstddef>
+#include <type_traits>
 
 namespace kat::nn {
 
@@ -74,6 +75,22 @@ KOKKOS_INLINE_FUNCTION LayerNormBlock layer_norm_block_of(std::size_t item, std:
   return {r0, rows - r0 < B ? rows - r0 : B};
 }
 
+/// Calls kernel.block(r0, count) for work item `item` of blocks of B rows: count is
+/// std::integral_constant<std::size_t, B> for a full block, so that its loops over the block's
+/// rows have a compile-time trip count, else the remaining row count. The forward takes it
+/// (faster); dx does not (its four row arrays at a compile-time count ran twice as slowly:
+/// docs/benchmarks.md, "Kernel design choices, measured").
+template <std::size_t B, class Kernel>
+KOKKOS_INLINE_FUNCTION void layer_norm_run_block(std::size_t item, std::size_t rows,
+                                                 const Kernel &kernel) {
+  const LayerNormBlock k = layer_norm_block_of<B>(item, rows);
+  if (k.nb == B) {
+    kernel.block(k.r0, std::integral_constant<std::size_t, B>());
+  } else {
+    kernel.block(k.r0, k.nb);
+  }
+}
+
 /// Runs Kernel<Accum, Scalar, B>{d, args...} on each block of B = layer_norm_block() rows.
 template <template <class, class, std::size_t> class Kernel, class Accum, class ExecSpace,
           class Scalar, class... Args>
@@ -101,15 +118,20 @@ template <class Accum, class Scalar, std::size_t B> struct LayerNormForwardBlock
   Scalar *y;
 
   KOKKOS_INLINE_FUNCTION void operator()(const std::size_t item) const {
-    const LayerNormBlock k = layer_norm_block_of<B>(item, d.rows);
-    const std::size_t R = d.rows, C = d.features, nb = k.nb;
+    layer_norm_run_block<B>(item, d.rows, *this);
+  }
+
+  /// The block's nb rows from r0: a compile-time count for a full block.
+  template <class Count>
+  KOKKOS_INLINE_FUNCTION void block(const std::size_t r0, const Count nb) const {
+    const std::size_t R = d.rows, C = d.features;
     Accum mu[B], sq[B];
     for (std::size_t b = 0; b < B; ++b) {
       mu[b] = 0;
       sq[b] = 0;
     }
     for (std::size_t c = 0; c < C; ++c) {
-      const Scalar *xc = d.x + k.r0 + R * c;
+      const Scalar *xc = d.x + r0 + R * c;
       for (std::size_t b = 0; b < nb; ++b) {
         mu[b] += static_cast<Accum>(xc[b]);
       }
@@ -118,7 +140,7 @@ template <class Accum, class Scalar, std::size_t B> struct LayerNormForwardBlock
       mu[b] /= static_cast<Accum>(C);
     }
     for (std::size_t c = 0; c < C; ++c) {
-      const Scalar *xc = d.x + k.r0 + R * c;
+      const Scalar *xc = d.x + r0 + R * c;
       for (std::size_t b = 0; b < nb; ++b) {
         const Accum dev = static_cast<Accum>(xc[b]) - mu[b];
         sq[b] += dev * dev;
@@ -128,13 +150,13 @@ template <class Accum, class Scalar, std::size_t B> struct LayerNormForwardBlock
     for (std::size_t b = 0; b < nb; ++b) {
       m[b] = static_cast<Scalar>(mu[b]);
       is[b] = static_cast<Scalar>(Accum(1) / math::sqrt(sq[b] / static_cast<Accum>(C) + e));
-      d.mean[k.r0 + b] = m[b];
-      d.inv_std[k.r0 + b] = is[b];
+      d.mean[r0 + b] = m[b];
+      d.inv_std[r0 + b] = is[b];
     }
     for (std::size_t c = 0; c < C; ++c) {
       const Scalar gc = d.scale(c), bc = d.beta != nullptr ? d.beta[c] : Scalar(0);
-      const Scalar *xc = d.x + k.r0 + R * c;
-      Scalar *yc = y + k.r0 + R * c;
+      const Scalar *xc = d.x + r0 + R * c;
+      Scalar *yc = y + r0 + R * c;
       for (std::size_t b = 0; b < nb; ++b) {
         yc[b] = gc * ((xc[b] - m[b]) * is[b]) + bc;
       }

@@ -689,7 +689,8 @@ void onednn_guarded(const char *who, const char *pass, const std::string &what, 
 /// on this CPU, natively or emulated: found once per process by creating the primitive of a
 /// small channels-last problem (oneDNN 2.x has none below AVX-512). Always false without
 /// oneDNN. Layers offer ActivationLayout::channels_last in Precision::bf16 only where this
-/// holds, since no other path of theirs reads that layout.
+/// holds, since no other path of theirs reads that layout. It stands for oneDNN's bf16
+/// pooling and batch normalization too (dnn_reads_layout()), which need the same AVX-512.
 inline bool dnn_bf16_convolutions() {
 #if defined(KAT_ENABLE_ONEDNN)
   static const bool available = [] {
@@ -712,6 +713,15 @@ inline bool dnn_bf16_convolutions() {
 #else
   return false;
 #endif
+}
+
+/// Whether the DNN library's primitives read and write `layout` on this CPU: every layout of
+/// Scalar values; one that stores bf16 values (channels_last_bf16, channels16_bf16) only
+/// where dnn_bf16_convolutions() holds. Pooling and batch normalization offer their oneDNN
+/// layouts only where this holds: on a CPU below AVX-512, where oneDNN 2.x has no bf16
+/// primitive, a bf16 layout would fail in forward() instead of being refused.
+inline bool dnn_reads_layout(ActivationLayout layout) {
+  return !layout_stores_bf16(layout) || dnn_bf16_convolutions();
 }
 
 /// Whether the DNN library's bf16 convolutions compute in nChw16c on this CPU (oneDNN's

@@ -130,7 +130,8 @@ public:
 
   /// KAT's features layout in and out, or, in training for float on a host space with oneDNN
   /// (kat::dnn_available), channels16 (C a multiple of 16), channels_last or, in
-  /// Precision::bf16, channels_last_bf16 or channels16_bf16 (C a multiple of 16) in and out:
+  /// Precision::bf16 where oneDNN has bf16 primitives (kat::detail::dnn_reads_layout: AVX-512
+  /// CPUs), channels_last_bf16 or channels16_bf16 (C a multiple of 16) in and out:
   /// oneDNN's batch normalization (the layer's own kernels would read each channel with a
   /// stride there). In those two x, y, dy and dx are bf16; the statistics, γ, β and their
   /// gradients are computed and kept in fp32.
@@ -142,7 +143,8 @@ public:
       return true;
     }
     return dnn_available<execution_space, Scalar>() && this->training_ &&
-           layout_fits(in, static_cast<long long>(channels_), this->precision_);
+           layout_fits(in, static_cast<long long>(channels_), this->precision_) &&
+           kat::detail::dnn_reads_layout(in);
   }
 
   /// In training (the R-operator, evaluation only, never sees it): y = max(0, BN(x)) in the

@@ -320,8 +320,9 @@ public:
   /// @throws ShapeError if a dimension is < 1 or the padded input is smaller than the kernel.
   /// KAT's layout in and out; in training, for float on a host space with oneDNN
   /// (kat::dnn_available), also oneDNN's channels16 (a channel count that is a multiple of 16)
-  /// or channels_last in and out (its pooling), and in Precision::bf16 channels16_bf16 (a
-  /// multiple of 16) or channels_last_bf16, where x, y, dy and dx hold bf16 values (a maximum
+  /// or channels_last in and out (its pooling), and in Precision::bf16, where oneDNN has bf16
+  /// primitives (kat::detail::dnn_reads_layout: AVX-512 CPUs), channels16_bf16 (a multiple
+  /// of 16) or channels_last_bf16, where x, y, dy and dx hold bf16 values (a maximum
   /// is one of its inputs, so max pooling is exact; an average is computed in fp32 and
   /// rounded once) and the convolution before it writes bf16; unless an R-operator direction
   /// is bound (the R passes reuse KAT's own forward records).
@@ -329,7 +330,8 @@ public:
     return in == out &&
            (in == ActivationLayout::features ||
             (dnn_available<execution_space, Scalar>() && this->training_ && !direction_bound_ &&
-             layout_fits(in, geometry_.channels, this->precision_)));
+             layout_fits(in, geometry_.channels, this->precision_) &&
+             kat::detail::dnn_reads_layout(in)));
   }
 
   void bind_direction(Scalar * /*v*/, Scalar * /*hv*/) override { direction_bound_ = true; }

@@ -161,19 +161,21 @@ struct BenchConv {
 
 // oneDNN against im2col + GEMM on one model convolution, forward + backward, timed
 // alternately. Arguments: the shape (index into model_convs), and the layout of the DNN
-// layer's activations (0: KAT's features, reordered around every oneDNN call; 1:
-// channels16, as between two layers that compute through oneDNN). The iteration time is
+// layer's activations (0: KAT's features, reordered around every oneDNN call; 1: the one
+// Conv2d's fp32 DNN path computes in on this CPU, as between two layers that compute through
+// oneDNN: channels16 with AVX-512, channels_last below it). The iteration time is
 // oneDNN's; counters: both times, im2col / oneDNN, and the share of oneDNN's time spent
 // reordering.
 void BM_Conv2dBackends(benchmark::State &state) {
   const ModelConv &c = model_convs[state.range(0)];
-  const auto layout =
-      state.range(1) != 0 ? kat::ActivationLayout::channels16 : kat::ActivationLayout::features;
-  state.SetLabel(c.name);
   if (!kat::dnn_available<Space, float>()) {
     state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
     return;
   }
+  const auto layout =
+      state.range(1) != 0 ? kat::detail::dnn_f32_layout() : kat::ActivationLayout::features;
+  state.SetLabel(state.range(1) != 0 ? std::string(c.name) + " " + kat::to_string(layout)
+                                     : std::string(c.name));
   const std::size_t n = 128;
   BenchConv dnn(c, n, kat::nn::Conv2dBackend::dnn, layout);
   BenchConv im2col(c, n, kat::nn::Conv2dBackend::im2col, kat::ActivationLayout::features);
@@ -205,7 +207,7 @@ void BM_Conv2dBackends(benchmark::State &state) {
       (dnn.layer.dnn_reorder_stats().seconds - reorder_before) / dnn_s;
 }
 BENCHMARK(BM_Conv2dBackends)
-    ->ArgNames({"shape", "channels16"})
+    ->ArgNames({"shape", "dnn_layout"})
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
@@ -241,6 +243,10 @@ void BM_BatchNormLayouts(benchmark::State &state) {
                    : state.range(2) == 2 ? L::channels_last
                                          : L::channels16;
   state.SetLabel(kat::to_string(layout));
+  if (!kat::detail::dnn_reads_layout(layout)) {
+    state.SkipWithError("oneDNN has no kernel for this layout on this CPU (below AVX-512)");
+    return;
+  }
   if (kat::layout_stores_bf16(layout)) {
     dnn_bn.layer.set_precision(kat::Precision::bf16);
   }

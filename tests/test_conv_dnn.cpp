@@ -6,6 +6,7 @@
 
 #include <kat/core/bfloat16.hpp>
 #include <kat/core/dnn.hpp>
+#include <kat/core/host_isa.hpp>
 #include <kat/core/parameter_buffer.hpp>
 #include <kat/nn/avg_pool2d.hpp>
 #include <kat/nn/batch_norm.hpp>
@@ -23,6 +24,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -213,6 +215,10 @@ bool bf16_convolutions_offer(ActivationLayout layout) {
   return false;
 }
 
+// The layout a Conv2d's fp32 DNN path computes in on this CPU: oneDNN's nChw16c where its f32
+// convolutions compute in it (AVX-512), channels last elsewhere.
+ActivationLayout fp32_dnn_layout() { return kat::detail::dnn_f32_layout(); }
+
 // Whether oneDNN's bf16 primitives serve this build (kat::detail::dnn_bf16_convolutions();
 // oneDNN 2.x has none below AVX-512), so that `layer`, set to bf16, offers `layout`; if not,
 // checks that it refuses the layout (forward() would fail there) and warns it is untested.
@@ -322,7 +328,7 @@ TEST_CASE("conv_dnn: automatic keeps small patches in KAT's layout on im2col", "
       const bool through_dnn = layer->dnn_reorder_stats().reorders > 0;
       CHECK(through_dnn == !(small && backend == nn::Conv2dBackend::automatic));
       // In oneDNN's layout on the output side, automatic takes oneDNN whatever K.
-      layer->set_layouts(ActivationLayout::features, ActivationLayout::channels16);
+      layer->set_layouts(ActivationLayout::features, fp32_dnn_layout());
       const std::size_t before = layer->dnn_reorder_stats().reorders;
       layer->forward(Space(), x, y);
       CHECK(layer->dnn_reorder_stats().reorders > before); // x, from KAT's layout
@@ -357,14 +363,14 @@ TEST_CASE("conv_dnn: the models give the same outputs and gradients on either pa
     a.backward(Space(), dy);
     b.backward(Space(), dy);
     if (std::string(name) == "resnet") {
-      // Batch normalization ran on oneDNN's path in `a` (channels16), on KAT's in `b`: the
+      // Batch normalization ran on oneDNN's path in `a` (fp32_dnn_layout()), on KAT's in `b`: the
       // running statistics agree too.
       for (std::size_t i : {std::size_t(1)}) {
         auto *bn_a = dynamic_cast<nn::BatchNorm<float, Mem> *>(&a.layer(i));
         auto *bn_b = dynamic_cast<nn::BatchNorm<float, Mem> *>(&b.layer(i));
         REQUIRE(bn_a != nullptr);
         REQUIRE(bn_b != nullptr);
-        CHECK(bn_a->input_layout() == ActivationLayout::channels16);
+        CHECK(bn_a->input_layout() == fp32_dnn_layout());
         CHECK(bn_b->input_layout() == ActivationLayout::features);
         CHECK(max_diff_over_scale(bn_a->running_mean(), bn_b->running_mean()) < 1e-5);
         CHECK(max_diff_over_scale(bn_a->running_var(), bn_b->running_var()) < 1e-5);
@@ -405,7 +411,7 @@ TEST_CASE("conv_dnn: layouts are negotiated between the layers that compute thro
   CHECK(model.layer(layers - 2).output_layout() == L::features); // global average pool
   for (std::size_t i = 0; i + 2 < layers; ++i) {
     INFO("layer " << i << " " << model.layer(i).name());
-    CHECK(trained[i] == (have_dnn ? L::channels16 : L::features));
+    CHECK(trained[i] == (have_dnn ? fp32_dnn_layout() : L::features));
   }
   // Evaluation (batch normalization with running statistics) stays in KAT's layout, and so
   // does a convolution recording curvature, with its neighbours.
@@ -534,6 +540,10 @@ TEST_CASE("conv_dnn: pooling in oneDNN's layout agrees with KAT's kernels", "[dn
       const FeatureShape in{t.channels, t.size, t.size};
       const FeatureShape out = kat_pool->output_shape(in);
       dnn_pool->output_shape(in);
+      if (!kat::detail::dnn_reads_layout(layout)) { // channels16 below AVX-512
+        CHECK_FALSE(dnn_pool->supports_layouts(layout, layout));
+        continue;
+      }
       REQUIRE(dnn_pool->supports_layouts(layout, layout));
       dnn_pool->set_layouts(layout, layout);
       const std::size_t n = 3;
@@ -713,10 +723,12 @@ TEST_CASE("conv_dnn: in bf16 convolutions in oneDNN's layouts equal those in KAT
       auto kat_layout = make_conv(c, nn::Conv2dBackend::dnn);
       const FeatureShape out = dnn->output_shape(c.in());
       const bool fits = layout_fits(layout, c.cin) && layout_fits(layout, c.cout);
-      // fp32 computes in channels16 (multiples of 16 only), bf16 in either.
-      CHECK_FALSE(dnn->supports_layouts(L::channels_last, L::channels_last));
+      // fp32 computes in one of them (channels16, for multiples of 16 only, with AVX-512;
+      // channels_last below it), bf16 in either.
+      const L f32 = fp32_dnn_layout();
+      CHECK(dnn->supports_layouts(L::channels_last, L::channels_last) == (f32 == L::channels_last));
       CHECK(dnn->supports_layouts(L::channels16, L::channels16) ==
-            (c.cin % 16 == 0 && c.cout % 16 == 0));
+            (f32 == L::channels16 && c.cin % 16 == 0 && c.cout % 16 == 0));
       dnn->set_precision(Precision::bf16);
       kat_layout->set_precision(Precision::bf16);
       if (!fits) {
@@ -758,7 +770,7 @@ TEST_CASE("conv_dnn: batch normalization in oneDNN's layouts equals KAT's kernel
       dnn_bn.output_shape(in);
       kat_bn.output_shape(in);
       INFO("channels " << c << " layout " << to_string(layout));
-      if (!layout_fits(layout, c)) {
+      if (!layout_fits(layout, c) || !kat::detail::dnn_reads_layout(layout)) {
         CHECK_FALSE(dnn_bn.supports_layouts(layout, layout));
         continue;
       }
@@ -820,12 +832,12 @@ TEST_CASE("conv_dnn: in bf16 ResNet-14 keeps bf16 activations between its layers
     CHECK(l->output_layout() == expected);
   }
   CHECK(inner >= 4);
-  // Back to fp32: channels16 again where oneDNN serves the space.
+  // Back to fp32: fp32_dnn_layout() again where oneDNN serves the space.
   resnet.set_precision(Precision::fp32);
   resnet.forward(Space(), x);
-  CHECK(resnet.layer(0).output_layout() == (have_dnn ? L::channels16 : L::features));
+  CHECK(resnet.layer(0).output_layout() == (have_dnn ? fp32_dnn_layout() : L::features));
   for (nn::Layer<float, Mem> *l : resnet.layer(3).sublayers()) {
-    CHECK(l->output_layout() == (have_dnn ? L::channels16 : L::features));
+    CHECK(l->output_layout() == (have_dnn ? fp32_dnn_layout() : L::features));
   }
   // The CNN: conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, dense, ...: bf16 values
   // from the first convolution's output to Flatten, which hands the dense layers fp32 in KAT's
@@ -1062,14 +1074,68 @@ TEST_CASE("conv_dnn: ReLU residual sums and global average pooling on bf16 value
   CHECK(pool.supports_layouts(L::channels_last_bf16, L::features));
 }
 
+// The oneDNN implementations (forward, backward) of ResNet-14's and the CNN's pooling, batch
+// normalization and 5x5 convolution shapes in `layout`, on ExecSpace (a template, so that the
+// DNN classes are instantiated only where they exist).
+template <class ExecSpace> std::string onednn_implementations(ActivationLayout layout) {
+  if constexpr (dnn_available<ExecSpace, float>()) {
+    kat::Pool2dProblem pp;
+    pp.batch = 128, pp.channels = 32, pp.height = pp.width = 28, pp.out_height = pp.out_width = 14;
+    pp.kernel_h = pp.kernel_w = pp.stride_h = pp.stride_w = 2, pp.layout = layout;
+    kat::BatchNormProblem bp;
+    bp.batch = 128, bp.channels = 32, bp.plane = 14 * 14, bp.layout = layout;
+    kat::Conv2dProblem cp;
+    cp.batch = 128, cp.in_channels = 32, cp.out_channels = 64, cp.height = cp.width = 14;
+    cp.out_height = cp.out_width = 14, cp.kernel_h = cp.kernel_w = 5, cp.pad_h = cp.pad_w = 2;
+    cp.input_layout = cp.output_layout = layout;
+    return "pooling " + kat::Pool2dDnn<ExecSpace, float>().implementations(pp) +
+           "; batch normalization " + kat::BatchNormDnn<ExecSpace, float>().implementations(bp) +
+           "; convolution " + kat::Conv2dDnn<ExecSpace, float>().implementations(cp);
+  } else {
+    return {};
+  }
+}
+
+TEST_CASE("conv_dnn: the fp32 layouts run on oneDNN's kernels for this CPU, not its reference ones",
+          "[dnn][layouts]") {
+  if (!have_dnn) {
+    WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
+    return;
+  }
+  // oneDNN's f32 convolutions compute in nChw16c exactly where the CPU has AVX-512 (its
+  // avx512_core: F, BW, DQ, VL; the tests do not cap oneDNN's ISA), in nChw8c on AVX2.
+  if (std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr && std::getenv("DNNL_MAX_CPU_ISA") == nullptr) {
+    CHECK(kat::detail::dnn_f32_blocked() == kat::detail::cpu_has_avx512());
+  }
+  // The layouts the layers offer in fp32 training run on kernels of oneDNN's own for the CPU
+  // (below AVX-512, nChw16c has only "ref:any" ones, which made a CNN epoch 188 s on Zen 3).
+  using L = ActivationLayout;
+  for (const L layout : {L::channels16, L::channels_last}) {
+    INFO("layout " << to_string(layout));
+    nn::MaxPool2d<float, Mem> pool(2);
+    pool.output_shape(FeatureShape{32, 28, 28});
+    nn::BatchNorm<float, Mem> bn(32);
+    bn.output_shape(FeatureShape{32, 14, 14});
+    Conv conv(32, 64, 5, 1, 2);
+    conv.output_shape(FeatureShape{32, 14, 14});
+    const bool offered = pool.supports_layouts(layout, layout);
+    CHECK(bn.supports_layouts(layout, layout) == offered);
+    CHECK(conv.supports_layouts(layout, layout) == (layout == fp32_dnn_layout()));
+    if (offered) {
+      const std::string implementations = onednn_implementations<Space>(layout);
+      INFO(implementations);
+      CHECK(implementations.find("ref") == std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("conv_dnn: the CNN keeps its activations blocked from the first convolution to Flatten",
           "[dnn][layouts]") {
   auto model = nn::models::cnn<float, Mem>(FeatureShape{1, 28, 28}, 10);
   model.compile(Space(), 2);
   auto x = random_matrix<float>(2, 784, 3);
   model.forward(Space(), x);
-  const ActivationLayout blocked =
-      have_dnn ? ActivationLayout::channels16 : ActivationLayout::features;
+  const ActivationLayout blocked = have_dnn ? fp32_dnn_layout() : ActivationLayout::features;
   // conv, max-pool, ReLU, conv, max-pool, ReLU, flatten, dense, ReLU, dense
   for (std::size_t i = 0; i < 6; ++i) {
     INFO("layer " << i << " " << model.layer(i).name());

@@ -69,9 +69,9 @@ template <class Scalar> void check_fused_against_apart(double tolerance) {
     apart.backward(Space(), dy);
     CHECK(max_diff_over_scale(fused.gradients(), apart.gradients()) < tolerance);
   }
-  const bool blocked = dnn_available<Space, Scalar>();
-  CHECK(fused.layer(1).input_layout() ==
-        (blocked ? ActivationLayout::channels16 : ActivationLayout::features));
+  CHECK(fused.layer(1).input_layout() == (dnn_available<Space, Scalar>()
+                                              ? kat::detail::dnn_f32_layout()
+                                              : ActivationLayout::features));
   CHECK(apart.layer(1).input_layout() == ActivationLayout::features);
   CHECK(fused.layer(1).fuses_relu()); // BatchNorm
   CHECK(fused.layer(3).fuses_relu()); // Residual

@@ -715,13 +715,52 @@ inline bool dnn_bf16_convolutions() {
 #endif
 }
 
-/// Whether the DNN library's primitives read and write `layout` on this CPU: every layout of
-/// Scalar values; one that stores bf16 values (channels_last_bf16, channels16_bf16) only
-/// where dnn_bf16_convolutions() holds. Pooling and batch normalization offer their oneDNN
-/// layouts only where this holds: on a CPU below AVX-512, where oneDNN 2.x has no bf16
-/// primitive, a bf16 layout would fail in forward() instead of being refused.
+/// Whether the DNN library's f32 convolutions compute in nChw16c on this CPU (oneDNN's AVX-512
+/// kernels) rather than in nChw8c (its AVX2 kernels): the layout oneDNN picks for the input of
+/// a ResNet-sized problem left to it (format_tag::any), found once per process. Where it does
+/// not, oneDNN has only reference kernels for nChw16c (on an AVX2-only AMD Zen 3 they made a
+/// CNN epoch 188 s), so Conv2d's fp32 DNN path computes in channels_last there, for which
+/// oneDNN has AVX2 kernels, instead of channels16. False without oneDNN.
+inline bool dnn_f32_blocked() {
+#if defined(KAT_ENABLE_ONEDNN)
+  static const bool blocked = [] {
+    using namespace dnnl;
+    const memory::dims x{64, 32, 14, 14}, w{32, 32, 3, 3}, one{1, 1}, pad{1, 1};
+    const auto any = memory::format_tag::any;
+    const memory::desc x_desc(x, memory::data_type::f32, any);
+    const memory::desc w_desc(w, memory::data_type::f32, any);
+    try {
+      const convolution_forward::primitive_desc pd(
+          convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
+                                    x_desc, w_desc, x_desc, one, pad, pad),
+          onednn_engine());
+      return pd.src_desc() == memory::desc(x, memory::data_type::f32, memory::format_tag::nChw16c);
+    } catch (const dnnl::error &) {
+      return false;
+    }
+  }();
+  return blocked;
+#else
+  return false;
+#endif
+}
+
+/// The layout Conv2d's fp32 DNN path computes in on this CPU: ActivationLayout::channels16
+/// where oneDNN's f32 convolutions compute in nChw16c (dnn_f32_blocked(): AVX-512), else
+/// channels_last.
+inline ActivationLayout dnn_f32_layout() {
+  return dnn_f32_blocked() ? ActivationLayout::channels16 : ActivationLayout::channels_last;
+}
+
+/// Whether the DNN library's primitives read and write `layout` on this CPU with kernels of
+/// their own: every layout of Scalar values but channels16, which needs oneDNN's AVX-512
+/// kernels (dnn_f32_blocked(); below AVX-512 it has only reference kernels there); a layout
+/// that stores bf16 values (channels_last_bf16, channels16_bf16) only where
+/// dnn_bf16_convolutions() holds (oneDNN 2.x has no bf16 primitive below AVX-512, and forward()
+/// would fail). Pooling and batch normalization offer their oneDNN layouts only where this holds.
 inline bool dnn_reads_layout(ActivationLayout layout) {
-  return !layout_stores_bf16(layout) || dnn_bf16_convolutions();
+  return (!layout_stores_bf16(layout) || dnn_bf16_convolutions()) &&
+         (layout != ActivationLayout::channels16 || dnn_f32_blocked());
 }
 
 /// Whether the DNN library's bf16 convolutions compute in nChw16c on this CPU (oneDNN's

@@ -130,8 +130,9 @@ public:
 
   /// KAT's features layout in and out, or, in training for float on a host space with oneDNN
   /// (kat::dnn_available), channels16 (C a multiple of 16), channels_last or, in
-  /// Precision::bf16 where oneDNN has bf16 primitives (kat::detail::dnn_reads_layout: AVX-512
-  /// CPUs), channels_last_bf16 or channels16_bf16 (C a multiple of 16) in and out:
+  /// Precision::bf16, channels_last_bf16 or channels16_bf16 (C a multiple of 16) in and out
+  /// (channels16 and the bf16 layouts only on CPUs with AVX-512, where oneDNN has kernels for
+  /// them: kat::detail::dnn_reads_layout):
   /// oneDNN's batch normalization (the layer's own kernels would read each channel with a
   /// stride there). In those two x, y, dy and dx are bf16; the statistics, γ, β and their
   /// gradients are computed and kept in fp32.

@@ -289,16 +289,18 @@ public:
     return backend_ == Conv2dBackend::dnn || in != ActivationLayout::features ||
            out != ActivationLayout::features || patch_size() >= automatic_min_patch_size;
   }
-  /// Whether the DNN path computes in `layout` in the current precision: channels16 in fp32
-  /// (oneDNN's f32 convolutions compute in it); in bf16 channels_last, channels16 and their
-  /// bf16-storage forms channels_last_bf16 and channels16_bf16 (oneDNN's AMX convolutions
+  /// Whether the DNN path computes in `layout` in the current precision: in fp32 channels16
+  /// where oneDNN's f32 convolutions compute in it (AVX-512 CPUs), else channels_last
+  /// (kat::detail::dnn_f32_layout(): oneDNN has only reference kernels for nChw16c below
+  /// AVX-512, for its pooling and batch normalization too); in bf16 channels_last, channels16 and
+  /// their bf16-storage forms channels_last_bf16 and channels16_bf16 (oneDNN's AMX convolutions
   /// read bf16 channels last, its AVX512-BF16 ones nChw16c; which one LayerChain prefers
   /// follows kat::detail::dnn_bf16_blocked()). KAT's features layout is not one of them.
   bool dnn_layout(ActivationLayout layout) const {
     if (this->precision_ == Precision::bf16) {
       return layout != ActivationLayout::features;
     }
-    return layout == ActivationLayout::channels16;
+    return layout == kat::detail::dnn_f32_layout();
   }
 
   /// KAT's features layout; in training on the DNN path also a dnn_layout() (channels16 and

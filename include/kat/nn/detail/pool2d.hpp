@@ -320,12 +320,12 @@ public:
   /// @throws ShapeError if a dimension is < 1 or the padded input is smaller than the kernel.
   /// KAT's layout in and out; in training, for float on a host space with oneDNN
   /// (kat::dnn_available), also oneDNN's channels16 (a channel count that is a multiple of 16)
-  /// or channels_last in and out (its pooling), and in Precision::bf16, where oneDNN has bf16
-  /// primitives (kat::detail::dnn_reads_layout: AVX-512 CPUs), channels16_bf16 (a multiple
-  /// of 16) or channels_last_bf16, where x, y, dy and dx hold bf16 values (a maximum
-  /// is one of its inputs, so max pooling is exact; an average is computed in fp32 and
-  /// rounded once) and the convolution before it writes bf16; unless an R-operator direction
-  /// is bound (the R passes reuse KAT's own forward records).
+  /// or channels_last in and out (its pooling), and in Precision::bf16 channels16_bf16 (a
+  /// multiple of 16) or channels_last_bf16 (channels16 and the bf16 layouts only on CPUs with
+  /// AVX-512, where oneDNN has kernels for them: kat::detail::dnn_reads_layout), where x, y, dy and
+  /// dx hold bf16 values (a maximum is one of its inputs, so max pooling is exact; an average is
+  /// computed in fp32 and rounded once) and the convolution before it writes bf16; unless an
+  /// R-operator direction is bound (the R passes reuse KAT's own forward records).
   bool supports_layouts(ActivationLayout in, ActivationLayout out) const override {
     return in == out &&
            (in == ActivationLayout::features ||

@@ -49,8 +49,14 @@ template <class MemorySpace = DefaultMemorySpace> Bf16Support bf16_support() {
     if (has(dnnl::cpu_isa::avx512_core_bf16)) {
       return {true, "AVX512-BF16 instructions (oneDNN)"};
     }
-    return {false, "no bf16 unit on this CPU (neither AMX nor AVX512-BF16 for oneDNN): oneDNN "
-                   "emulates bf16, several times slower than fp32"};
+    if (has(dnnl::cpu_isa::avx512_core)) {
+      return {false, "no bf16 unit on this CPU (neither AMX nor AVX512-BF16 for oneDNN): oneDNN "
+                     "emulates bf16 with AVX-512, several times slower than fp32"};
+    }
+    // oneDNN 2.x has no bf16 kernel below AVX-512: each layer falls back to the portable path.
+    return {false, "no bf16 unit on this CPU (no AVX-512, where oneDNN 2.x has no bf16 "
+                   "kernels): the operands are rounded to bf16 and multiplied in fp32, no faster "
+                   "than fp32"};
 #else
     return {false, "no bf16 library in this build (KAT without oneDNN): the operands are "
                    "rounded to bf16 and multiplied in fp32, no faster than fp32"};

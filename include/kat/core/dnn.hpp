@@ -683,6 +683,25 @@ void onednn_guarded(const char *who, const char *pass, const std::string &what, 
   }
 }
 
+/// Whether oneDNN, left to choose (format_tag::any), computes a ResNet-sized 3x3 convolution
+/// (64 x 32 x 14 x 14, padding 1) with `type` operands and output in nChw16c on this CPU;
+/// false where it has no such convolution.
+inline bool onednn_convolution_picks_nchw16c(dnnl::memory::data_type type) {
+  using namespace dnnl;
+  const memory::dims x{64, 32, 14, 14}, w{32, 32, 3, 3}, one{1, 1}, pad{1, 1};
+  const auto any = memory::format_tag::any;
+  const memory::desc x_desc(x, type, any), w_desc(w, type, any);
+  try {
+    const convolution_forward::primitive_desc pd(
+        convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
+                                  x_desc, w_desc, x_desc, one, pad, pad),
+        onednn_engine());
+    return pd.src_desc() == memory::desc(x, type, memory::format_tag::nChw16c);
+  } catch (const dnnl::error &) {
+    return false;
+  }
+}
+
 #endif // KAT_ENABLE_ONEDNN
 
 /// Whether the DNN library computes bf16 convolutions (bf16 x, weights and dy; f32 y, dx, dw)
@@ -723,22 +742,7 @@ inline bool dnn_bf16_convolutions() {
 /// oneDNN has AVX2 kernels, instead of channels16. False without oneDNN.
 inline bool dnn_f32_blocked() {
 #if defined(KAT_ENABLE_ONEDNN)
-  static const bool blocked = [] {
-    using namespace dnnl;
-    const memory::dims x{64, 32, 14, 14}, w{32, 32, 3, 3}, one{1, 1}, pad{1, 1};
-    const auto any = memory::format_tag::any;
-    const memory::desc x_desc(x, memory::data_type::f32, any);
-    const memory::desc w_desc(w, memory::data_type::f32, any);
-    try {
-      const convolution_forward::primitive_desc pd(
-          convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
-                                    x_desc, w_desc, x_desc, one, pad, pad),
-          onednn_engine());
-      return pd.src_desc() == memory::desc(x, memory::data_type::f32, memory::format_tag::nChw16c);
-    } catch (const dnnl::error &) {
-      return false;
-    }
-  }();
+  static const bool blocked = onednn_convolution_picks_nchw16c(dnnl::memory::data_type::f32);
   return blocked;
 #else
   return false;
@@ -772,26 +776,8 @@ inline bool dnn_reads_layout(ActivationLayout layout) {
 /// convolutions (dnn_bf16_convolutions()) and without oneDNN.
 inline bool dnn_bf16_blocked() {
 #if defined(KAT_ENABLE_ONEDNN)
-  static const bool blocked = [] {
-    if (!dnn_bf16_convolutions()) {
-      return false;
-    }
-    using namespace dnnl;
-    const memory::dims x{64, 32, 14, 14}, w{32, 32, 3, 3}, one{1, 1}, pad{1, 1};
-    const auto any = memory::format_tag::any;
-    const memory::desc x_desc(x, memory::data_type::bf16, any);
-    const memory::desc y_desc(x, memory::data_type::bf16, any);
-    const memory::desc w_desc(w, memory::data_type::bf16, any);
-    try {
-      const convolution_forward::primitive_desc pd(
-          convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
-                                    x_desc, w_desc, y_desc, one, pad, pad),
-          onednn_engine());
-      return pd.src_desc() == memory::desc(x, memory::data_type::bf16, memory::format_tag::nChw16c);
-    } catch (const dnnl::error &) {
-      return false;
-    }
-  }();
+  static const bool blocked =
+      dnn_bf16_convolutions() && onednn_convolution_picks_nchw16c(dnnl::memory::data_type::bf16);
   return blocked;
 #else
   return false;

@@ -1096,8 +1096,9 @@ template <class ExecSpace> std::string onednn_implementations(ActivationLayout l
   }
 }
 
-TEST_CASE("conv_dnn: the fp32 layouts run on oneDNN's kernels for this CPU, not its reference ones",
-          "[dnn][layouts]") {
+TEST_CASE(
+    "conv_dnn: the fp32 layouts run on oneDNN's kernels for this CPU and not its reference ones",
+    "[dnn][layouts]") {
   if (!have_dnn) {
     WARN("no vendor DNN library for this build's space: kat::dnn_available is false");
     return;

@@ -201,24 +201,6 @@ bool same_bf16(const Matrix<float, Mem> &a, const Matrix<float, Mem> &b, std::si
   return true;
 }
 
-// Whether oneDNN's bf16 convolutions serve this build, so a bf16 Conv2d offers `layout`; if
-// not, checks that it is refused (nothing but oneDNN reads it) and warns that it is untested.
-bool bf16_convolutions_offer(ActivationLayout layout) {
-  if (have_dnn && kat::detail::dnn_bf16_convolutions()) {
-    return true;
-  }
-  Conv conv(16, 16, 3, 1, 1);
-  conv.output_shape(FeatureShape{16, 8, 8});
-  conv.set_precision(Precision::bf16);
-  CHECK_FALSE(conv.supports_layouts(layout, layout));
-  WARN("no bf16 convolutions from a DNN library here: " << to_string(layout) << " untested");
-  return false;
-}
-
-// The layout a Conv2d's fp32 DNN path computes in on this CPU: oneDNN's nChw16c where its f32
-// convolutions compute in it (AVX-512), channels last elsewhere.
-ActivationLayout fp32_dnn_layout() { return kat::detail::dnn_f32_layout(); }
-
 // Whether oneDNN's bf16 primitives serve this build (kat::detail::dnn_bf16_convolutions();
 // oneDNN 2.x has none below AVX-512), so that `layer`, set to bf16, offers `layout`; if not,
 // checks that it refuses the layout (forward() would fail there) and warns it is untested.
@@ -230,6 +212,18 @@ bool bf16_primitives_offer(const kat::nn::Layer<float, Mem> &layer, ActivationLa
   WARN("no bf16 primitives from a DNN library here: " << layer.name() << " in " << to_string(layout)
                                                       << " untested");
   return false;
+}
+
+// The layout a Conv2d's fp32 DNN path computes in on this CPU: oneDNN's nChw16c where its f32
+// convolutions compute in it (AVX-512), channels last elsewhere.
+ActivationLayout fp32_dnn_layout() { return kat::detail::dnn_f32_layout(); }
+
+// bf16_primitives_offer for a bf16 Conv2d (nothing but oneDNN reads a bf16 layout of its).
+bool bf16_convolutions_offer(ActivationLayout layout) {
+  Conv conv(16, 16, 3, 1, 1);
+  conv.output_shape(FeatureShape{16, 8, 8});
+  conv.set_precision(Precision::bf16);
+  return bf16_primitives_offer(conv, layout);
 }
 
 } // namespace

@@ -1,8 +1,9 @@
 // Benchmarks for Conv2d: a forward + backward of the Fashion-MNIST CNN's two convolutions
 // (batch 128) against the GEMMs alone with the same shapes, on the im2col path, chunked
 // (default without oneDNN) and full (recording curvature); then oneDNN against im2col on
-// every convolution shape of the CNN and ResNet-14, and batch normalization in oneDNN's
-// blocked layout against KAT's kernels in its own.
+// every convolution shape of the CNN and ResNet-14, batch normalization in oneDNN's
+// blocked layout against KAT's kernels in its own, and the CNN's poolings in channels last
+// (KAT's kernels on the transposed batch) against KAT's layout and against oneDNN's pooling.
 //
 // Ratios are measured inside one benchmark, interleaving the two timings each iteration,
 // because the machines are shared and noisy.
@@ -14,6 +15,7 @@
 #include <kat/nn/batch_norm.hpp>
 #include <kat/nn/conv2d.hpp>
 #include <kat/nn/init.hpp>
+#include <kat/nn/max_pool2d.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -296,6 +298,71 @@ void BM_BatchNormLayouts(benchmark::State &state) {
 BENCHMARK(BM_BatchNormLayouts)
     ->ArgNames({"channels", "relu", "layout"})
     ->ArgsProduct({{16, 32, 64}, {0, 1}, {1, 2, 3, 4}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The CNN's 2x2 max poolings (batch 128: 32 channels at 28x28, 64 at 14x14), training forward
+// + backward, three ways alternately: MaxPool2d in channels_last (KAT's kernels on the batch
+// seen transposed, the channels in the vector lanes: what the fp32 DNN path runs where
+// oneDNN's convolutions compute channels last, below AVX-512), MaxPool2d in KAT's features
+// layout, and oneDNN's pooling on the same channels_last batch (kat::Pool2dDnn, with its
+// workspace: what the layer ran before). Iteration time: KAT's channels_last. The floor: one
+// read of x and dy, one write of y and dx, and the argmax (int32) written and read once.
+void BM_PoolLayouts(benchmark::State &state) {
+  if (!kat::dnn_available<Space, float>()) {
+    state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
+    return;
+  }
+  const int channels = static_cast<int>(state.range(0));
+  const int size = 28 * 32 / channels;
+  const std::size_t n = 128;
+  const kat::FeatureShape in{channels, size, size};
+  kat::nn::MaxPool2d<float, Mem> last(2), features(2);
+  const kat::FeatureShape out = last.output_shape(in);
+  features.output_shape(in);
+  last.set_layouts(kat::ActivationLayout::channels_last, kat::ActivationLayout::channels_last);
+  const M x = filled(n, in.size(), 8), dy = filled(n, out.size(), 9);
+  M y("y", n, out.size()), dx("dx", n, in.size());
+  kat::Pool2dDnn<Space, float> dnn;
+  const kat::Pool2dProblem problem{
+      n, channels, size, size, size / 2, size / 2, 2,
+      2, 2,        2,    0,    0,        true,     kat::ActivationLayout::channels_last};
+  const auto run = [&](kat::nn::Layer<float, Mem> &layer) {
+    layer.forward(Space(), x, y);
+    layer.backward(Space(), dy, dx);
+    Space().fence();
+  };
+  const auto run_dnn = [&] {
+    dnn.forward(Space(), problem, x.data(), y.data());
+    dnn.backward(Space(), problem, dy.data(), dx.data());
+    Space().fence();
+  };
+  run(last), run(features), run_dnn();
+  double last_s = 0, features_s = 0, dnn_s = 0;
+  for (auto _ : state) {
+    auto t0 = Clock::now();
+    run(last);
+    const double this_s = seconds(t0);
+    last_s += this_s;
+    t0 = Clock::now();
+    run(features);
+    features_s += seconds(t0);
+    t0 = Clock::now();
+    run_dnn();
+    dnn_s += seconds(t0);
+    state.SetIterationTime(this_s);
+  }
+  const double iterations = double(state.iterations());
+  state.counters["channels_last_ms"] = 1e3 * last_s / iterations;
+  state.counters["features_ms"] = 1e3 * features_s / iterations;
+  state.counters["onednn_ms"] = 1e3 * dnn_s / iterations;
+  state.counters["floor_MB"] =
+      1e-6 * double(n) * double(2 * in.size() + 2 * out.size() * 2) * sizeof(float);
+}
+BENCHMARK(BM_PoolLayouts)
+    ->ArgNames({"channels"})
+    ->Args({32})
+    ->Args({64})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

@@ -84,11 +84,11 @@ private:
   }
   void pool_backward(const execution_space &space, const matrix_type &dy,
                      const matrix_type &dx) override {
-    detail::avg_pool2d_backward(space, this->forward_geometry_, dy, dx);
+    detail::avg_pool2d_backward(space, this->kernel_geometry_, dy, dx);
   }
   void pool_forward_r(const execution_space &space, const matrix_type &rx,
                       const matrix_type &ry) override {
-    detail::avg_pool2d_forward(space, this->forward_geometry_, rx, ry);
+    detail::avg_pool2d_forward(space, this->kernel_geometry_, rx, ry);
   }
 };
 

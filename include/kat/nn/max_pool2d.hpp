@@ -113,11 +113,11 @@ private:
   }
   void pool_backward(const execution_space &space, const matrix_type &dy,
                      const matrix_type &dx) override {
-    detail::max_pool2d_backward(space, this->forward_geometry_, argmax_view_, dy, dx);
+    detail::max_pool2d_backward(space, this->kernel_geometry_, argmax_view_, dy, dx);
   }
   void pool_forward_r(const execution_space &space, const matrix_type &rx,
                       const matrix_type &ry) override {
-    detail::max_pool2d_gather(space, this->forward_geometry_, argmax_view_, rx, ry);
+    detail::max_pool2d_gather(space, this->kernel_geometry_, argmax_view_, rx, ry);
   }
 
   Workspace<std::int32_t, MemorySpace> argmax_{"kat::nn::MaxPool2d::argmax"};

@@ -28,6 +28,24 @@ struct Pool2dGeometry {
   int pad_h = 0, pad_w = 0;
   int channels = 0, height = 0, width = 0; ///< input; channels == 0 until the shape is known
   int out_height = 0, out_width = 0;
+  /// The plane is a channels_last batch seen through transposed() (h and w swapped): the
+  /// window walks swap their loops back, so ties and sums keep the order of KAT's layout.
+  bool transposed = false;
+
+  /// The same pooling of a channels_last batch of `batch` images (element (n, c, h, w) at
+  /// c + C·(w + W·(h + H·n))) read as a batch of C rows in KAT's layout: its "channels" are the
+  /// images, its planes W x H (w fastest, as h is in KAT's layout), so KAT's kernels run on it
+  /// with the channels in their vector lanes. Kernel, stride and padding swap with the axes.
+  Pool2dGeometry transposed_for(int batch) const {
+    Pool2dGeometry t = *this;
+    t.kernel_h = kernel_w, t.kernel_w = kernel_h;
+    t.stride_h = stride_w, t.stride_w = stride_h;
+    t.pad_h = pad_w, t.pad_w = pad_h;
+    t.channels = batch, t.height = width, t.width = height;
+    t.out_height = out_width, t.out_width = out_height;
+    t.transposed = true;
+    return t;
+  }
 
   std::size_t in_size() const {
     return static_cast<std::size_t>(channels) * static_cast<std::size_t>(height) *
@@ -78,9 +96,10 @@ KOKKOS_INLINE_FUNCTION std::size_t pool_output_column(const Pool2dGeometry &g, i
 /// The window walk of the pooling forwards, for a team per (c, ow) (league rank c·W_out + ow):
 /// for each output (c, oh, ow) of the team's threads, at column j, calls
 /// kernel.element(team, j, col, index, first) for each input element of its window in
-/// row-major order (h outer, so ties keep PyTorch's first maximum; col its column, index =
-/// h + H·w its place in the input plane, first for the first one), then kernel.finish(team, j).
-/// Every window holds a real input (padding <= kernel / 2), so each output gets a `first`.
+/// row-major order (h outer, so ties keep PyTorch's first maximum; w outer for a transposed
+/// geometry, whose w is the image's h; col its column, index = h + H·w its place in the input
+/// plane, first for the first one), then kernel.finish(team, j). Every window holds a real
+/// input (padding <= kernel / 2), so each output gets a `first`.
 template <class Member, class Kernel>
 KOKKOS_INLINE_FUNCTION void pool2d_forward_windows(const Member &team, const Kernel &kernel) {
   const Pool2dGeometry &g = kernel.g;
@@ -92,9 +111,15 @@ KOKKOS_INLINE_FUNCTION void pool2d_forward_windows(const Member &team, const Ker
     int h_begin, h_end;
     detail::pool_window_range(oh, g.kernel_h, g.stride_h, g.pad_h, g.height, h_begin, h_end);
     const std::size_t j = pool_output_column(g, c, oh, ow);
+    const int outer_begin = g.transposed ? w_begin : h_begin;
+    const int outer_end = g.transposed ? w_end : h_end;
+    const int inner_begin = g.transposed ? h_begin : w_begin;
+    const int inner_end = g.transposed ? h_end : w_end;
     bool first = true;
-    for (int h = h_begin; h < h_end; ++h) {
-      for (int w = w_begin; w < w_end; ++w) {
+    for (int a = outer_begin; a < outer_end; ++a) {
+      for (int b = inner_begin; b < inner_end; ++b) {
+        const int h = g.transposed ? b : a;
+        const int w = g.transposed ? a : b;
         kernel.element(team, j, pool_input_column(g, c, h, w), h + g.height * w, first);
         first = false;
       }
@@ -106,9 +131,9 @@ KOKKOS_INLINE_FUNCTION void pool2d_forward_windows(const Member &team, const Ker
 /// The gather of the pooling backwards, for a team per (c, w) (league rank c·W + w): for each
 /// input element (c, h, w) of the team's threads, at column col, calls
 /// kernel.element(team, col, o, self, first) for each output o whose window covers it, in a
-/// fixed order (ow outer; self = h + H·w, first for the first one, which overwrites dx), so
-/// each dx element is one thread's: deterministic, no atomics. An element no window covers
-/// (past the last one) gets dx = 0.
+/// fixed order (ow outer, oh outer for a transposed geometry; self = h + H·w, first for the
+/// first one, which overwrites dx), so each dx element is one thread's: deterministic, no
+/// atomics. An element no window covers (past the last one) gets dx = 0.
 template <class Member, class Kernel>
 KOKKOS_INLINE_FUNCTION void pool2d_backward_windows(const Member &team, const Kernel &kernel) {
   using Scalar = typename Kernel::Scalar;
@@ -121,9 +146,13 @@ KOKKOS_INLINE_FUNCTION void pool2d_backward_windows(const Member &team, const Ke
     int oh_lo, oh_hi;
     detail::pool_covering_range(h, g.kernel_h, g.stride_h, g.pad_h, g.out_height, oh_lo, oh_hi);
     const std::size_t col = pool_input_column(g, c, h, w);
+    const int outer_lo = g.transposed ? oh_lo : ow_lo, outer_hi = g.transposed ? oh_hi : ow_hi;
+    const int inner_lo = g.transposed ? ow_lo : oh_lo, inner_hi = g.transposed ? ow_hi : oh_hi;
     bool first = true;
-    for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-      for (int oh = oh_lo; oh <= oh_hi; ++oh) {
+    for (int a = outer_lo; a <= outer_hi; ++a) {
+      for (int b = inner_lo; b <= inner_hi; ++b) {
+        const int oh = g.transposed ? a : b;
+        const int ow = g.transposed ? b : a;
         kernel.element(team, col, pool_output_column(g, c, oh, ow), h + g.height * w, first);
         first = false;
       }
@@ -319,8 +348,9 @@ public:
   /// layer; calling it again with another shape re-targets the layer).
   /// @throws ShapeError if a dimension is < 1 or the padded input is smaller than the kernel.
   /// KAT's layout in and out; in training, for float on a host space with oneDNN
-  /// (kat::dnn_available), also oneDNN's channels16 (a channel count that is a multiple of 16)
-  /// or channels_last in and out (its pooling), and in Precision::bf16 channels16_bf16 (a
+  /// (kat::dnn_available), also oneDNN's channels16 (a channel count that is a multiple of 16;
+  /// oneDNN's pooling) or channels_last in and out (KAT's kernels on the transposed batch,
+  /// bit-identical to KAT's layout), and in Precision::bf16 channels16_bf16 (a
   /// multiple of 16) or channels_last_bf16 (channels16 and the bf16 layouts only on CPUs with
   /// AVX-512, where oneDNN has kernels for them: kat::detail::dnn_reads_layout), where x, y, dy and
   /// dx hold bf16 values (a maximum is one of its inputs, so max pooling is exact; an average is
@@ -341,6 +371,15 @@ public:
   void forward(const execution_space &space, const matrix_type &x, const matrix_type &y) override {
     ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::forward"));
     const Pool2dGeometry g = begin_forward(x, y);
+    if (this->in_layout_ == ActivationLayout::channels_last) {
+      // KAT's kernels on the transposed view: oneDNN 2.6's max pooling with its workspace took
+      // 7-9 ms a pass here where this takes under 1 (docs/benchmarks.md, AVX2).
+      kernel_geometry_ = g.transposed_for(static_cast<int>(batch_));
+      layout_forwarded_ = true;
+      pool_forward(space, kernel_geometry_, channel_rows(x, g.in_size()),
+                   channel_rows(y, g.out_size()));
+      return;
+    }
     if (dnn_forward(space, x, y, max_)) {
       return;
     }
@@ -360,6 +399,11 @@ public:
     if (dx.extent(0) == 0) {
       return;
     }
+    if (layout_forwarded_) {
+      pool_backward(space, channel_rows(dy, forward_geometry_.out_size()),
+                    channel_rows(dx, forward_geometry_.in_size()));
+      return;
+    }
     pool_backward(space, dy, dx);
   }
 
@@ -368,8 +412,8 @@ public:
   bool supports_r_operator() const override { return true; }
 
   /// ry = R{y} for rx = R{x} (rx of extent 0: ry = 0), after forward().
-  /// @throws Error before the first forward() or after one in oneDNN's layout; ShapeError if
-  /// rx or ry do not match it.
+  /// @throws Error before the first forward() or after one in another layout than KAT's; ShapeError
+  /// if rx or ry do not match it.
   void forward_r(const execution_space &space, const matrix_type &rx,
                  const matrix_type &ry) override {
     ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::forward_r"));
@@ -382,8 +426,8 @@ public:
   }
 
   /// rdx = the backward of rdy (skipped when rdx is empty); dy is not needed.
-  /// @throws Error before the first forward() or after one in oneDNN's layout; ShapeError if
-  /// rdy or rdx do not match it.
+  /// @throws Error before the first forward() or after one in another layout than KAT's; ShapeError
+  /// if rdy or rdx do not match it.
   void backward_r(const execution_space &space, const matrix_type & /*dy*/, const matrix_type &rdy,
                   const matrix_type &rdx) override {
     ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::backward_r"));
@@ -460,7 +504,7 @@ protected:
   /// The kernels: y from x for the geometry of this forward() (KAT's layout) ...
   virtual void pool_forward(const execution_space &space, const Pool2dGeometry &g,
                             const matrix_type &x, const matrix_type &y) = 0;
-  /// ... dx from dy (also R{dx} from R{dy}) and R{y} from R{x}, for forward_geometry_.
+  /// ... dx from dy (also R{dx} from R{dy}) and R{y} from R{x}, for kernel_geometry_.
   virtual void pool_backward(const execution_space &space, const matrix_type &dy,
                              const matrix_type &dx) = 0;
   virtual void pool_forward_r(const execution_space &space, const matrix_type &rx,
@@ -479,13 +523,22 @@ protected:
     kat::detail::require_extent(where.c_str(), "y columns", geometry_.out_size(), y.extent(1));
     this->require_layouts_supported(where);
     forward_geometry_ = geometry_;
+    kernel_geometry_ = geometry_;
     batch_ = x.extent(0);
     forwarded_ = true;
     dnn_forwarded_ = false;
+    layout_forwarded_ = false;
     return forward_geometry_;
   }
 
-  /// On oneDNN's path (the input layout is channels16 or channels_last): y = pooled x through
+  /// A channels_last batch matrix (N x `size`) as the C x (size / C · N) matrix of its channel
+  /// vectors (Pool2dGeometry::transposed_for), over the same memory.
+  matrix_type channel_rows(const matrix_type &m, std::size_t size) const {
+    const auto c = static_cast<std::size_t>(forward_geometry_.channels);
+    return matrix_type(m.data(), c, size / c * m.extent(0));
+  }
+
+  /// On oneDNN's path (channels16 and the bf16 layouts): y = pooled x through
   /// oneDNN, and true; false (nothing done) on KAT's layout. Call after begin_forward().
   bool dnn_forward(const execution_space &space, const matrix_type &x, const matrix_type &y,
                    bool max) {
@@ -521,13 +574,13 @@ protected:
     return false;
   }
 
-  /// The R passes need KAT's own forward.
+  /// The R passes need KAT's own forward in KAT's layout.
   void require_kat_forward(const char *what) const {
-    if (dnn_forwarded_) {
-      throw Error(kat::detail::concat(
-          "kat::nn::", type_, "::", what, ": the last forward() ran in oneDNN's ",
-          to_string(dnn_problem_.layout),
-          " layout; run forward() again now that a direction is bound"));
+    if (dnn_forwarded_ || layout_forwarded_) {
+      throw Error(
+          kat::detail::concat("kat::nn::", type_, "::", what, ": the last forward() ran in the ",
+                              to_string(this->in_layout_),
+                              " layout; run forward() again now that a direction is bound"));
     }
   }
 
@@ -572,9 +625,11 @@ protected:
   bool max_;
   mutable Pool2dGeometry geometry_; // hyperparameters + the shape output_shape() last saw
   Pool2dGeometry forward_geometry_; // what the last forward() ran with
+  Pool2dGeometry kernel_geometry_;  // ... as KAT's kernels saw it (transposed in channels_last)
   std::size_t batch_ = 0;
   bool forwarded_ = false;
   bool dnn_forwarded_ = false;
+  bool layout_forwarded_ = false; // KAT's kernels on a channels_last batch
   bool direction_bound_ = false;
   Pool2dProblem dnn_problem_;
   DnnIfAvailable<Pool2dDnn, execution_space, Scalar> dnn_;

@@ -183,30 +183,19 @@ void BM_Conv2dBackends(benchmark::State &state) {
   BenchConv im2col(c, n, kat::nn::Conv2dBackend::im2col, kat::ActivationLayout::features);
   dnn.step(); // plans, workspaces, BLAS buffers
   im2col.step();
-  double dnn_s = 0, im2col_s = 0;
   const double reorder_before = dnn.layer.dnn_reorder_stats().seconds;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    dnn.step();
-    Space().fence();
-    const double this_s = seconds(t0);
-    dnn_s += this_s;
-    t0 = Clock::now();
-    im2col.step();
-    Space().fence();
-    im2col_s += seconds(t0);
-    state.SetIterationTime(this_s);
-  }
+  const auto [dnn_s, im2col_s] = time_alternately(
+      state, [&] { dnn.step(); }, [&] { im2col.step(); });
   const double iterations = double(state.iterations());
   const kat::FeatureShape out = dnn.layer.output_shape({c.in_channels, c.size, c.size});
   const double flop = (c.needs_dx ? 3.0 : 2.0) * 2.0 * double(n) * out.height * out.width *
                       c.out_channels * double(dnn.layer.patch_size());
-  state.counters["dnn_ms"] = 1e3 * dnn_s / iterations;
-  state.counters["im2col_ms"] = 1e3 * im2col_s / iterations;
+  state.counters["dnn_ms"] = 1e3 * dnn_s;
+  state.counters["im2col_ms"] = 1e3 * im2col_s;
   state.counters["speedup"] = im2col_s / dnn_s;
-  state.counters["dnn_GFLOPs"] = flop * iterations / dnn_s * 1e-9;
+  state.counters["dnn_GFLOPs"] = flop / dnn_s * 1e-9;
   state.counters["reorder_share"] =
-      (dnn.layer.dnn_reorder_stats().seconds - reorder_before) / dnn_s;
+      (dnn.layer.dnn_reorder_stats().seconds - reorder_before) / (dnn_s * iterations);
 }
 BENCHMARK(BM_Conv2dBackends)
     ->ArgNames({"shape", "dnn_layout"})
@@ -276,23 +265,13 @@ void BM_BatchNormLayouts(benchmark::State &state) {
     const bool bf16 = kat::layout_stores_bf16(bn.layer.input_layout());
     bn.layer.forward(Space(), bf16 ? x16 : x, y);
     bn.layer.backward(Space(), bf16 ? dy16 : dy, dx);
-    Space().fence();
   };
-  run(kat_bn);
-  run(dnn_bn);
-  double kat_s = 0, dnn_s = 0;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    run(dnn_bn);
-    const double this_s = seconds(t0);
-    dnn_s += this_s;
-    t0 = Clock::now();
-    run(kat_bn);
-    kat_s += seconds(t0);
-    state.SetIterationTime(this_s);
-  }
-  state.counters["dnn_ms"] = 1e3 * dnn_s / double(state.iterations());
-  state.counters["kat_ms"] = 1e3 * kat_s / double(state.iterations());
+  const auto run_dnn = [&] { run(dnn_bn); };
+  const auto run_kat = [&] { run(kat_bn); };
+  run_kat(), run_dnn(); // warm-up: workspaces, oneDNN's plans
+  const auto [dnn_s, kat_s] = time_alternately(state, run_dnn, run_kat);
+  state.counters["dnn_ms"] = 1e3 * dnn_s;
+  state.counters["kat_ms"] = 1e3 * kat_s;
   state.counters["speedup"] = kat_s / dnn_s;
 }
 BENCHMARK(BM_BatchNormLayouts)
@@ -327,35 +306,23 @@ void BM_PoolLayouts(benchmark::State &state) {
   const kat::Pool2dProblem problem{
       n, channels, size, size, size / 2, size / 2, 2,
       2, 2,        2,    0,    0,        true,     kat::ActivationLayout::channels_last};
-  const auto run = [&](kat::nn::Layer<float, Mem> &layer) {
-    layer.forward(Space(), x, y);
-    layer.backward(Space(), dy, dx);
-    Space().fence();
+  const auto run_last = [&] {
+    last.forward(Space(), x, y);
+    last.backward(Space(), dy, dx);
+  };
+  const auto run_features = [&] {
+    features.forward(Space(), x, y);
+    features.backward(Space(), dy, dx);
   };
   const auto run_dnn = [&] {
     dnn.forward(Space(), problem, x.data(), y.data());
     dnn.backward(Space(), problem, dy.data(), dx.data());
-    Space().fence();
   };
-  run(last), run(features), run_dnn();
-  double last_s = 0, features_s = 0, dnn_s = 0;
-  for (auto _ : state) {
-    auto t0 = Clock::now();
-    run(last);
-    const double this_s = seconds(t0);
-    last_s += this_s;
-    t0 = Clock::now();
-    run(features);
-    features_s += seconds(t0);
-    t0 = Clock::now();
-    run_dnn();
-    dnn_s += seconds(t0);
-    state.SetIterationTime(this_s);
-  }
-  const double iterations = double(state.iterations());
-  state.counters["channels_last_ms"] = 1e3 * last_s / iterations;
-  state.counters["features_ms"] = 1e3 * features_s / iterations;
-  state.counters["onednn_ms"] = 1e3 * dnn_s / iterations;
+  run_last(), run_features(), run_dnn(); // warm-up: workspaces, oneDNN's plans
+  const auto [last_s, features_s, dnn_s] = time_alternately(state, run_last, run_features, run_dnn);
+  state.counters["channels_last_ms"] = 1e3 * last_s;
+  state.counters["features_ms"] = 1e3 * features_s;
+  state.counters["onednn_ms"] = 1e3 * dnn_s;
   state.counters["floor_MB"] =
       1e-6 * double(n) * double(2 * in.size() + 2 * out.size() * 2) * sizeof(float);
 }

@@ -4,7 +4,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -36,24 +38,36 @@ template <class F> double fenced_seconds(const Space &space, const F &f) {
   return seconds(t0);
 }
 
-// Times `layer_step` and `gemm_step` alternately in every iteration (each fenced), so the
-// ratio comes from one run on a noisy machine. The layer's time is the iteration time; the
-// counters are both throughputs for `flop_per_iteration` and fraction_of_gemm = GEMM time /
-// layer time.
+// Times `steps` alternately, in order, in every iteration (each fenced), so their ratios come
+// from one run on a noisy machine; the first step's time is the iteration time (benchmarks
+// registered with UseManualTime). Returns each step's mean seconds per iteration.
+template <class... Steps>
+std::array<double, sizeof...(Steps)> time_alternately(benchmark::State &state,
+                                                      const Steps &...steps) {
+  const Space space;
+  std::array<double, sizeof...(Steps)> total{};
+  for (auto _ : state) {
+    const std::array<double, sizeof...(Steps)> s{fenced_seconds(space, steps)...}; // in order
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      total[i] += s[i];
+    }
+    state.SetIterationTime(s[0]);
+  }
+  for (double &t : total) {
+    t /= double(state.iterations());
+  }
+  return total;
+}
+
+// Times `layer_step` and `gemm_step` alternately (time_alternately). The layer's time is the
+// iteration time; the counters are both throughputs for `flop_per_iteration` and
+// fraction_of_gemm = GEMM time / layer time.
 template <class LayerStep, class GemmStep>
 void time_against_gemms(benchmark::State &state, double flop_per_iteration,
                         const LayerStep &layer_step, const GemmStep &gemm_step) {
-  const Space space;
-  double layer_s = 0, gemm_s = 0;
-  for (auto _ : state) {
-    const double this_layer_s = fenced_seconds(space, layer_step);
-    layer_s += this_layer_s;
-    gemm_s += fenced_seconds(space, gemm_step);
-    state.SetIterationTime(this_layer_s);
-  }
-  const double flop = flop_per_iteration * double(state.iterations());
-  state.counters["layer_GFLOPs"] = flop / layer_s * 1e-9;
-  state.counters["gemm_GFLOPs"] = flop / gemm_s * 1e-9;
+  const auto [layer_s, gemm_s] = time_alternately(state, layer_step, gemm_step);
+  state.counters["layer_GFLOPs"] = flop_per_iteration / layer_s * 1e-9;
+  state.counters["gemm_GFLOPs"] = flop_per_iteration / gemm_s * 1e-9;
   state.counters["fraction_of_gemm"] = gemm_s / layer_s;
 }
 

@@ -28,7 +28,7 @@ struct Pool2dGeometry {
   int pad_h = 0, pad_w = 0;
   int channels = 0, height = 0, width = 0; ///< input; channels == 0 until the shape is known
   int out_height = 0, out_width = 0;
-  /// The plane is a channels_last batch seen through transposed() (h and w swapped): the
+  /// The plane is a channels_last batch seen through transposed_for() (h and w swapped): the
   /// window walks swap their loops back, so ties and sums keep the order of KAT's layout.
   bool transposed = false;
 
@@ -372,8 +372,9 @@ public:
     ScopedRegion region(kat::detail::concat("kat::nn::", type_, "::forward"));
     const Pool2dGeometry g = begin_forward(x, y);
     if (this->in_layout_ == ActivationLayout::channels_last) {
-      // KAT's kernels on the transposed view: oneDNN 2.6's max pooling with its workspace took
-      // 7-9 ms a pass here where this takes under 1 (docs/benchmarks.md, AVX2).
+      // KAT's kernels on the transposed view: oneDNN 2.6's AVX2 max pooling with its training
+      // workspace took 14.0 ms a forward + backward of the CNN's first pooling, this 4.2
+      // (BM_PoolLayouts, docs/benchmarks.md).
       kernel_geometry_ = g.transposed_for(static_cast<int>(batch_));
       layout_forwarded_ = true;
       pool_forward(space, kernel_geometry_, channel_rows(x, g.in_size()),

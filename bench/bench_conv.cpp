@@ -27,6 +27,16 @@ namespace {
 
 using namespace kat::bench;
 
+// Whether this build has no oneDNN for float on the host, the benchmark then skipped with a
+// message saying so.
+bool skipped_without_dnn(benchmark::State &state) {
+  if (kat::dnn_available<Space, float>()) {
+    return false;
+  }
+  state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
+  return true;
+}
+
 // The CNN's convolutions: 5x5, padding 2, stride 1.
 struct ConvShape {
   int in_channels, out_channels, size;
@@ -170,8 +180,7 @@ struct BenchConv {
 // reordering.
 void BM_Conv2dBackends(benchmark::State &state) {
   const ModelConv &c = model_convs[state.range(0)];
-  if (!kat::dnn_available<Space, float>()) {
-    state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
+  if (skipped_without_dnn(state)) {
     return;
   }
   const auto layout =
@@ -211,8 +220,7 @@ BENCHMARK(BM_Conv2dBackends)
 // channels_last_bf16, the bf16 mode's between convolutions on CPUs with AMX; 4:
 // channels16_bf16, the same on CPUs with AVX512-BF16 alone). Iteration time: oneDNN's.
 void BM_BatchNormLayouts(benchmark::State &state) {
-  if (!kat::dnn_available<Space, float>()) {
-    state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
+  if (skipped_without_dnn(state)) {
     return;
   }
   const int channels = static_cast<int>(state.range(0));
@@ -288,8 +296,7 @@ BENCHMARK(BM_BatchNormLayouts)
 // workspace: what the layer ran before). Iteration time: KAT's channels_last. The floor: one
 // read of x and dy, one write of y and dx, and the argmax (int32) written and read once.
 void BM_PoolLayouts(benchmark::State &state) {
-  if (!kat::dnn_available<Space, float>()) {
-    state.SkipWithError("no oneDNN in this build (KAT_ENABLE_ONEDNN)");
+  if (skipped_without_dnn(state)) {
     return;
   }
   const int channels = static_cast<int>(state.range(0));

@@ -376,7 +376,6 @@ public:
       // workspace took 14.0 ms a forward + backward of the CNN's first pooling, this 4.2
       // (BM_PoolLayouts, docs/benchmarks.md).
       kernel_geometry_ = g.transposed_for(static_cast<int>(batch_));
-      layout_forwarded_ = true;
       pool_forward(space, kernel_geometry_, channel_rows(x, g.in_size()),
                    channel_rows(y, g.out_size()));
       return;
@@ -400,7 +399,7 @@ public:
     if (dx.extent(0) == 0) {
       return;
     }
-    if (layout_forwarded_) {
+    if (kernel_geometry_.transposed) { // the forward ran on a channels_last batch
       pool_backward(space, channel_rows(dy, forward_geometry_.out_size()),
                     channel_rows(dx, forward_geometry_.in_size()));
       return;
@@ -528,7 +527,6 @@ protected:
     batch_ = x.extent(0);
     forwarded_ = true;
     dnn_forwarded_ = false;
-    layout_forwarded_ = false;
     return forward_geometry_;
   }
 
@@ -577,7 +575,7 @@ protected:
 
   /// The R passes need KAT's own forward in KAT's layout.
   void require_kat_forward(const char *what) const {
-    if (dnn_forwarded_ || layout_forwarded_) {
+    if (dnn_forwarded_ || kernel_geometry_.transposed) {
       throw Error(
           kat::detail::concat("kat::nn::", type_, "::", what, ": the last forward() ran in the ",
                               to_string(this->in_layout_),
@@ -630,7 +628,6 @@ protected:
   std::size_t batch_ = 0;
   bool forwarded_ = false;
   bool dnn_forwarded_ = false;
-  bool layout_forwarded_ = false; // KAT's kernels on a channels_last batch
   bool direction_bound_ = false;
   Pool2dProblem dnn_problem_;
   DnnIfAvailable<Pool2dDnn, execution_space, Scalar> dnn_;

@@ -1140,6 +1140,53 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("conv_dnn: in fp32 channels last oneDNN reads and writes the activations in place",
+          "[conv2d][dnn][layouts]") {
+  using L = ActivationLayout;
+  if (!have_dnn || fp32_dnn_layout() != L::channels_last) {
+    WARN("fp32 convolutions do not compute in channels_last here (no oneDNN, or AVX-512)");
+    return;
+  }
+  // Every shape, on KAT's layout or channels last on the input side (a first convolution
+  // reads the data loader's batch), channels last on the output side, against im2col in
+  // KAT's layout. oneDNN takes x, y, dx and dy as they are (nhwc) where it has kernels of its
+  // own for the shape; only the weights, and x in KAT's layout, are reordered.
+  for (const L in_layout : {L::features, L::channels_last})
+    for (std::size_t t = 0; t < shapes.size(); ++t) {
+      const Shape &c = shapes[t];
+      INFO(c << " input layout " << to_string(in_layout));
+      auto dnn = make_conv(c, nn::Conv2dBackend::dnn);
+      auto ref = make_conv(c, nn::Conv2dBackend::im2col);
+      const FeatureShape out = dnn->output_shape(c.in());
+      REQUIRE(dnn->supports_layouts(in_layout, L::channels_last));
+      dnn->set_layouts(in_layout, L::channels_last);
+      auto b1 = bind_fresh<float>(*dnn, 80 + t);
+      auto b2 = bind_fresh<float>(*ref, 80 + t);
+      const std::size_t n = 4;
+      auto x = random_matrix<float>(n, c.in().size(), 90 + t);
+      auto dy = random_matrix<float>(n, out.size(), 91 + t);
+      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+      Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
+      const auto x1 = in_layout == L::features ? x : convert(x, c.in(), in_layout, true);
+      dnn->forward(Space(), x1, y1);
+      dnn->backward(Space(), convert(dy, out, L::channels_last, true), dx1);
+      ref->forward(Space(), x, y2);
+      ref->backward(Space(), dy, dx2);
+      CHECK(max_diff_over_scale(convert(y1, out, L::channels_last, false), y2) < 1e-5);
+      const auto dx1_kat = in_layout == L::features ? dx1 : convert(dx1, c.in(), in_layout, false);
+      CHECK(max_diff_over_scale(dx1_kat, dx2) < 1e-5);
+      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+      // The reorders: at most the weights (into the forward's and the backward-data pass's
+      // layouts) and their gradient out, plus x in and dx out from and to KAT's layout, on the
+      // CNN's and ResNet's shapes (the first ten), whose every pass oneDNN 2.6 serves in nhwc
+      // on AVX2. In nChw8c there would be y out and dy in as well.
+      if (t < 10) {
+        const std::size_t activations = in_layout == L::features ? 2 : 0;
+        CHECK(dnn->dnn_reorder_stats().reorders <= 3 + activations);
+      }
+    }
+}
+
 TEST_CASE("conv_dnn: the CNN keeps its activations blocked from the first convolution to Flatten",
           "[dnn][layouts]") {
   auto model = nn::models::cnn<float, Mem>(FeatureShape{1, 28, 28}, 10);

@@ -275,70 +275,36 @@ inline void onednn_run_reorder(const char *region_name, dnnl::stream &stream, dn
 
 /// oneDNN's three convolution primitives for one Conv2dProblem, their staged operands and
 /// the memories wrapping KAT's buffers (rebound to new pointers on every call).
+///
+/// The primitives choose their own activation layouts (format_tag::any), and OnednnStaged
+/// reorders KAT's batches into them, except in fp32 where a side of the problem is
+/// channels_last (the f32 layout below AVX-512, dnn_f32_layout()): there x, y, dx and dy are
+/// given to all three passes as nhwc, provided oneDNN serves every pass in it with a kernel of
+/// its own (not "ref"). oneDNN 2.6 would otherwise compute in nChw8c on AVX2, which costs two
+/// reorders per pass and, for C_in below the block of 8, pads the input eight-fold in the
+/// weight gradient: the CNN's first convolution (1 -> 32, 5x5, batch 128) took 16.8 ms
+/// forward + backward that way against 3.9 ms in nhwc on Zen 3 (docs/benchmarks.md).
 class OnednnConv2dPlan {
 public:
   explicit OnednnConv2dPlan(const Conv2dProblem &p) : problem_(p), stream_(onednn_engine()) {
     using namespace dnnl;
     const engine &eng = onednn_engine();
+    const bool channels_last = p.input_layout == ActivationLayout::channels_last ||
+                               p.output_layout == ActivationLayout::channels_last;
+    if (!(p.precision == Precision::fp32 && channels_last &&
+          create_primitive_descs(memory::format_tag::nhwc))) {
+      create_primitive_descs(memory::format_tag::any);
+    }
+    fwd_ = convolution_forward(fwd_pd_);
+    bwd_data_ = convolution_backward_data(bwd_data_pd_);
+    bwd_weights_ = convolution_backward_weights(bwd_weights_pd_);
+
     const memory::desc x_kat =
         onednn_activation_desc(p.input_layout, p.batch, p.in_channels, p.height, p.width);
     const memory::desc y_kat =
         onednn_activation_desc(p.output_layout, p.batch, p.out_channels, p.out_height, p.out_width);
     const memory::desc w_kat =
         onednn_weight_desc(p.out_channels, p.in_channels, p.kernel_h, p.kernel_w);
-    const memory::desc b_desc({p.out_channels}, memory::data_type::f32, memory::format_tag::a);
-    const memory::dims x_dims{static_cast<memory::dim>(p.batch), p.in_channels, p.height, p.width};
-    const memory::dims y_dims{static_cast<memory::dim>(p.batch), p.out_channels, p.out_height,
-                              p.out_width};
-    const memory::dims w_dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w};
-    const auto any = memory::format_tag::any;
-    // In bf16 the operands of the products (x, w, dy) are bf16; what the passes write (y, dx,
-    // dw, db) and their accumulation stay f32, except y and dx in a layout that stores bf16
-    // (the next layer reads bf16, so oneDNN rounds them itself).
-    const auto in_type =
-        p.precision == Precision::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-    const memory::desc x_any(x_dims, in_type, any);
-    const memory::desc y_any(y_dims, onednn_activation_type(p.output_layout), any);
-    const memory::desc w_any(w_dims, in_type, any);
-    const memory::desc dx_any(x_dims, onednn_activation_type(p.input_layout), any);
-    const memory::desc dy_any(y_dims, in_type, any);
-    const memory::desc dw_any(w_dims, memory::data_type::f32, any);
-    const memory::dims strides{p.stride_h, p.stride_w};
-    // oneDNN counts dilation from 0 (no gaps), PyTorch from 1.
-    const memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
-    const memory::dims pad_l{p.pad_h, p.pad_w};
-    // oneDNN wants the right/bottom padding that makes its output size H_out: the rows the
-    // last window reaches past the input, which may be less than pad_h when the stride
-    // leaves input rows unused.
-    const memory::dims pad_r{
-        (p.out_height - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1 - p.height - p.pad_h,
-        (p.out_width - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1 - p.width - p.pad_w};
-    const auto alg = algorithm::convolution_direct;
-    auto fwd_desc = p.bias
-                        ? convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
-                                                    b_desc, y_any, strides, dilates, pad_l, pad_r)
-                        : convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
-                                                    y_any, strides, dilates, pad_l, pad_r);
-    primitive_attr fwd_attr;
-    if (p.relu) {
-      post_ops ops;
-      ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
-      fwd_attr.set_post_ops(ops);
-    }
-    fwd_pd_ = convolution_forward::primitive_desc(fwd_desc, fwd_attr, eng);
-    bwd_data_pd_ = convolution_backward_data::primitive_desc(
-        convolution_backward_data::desc(alg, dx_any, w_any, dy_any, strides, dilates, pad_l, pad_r),
-        eng, fwd_pd_);
-    auto bwd_w_desc = p.bias
-                          ? convolution_backward_weights::desc(alg, x_any, dw_any, b_desc, dy_any,
-                                                               strides, dilates, pad_l, pad_r)
-                          : convolution_backward_weights::desc(alg, x_any, dw_any, dy_any, strides,
-                                                               dilates, pad_l, pad_r);
-    bwd_weights_pd_ = convolution_backward_weights::primitive_desc(bwd_w_desc, eng, fwd_pd_);
-    fwd_ = convolution_forward(fwd_pd_);
-    bwd_data_ = convolution_backward_data(bwd_data_pd_);
-    bwd_weights_ = convolution_backward_weights(bwd_weights_pd_);
-
     x_fwd_ = OnednnStaged(x_kat, fwd_pd_.src_desc(), true, false);
     w_fwd_ = OnednnStaged(w_kat, fwd_pd_.weights_desc(), true, false);
     y_fwd_ = OnednnStaged(y_kat, fwd_pd_.dst_desc(), false, true);
@@ -353,6 +319,7 @@ public:
     dw_set_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, true, false);
     dw_add_ = OnednnStaged(w_kat, bwd_weights_pd_.diff_weights_desc(), false, true, true);
     if (p.bias) {
+      const memory::desc b_desc = bias_desc();
       db_staged_ = memory(b_desc, eng);
       db_add_ =
           reorder(reorder::primitive_desc(eng, b_desc, eng, b_desc, onednn_accumulate_attr()));
@@ -450,6 +417,76 @@ public:
   }
 
 private:
+  dnnl::memory::desc bias_desc() const {
+    return dnnl::memory::desc({problem_.out_channels}, dnnl::memory::data_type::f32,
+                              dnnl::memory::format_tag::a);
+  }
+
+  /// The three primitive descriptors with the activations (x, y, dx, dy) in `activations`
+  /// (format_tag::any: oneDNN's choice) and the weights in oneDNN's choice. A fixed format
+  /// is refused, returning false, when oneDNN serves a pass in it only by a reference
+  /// implementation.
+  bool create_primitive_descs(dnnl::memory::format_tag activations) {
+    using namespace dnnl;
+    const Conv2dProblem &p = problem_;
+    const engine &eng = onednn_engine();
+    const memory::desc b_desc = bias_desc();
+    const memory::dims x_dims{static_cast<memory::dim>(p.batch), p.in_channels, p.height, p.width};
+    const memory::dims y_dims{static_cast<memory::dim>(p.batch), p.out_channels, p.out_height,
+                              p.out_width};
+    const memory::dims w_dims{p.out_channels, p.in_channels, p.kernel_h, p.kernel_w};
+    const auto any = memory::format_tag::any;
+    // In bf16 the operands of the products (x, w, dy) are bf16; what the passes write (y, dx,
+    // dw, db) and their accumulation stay f32, except y and dx in a layout that stores bf16
+    // (the next layer reads bf16, so oneDNN rounds them itself).
+    const auto in_type =
+        p.precision == Precision::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+    const memory::desc x_any(x_dims, in_type, activations);
+    const memory::desc y_any(y_dims, onednn_activation_type(p.output_layout), activations);
+    const memory::desc w_any(w_dims, in_type, any);
+    const memory::desc dx_any(x_dims, onednn_activation_type(p.input_layout), activations);
+    const memory::desc dy_any(y_dims, in_type, activations);
+    const memory::desc dw_any(w_dims, memory::data_type::f32, any);
+    const memory::dims strides{p.stride_h, p.stride_w};
+    // oneDNN counts dilation from 0 (no gaps), PyTorch from 1.
+    const memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
+    const memory::dims pad_l{p.pad_h, p.pad_w};
+    // oneDNN wants the right/bottom padding that makes its output size H_out: the rows the
+    // last window reaches past the input, which may be less than pad_h when the stride
+    // leaves input rows unused.
+    const memory::dims pad_r{
+        (p.out_height - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1 - p.height - p.pad_h,
+        (p.out_width - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1 - p.width - p.pad_w};
+    const auto alg = algorithm::convolution_direct;
+    auto fwd_desc = p.bias
+                        ? convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
+                                                    b_desc, y_any, strides, dilates, pad_l, pad_r)
+                        : convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
+                                                    y_any, strides, dilates, pad_l, pad_r);
+    primitive_attr fwd_attr;
+    if (p.relu) {
+      post_ops ops;
+      ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+      fwd_attr.set_post_ops(ops);
+    }
+    fwd_pd_ = convolution_forward::primitive_desc(fwd_desc, fwd_attr, eng);
+    bwd_data_pd_ = convolution_backward_data::primitive_desc(
+        convolution_backward_data::desc(alg, dx_any, w_any, dy_any, strides, dilates, pad_l, pad_r),
+        eng, fwd_pd_);
+    auto bwd_w_desc = p.bias
+                          ? convolution_backward_weights::desc(alg, x_any, dw_any, b_desc, dy_any,
+                                                               strides, dilates, pad_l, pad_r)
+                          : convolution_backward_weights::desc(alg, x_any, dw_any, dy_any, strides,
+                                                               dilates, pad_l, pad_r);
+    bwd_weights_pd_ = convolution_backward_weights::primitive_desc(bwd_w_desc, eng, fwd_pd_);
+    if (activations == any) {
+      return true;
+    }
+    const auto reference = [](const char *impl) { return std::string(impl).rfind("ref", 0) == 0; };
+    return !reference(fwd_pd_.impl_info_str()) && !reference(bwd_data_pd_.impl_info_str()) &&
+           !reference(bwd_weights_pd_.impl_info_str());
+  }
+
   /// The operand `data` (in KAT's layout) as the primitive wants it: wrapped when the layouts
   /// agree, otherwise reordered into the staged buffer unless it already mirrors `data`
   /// (within one forward/backward; forward() and backward() forget what was staged before).

@@ -128,8 +128,10 @@ enum class Conv2dBackend {
 /// Three execution paths give the same results up to floating-point summation order:
 /// - DNN (default where kat::dnn_available<execution_space, Scalar>(): float on host memory
 ///   in a build with KAT_ENABLE_ONEDNN, and not recording curvature): oneDNN's forward,
-///   backward-data and backward-weights primitives, with x and dy reordered into oneDNN's
-///   blocked layout and y, dx, d[W b] reordered back (reorder_stats() counts them);
+///   backward-data and backward-weights primitives, with x and dy reordered into the layouts
+///   oneDNN chooses and y, dx, d[W b] reordered back where those differ from the layer's
+///   (dnn_reorder_stats() counts them; in fp32 channels_last oneDNN reads and writes the
+///   activations as they are, see OnednnConv2dPlan);
 /// - full (while recording curvature): P (with its ones column) is built once for the whole
 ///   batch and kept for backward and for curvature();
 /// - chunked (default elsewhere): the output positions are processed in chunks of contiguous

@@ -226,6 +226,31 @@ bool bf16_convolutions_offer(ActivationLayout layout) {
   return bf16_primitives_offer(conv, layout);
 }
 
+// Runs `layer` on a batch of n samples with its input in `in_layout` and its output in
+// `out_layout` (set here), and `ref` on the same batch in KAT's layout, both with parameters
+// drawn from `seed` (x from seed + 10, dy from seed + 11), and checks that y, dx and the
+// parameter gradients agree to 1e-5 of their scale: the same operands (in bf16 rounded
+// element-wise alike), fp32 sums in another order.
+void check_against_kat_layout(Conv &layer, Conv &ref, const Shape &c, ActivationLayout in_layout,
+                              ActivationLayout out_layout, std::size_t n, std::uint64_t seed) {
+  const FeatureShape out = layer.output_shape(c.in());
+  ref.output_shape(c.in());
+  layer.set_layouts(in_layout, out_layout);
+  auto b1 = bind_fresh<float>(layer, seed);
+  auto b2 = bind_fresh<float>(ref, seed);
+  auto x = random_matrix<float>(n, c.in().size(), seed + 10);
+  auto dy = random_matrix<float>(n, out.size(), seed + 11);
+  Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
+  Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
+  layer.forward(Space(), convert(x, c.in(), in_layout, true), y1);
+  layer.backward(Space(), convert(dy, out, out_layout, true), dx1);
+  ref.forward(Space(), x, y2);
+  ref.backward(Space(), dy, dx2);
+  CHECK(max_diff_over_scale(convert(y1, out, out_layout, false), y2) < 1e-5);
+  CHECK(max_diff_over_scale(convert(dx1, c.in(), in_layout, false), dx2) < 1e-5);
+  CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+}
+
 } // namespace
 
 TEST_CASE("conv_dnn: oneDNN and im2col agree on y dx and gradients", "[conv2d][dnn]") {
@@ -731,7 +756,6 @@ TEST_CASE("conv_dnn: in bf16 convolutions in oneDNN's layouts equal those in KAT
       INFO(c << " layout " << to_string(layout));
       auto dnn = make_conv(c, nn::Conv2dBackend::dnn);
       auto kat_layout = make_conv(c, nn::Conv2dBackend::dnn);
-      const FeatureShape out = dnn->output_shape(c.in());
       const bool fits = layout_fits(layout, c.cin) && layout_fits(layout, c.cout);
       // fp32 computes in one of them (channels16, for multiples of 16 only, with AVX-512;
       // channels_last below it), bf16 in either.
@@ -747,22 +771,7 @@ TEST_CASE("conv_dnn: in bf16 convolutions in oneDNN's layouts equal those in KAT
       }
       REQUIRE(dnn->supports_layouts(layout, layout));
       REQUIRE(dnn->supports_layouts(L::features, layout));
-      dnn->set_layouts(layout, layout);
-      auto b1 = bind_fresh<float>(*dnn, 50 + t);
-      auto b2 = bind_fresh<float>(*kat_layout, 50 + t);
-      const std::size_t n = 5;
-      auto x = random_matrix<float>(n, c.in().size(), 60 + t);
-      auto dy = random_matrix<float>(n, out.size(), 61 + t);
-      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
-      Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
-      dnn->forward(Space(), convert(x, c.in(), layout, true), y1);
-      dnn->backward(Space(), convert(dy, out, layout, true), dx1);
-      kat_layout->forward(Space(), x, y2);
-      kat_layout->backward(Space(), dy, dx2);
-      // The same bf16 operands (rounding is element-wise), fp32 accumulation in another order.
-      CHECK(max_diff_over_scale(convert(y1, out, layout, false), y2) < 1e-5);
-      CHECK(max_diff_over_scale(convert(dx1, c.in(), layout, false), dx2) < 1e-5);
-      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+      check_against_kat_layout(*dnn, *kat_layout, c, layout, layout, 5, 50 + t);
     }
 }
 
@@ -1157,25 +1166,8 @@ TEST_CASE("conv_dnn: in fp32 channels last oneDNN reads and writes the activatio
       INFO(c << " input layout " << to_string(in_layout));
       auto dnn = make_conv(c, nn::Conv2dBackend::dnn);
       auto ref = make_conv(c, nn::Conv2dBackend::im2col);
-      const FeatureShape out = dnn->output_shape(c.in());
       REQUIRE(dnn->supports_layouts(in_layout, L::channels_last));
-      dnn->set_layouts(in_layout, L::channels_last);
-      auto b1 = bind_fresh<float>(*dnn, 80 + t);
-      auto b2 = bind_fresh<float>(*ref, 80 + t);
-      const std::size_t n = 4;
-      auto x = random_matrix<float>(n, c.in().size(), 90 + t);
-      auto dy = random_matrix<float>(n, out.size(), 91 + t);
-      Matrix<float, Mem> y1("y1", n, out.size()), y2("y2", n, out.size());
-      Matrix<float, Mem> dx1("dx1", n, x.extent(1)), dx2("dx2", n, x.extent(1));
-      const auto x1 = in_layout == L::features ? x : convert(x, c.in(), in_layout, true);
-      dnn->forward(Space(), x1, y1);
-      dnn->backward(Space(), convert(dy, out, L::channels_last, true), dx1);
-      ref->forward(Space(), x, y2);
-      ref->backward(Space(), dy, dx2);
-      CHECK(max_diff_over_scale(convert(y1, out, L::channels_last, false), y2) < 1e-5);
-      const auto dx1_kat = in_layout == L::features ? dx1 : convert(dx1, c.in(), in_layout, false);
-      CHECK(max_diff_over_scale(dx1_kat, dx2) < 1e-5);
-      CHECK(max_diff_over_scale(b1.gradients(), b2.gradients()) < 1e-5);
+      check_against_kat_layout(*dnn, *ref, c, in_layout, L::channels_last, 4, 80 + t);
       // The reorders: at most the weights (into the forward's and the backward-data pass's
       // layouts) and their gradient out, plus x in and dx out from and to KAT's layout, on the
       // CNN's and ResNet's shapes (the first ten), whose every pass oneDNN 2.6 serves in nhwc

@@ -282,8 +282,9 @@ inline void onednn_run_reorder(const char *region_name, dnnl::stream &stream, dn
 /// given to all three passes as nhwc, provided oneDNN serves every pass in it with a kernel of
 /// its own (not "ref"). oneDNN 2.6 would otherwise compute in nChw8c on AVX2, which costs two
 /// reorders per pass and, for C_in below the block of 8, pads the input eight-fold in the
-/// weight gradient: the CNN's first convolution (1 -> 32, 5x5, batch 128) took 16.8 ms
-/// forward + backward that way against 3.9 ms in nhwc on Zen 3 (docs/benchmarks.md).
+/// weight gradient: the CNN's first convolution (1 -> 32, 5x5, batch 128) took 12.4 ms
+/// forward + backward that way against 4.2 ms in nhwc on Zen 3 (BM_Conv2dBackends,
+/// docs/benchmarks.md).
 class OnednnConv2dPlan {
 public:
   explicit OnednnConv2dPlan(const Conv2dProblem &p) : problem_(p), stream_(onednn_engine()) {
@@ -291,8 +292,7 @@ public:
     const engine &eng = onednn_engine();
     const bool channels_last = p.input_layout == ActivationLayout::channels_last ||
                                p.output_layout == ActivationLayout::channels_last;
-    if (!(p.precision == Precision::fp32 && channels_last &&
-          create_primitive_descs(memory::format_tag::nhwc))) {
+    if (!(p.precision == Precision::fp32 && channels_last && nhwc_served())) {
       create_primitive_descs(memory::format_tag::any);
     }
     fwd_ = convolution_forward(fwd_pd_);
@@ -485,6 +485,15 @@ private:
     const auto reference = [](const char *impl) { return std::string(impl).rfind("ref", 0) == 0; };
     return !reference(fwd_pd_.impl_info_str()) && !reference(bwd_data_pd_.impl_info_str()) &&
            !reference(bwd_weights_pd_.impl_info_str());
+  }
+
+  /// create_primitive_descs(nhwc), false where oneDNN refuses the problem in nhwc outright.
+  bool nhwc_served() {
+    try {
+      return create_primitive_descs(dnnl::memory::format_tag::nhwc);
+    } catch (const dnnl::error &) {
+      return false;
+    }
   }
 
   /// The operand `data` (in KAT's layout) as the primitive wants it: wrapped when the layouts

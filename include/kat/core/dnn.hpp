@@ -417,6 +417,7 @@ public:
   }
 
 private:
+  /// The bias and its gradient: C_out f32 values.
   dnnl::memory::desc bias_desc() const {
     return dnnl::memory::desc({problem_.out_channels}, dnnl::memory::data_type::f32,
                               dnnl::memory::format_tag::a);
@@ -441,12 +442,12 @@ private:
     // (the next layer reads bf16, so oneDNN rounds them itself).
     const auto in_type =
         p.precision == Precision::bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-    const memory::desc x_any(x_dims, in_type, activations);
-    const memory::desc y_any(y_dims, onednn_activation_type(p.output_layout), activations);
-    const memory::desc w_any(w_dims, in_type, any);
-    const memory::desc dx_any(x_dims, onednn_activation_type(p.input_layout), activations);
-    const memory::desc dy_any(y_dims, in_type, activations);
-    const memory::desc dw_any(w_dims, memory::data_type::f32, any);
+    const memory::desc x_desc(x_dims, in_type, activations);
+    const memory::desc y_desc(y_dims, onednn_activation_type(p.output_layout), activations);
+    const memory::desc w_desc(w_dims, in_type, any);
+    const memory::desc dx_desc(x_dims, onednn_activation_type(p.input_layout), activations);
+    const memory::desc dy_desc(y_dims, in_type, activations);
+    const memory::desc dw_desc(w_dims, memory::data_type::f32, any);
     const memory::dims strides{p.stride_h, p.stride_w};
     // oneDNN counts dilation from 0 (no gaps), PyTorch from 1.
     const memory::dims dilates{p.dilation_h - 1, p.dilation_w - 1};
@@ -458,11 +459,11 @@ private:
         (p.out_height - 1) * p.stride_h + (p.kernel_h - 1) * p.dilation_h + 1 - p.height - p.pad_h,
         (p.out_width - 1) * p.stride_w + (p.kernel_w - 1) * p.dilation_w + 1 - p.width - p.pad_w};
     const auto alg = algorithm::convolution_direct;
-    auto fwd_desc = p.bias
-                        ? convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
-                                                    b_desc, y_any, strides, dilates, pad_l, pad_r)
-                        : convolution_forward::desc(prop_kind::forward_training, alg, x_any, w_any,
-                                                    y_any, strides, dilates, pad_l, pad_r);
+    auto fwd_desc =
+        p.bias ? convolution_forward::desc(prop_kind::forward_training, alg, x_desc, w_desc, b_desc,
+                                           y_desc, strides, dilates, pad_l, pad_r)
+               : convolution_forward::desc(prop_kind::forward_training, alg, x_desc, w_desc, y_desc,
+                                           strides, dilates, pad_l, pad_r);
     primitive_attr fwd_attr;
     if (p.relu) {
       post_ops ops;
@@ -471,13 +472,14 @@ private:
     }
     fwd_pd_ = convolution_forward::primitive_desc(fwd_desc, fwd_attr, eng);
     bwd_data_pd_ = convolution_backward_data::primitive_desc(
-        convolution_backward_data::desc(alg, dx_any, w_any, dy_any, strides, dilates, pad_l, pad_r),
+        convolution_backward_data::desc(alg, dx_desc, w_desc, dy_desc, strides, dilates, pad_l,
+                                        pad_r),
         eng, fwd_pd_);
-    auto bwd_w_desc = p.bias
-                          ? convolution_backward_weights::desc(alg, x_any, dw_any, b_desc, dy_any,
-                                                               strides, dilates, pad_l, pad_r)
-                          : convolution_backward_weights::desc(alg, x_any, dw_any, dy_any, strides,
-                                                               dilates, pad_l, pad_r);
+    auto bwd_w_desc =
+        p.bias ? convolution_backward_weights::desc(alg, x_desc, dw_desc, b_desc, dy_desc, strides,
+                                                    dilates, pad_l, pad_r)
+               : convolution_backward_weights::desc(alg, x_desc, dw_desc, dy_desc, strides, dilates,
+                                                    pad_l, pad_r);
     bwd_weights_pd_ = convolution_backward_weights::primitive_desc(bwd_w_desc, eng, fwd_pd_);
     if (activations == any) {
       return true;

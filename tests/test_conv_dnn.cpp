@@ -234,7 +234,6 @@ bool bf16_convolutions_offer(ActivationLayout layout) {
 void check_against_kat_layout(Conv &layer, Conv &ref, const Shape &c, ActivationLayout in_layout,
                               ActivationLayout out_layout, std::size_t n, std::uint64_t seed) {
   const FeatureShape out = layer.output_shape(c.in());
-  ref.output_shape(c.in());
   layer.set_layouts(in_layout, out_layout);
   auto b1 = bind_fresh<float>(layer, seed);
   auto b2 = bind_fresh<float>(ref, seed);

@@ -424,10 +424,8 @@ private:
   }
 
   /// The three primitive descriptors with the activations (x, y, dx, dy) in `activations`
-  /// (format_tag::any: oneDNN's choice) and the weights in oneDNN's choice. A fixed format
-  /// is refused, returning false, when oneDNN serves a pass in it only by a reference
-  /// implementation.
-  bool create_primitive_descs(dnnl::memory::format_tag activations) {
+  /// (format_tag::any: oneDNN's choice) and the weights in oneDNN's choice.
+  void create_primitive_descs(dnnl::memory::format_tag activations) {
     using namespace dnnl;
     const Conv2dProblem &p = problem_;
     const engine &eng = onednn_engine();
@@ -481,21 +479,19 @@ private:
                : convolution_backward_weights::desc(alg, x_desc, dw_desc, dy_desc, strides, dilates,
                                                     pad_l, pad_r);
     bwd_weights_pd_ = convolution_backward_weights::primitive_desc(bwd_w_desc, eng, fwd_pd_);
-    if (activations == any) {
-      return true;
+  }
+
+  /// create_primitive_descs(nhwc), and whether oneDNN serves every pass in it with a kernel
+  /// of its own: false where it refuses the problem in nhwc or has only a reference one.
+  bool nhwc_served() {
+    try {
+      create_primitive_descs(dnnl::memory::format_tag::nhwc);
+    } catch (const dnnl::error &) {
+      return false;
     }
     const auto reference = [](const char *impl) { return std::string(impl).rfind("ref", 0) == 0; };
     return !reference(fwd_pd_.impl_info_str()) && !reference(bwd_data_pd_.impl_info_str()) &&
            !reference(bwd_weights_pd_.impl_info_str());
-  }
-
-  /// create_primitive_descs(nhwc), false where oneDNN refuses the problem in nhwc outright.
-  bool nhwc_served() {
-    try {
-      return create_primitive_descs(dnnl::memory::format_tag::nhwc);
-    } catch (const dnnl::error &) {
-      return false;
-    }
   }
 
   /// The operand `data` (in KAT's layout) as the primitive wants it: wrapped when the layouts

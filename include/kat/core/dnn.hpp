@@ -10,6 +10,7 @@
 /// says at compile time which case applies.
 
 #include "kat/core/activation_layout.hpp"
+#include "kat/core/detail/onednn_base.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/precision.hpp"
 #include "kat/core/profiling.hpp"
@@ -173,12 +174,6 @@ struct DnnReorderStats {
 namespace detail {
 
 #if defined(KAT_ENABLE_ONEDNN)
-
-/// The process's oneDNN CPU engine (created on first use).
-inline const dnnl::engine &onednn_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
 
 /// A oneDNN f32 memory descriptor for KAT's batch layout of (N, C, H, W): element
 /// (b, c, h, w) at b + N (h + H (w + W c)).
@@ -687,33 +682,6 @@ private:
   dnnl::pooling_v2_forward fwd_;
   dnnl::pooling_v2_backward bwd_;
   dnnl::memory workspace_;
-};
-
-/// The plans of one layer, one per problem seen, the oldest dropped beyond `capacity` (a data
-/// set's smaller last batch, evaluation batches).
-template <class Problem, class Plan, std::size_t Capacity = 4> class OnednnPlanCache {
-public:
-  static constexpr std::size_t capacity = Capacity;
-
-  /// The plan for `p`, created on first use.
-  Plan &get(const Problem &p) {
-    for (auto &existing : plans_) {
-      if (existing->problem() == p) {
-        return *existing;
-      }
-    }
-    if (plans_.size() == capacity) {
-      plans_.erase(plans_.begin());
-    }
-    plans_.push_back(std::make_unique<Plan>(p));
-    ++created_;
-    return *plans_.back();
-  }
-  std::size_t created() const { return created_; }
-
-private:
-  std::vector<std::unique_ptr<Plan>> plans_;
-  std::size_t created_ = 0;
 };
 
 /// Runs f, turning a oneDNN error into kat::Error("<who>::<pass>: oneDNN failed for <what>:

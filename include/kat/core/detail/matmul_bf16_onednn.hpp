@@ -5,6 +5,7 @@
 /// AMX tiles (Sapphire Rapids), AVX512-BF16 (Cooper Lake, Zen 4) or an emulation on other
 /// AVX-512 cores; Plan::implementation() says which.
 
+#include "kat/core/detail/onednn_base.hpp"
 #include "kat/core/dnn.hpp"
 #include "kat/core/error.hpp"
 #include "kat/core/profiling.hpp"
@@ -13,25 +14,6 @@
 #include <string>
 
 namespace kat::detail {
-
-/// One column-major product `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k) with
-/// its operands' leading dimensions: what a bf16 matmul plan is built for.
-struct MatmulProblem {
-  char trans_a = 'N', trans_b = 'N';
-  std::size_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
-  float alpha = 1, beta = 0;
-  /// A and B are bf16 already (kat::Bf16Operand), read as they are; else f32, converted.
-  bool bf16_operands = false;
-  /// The threads oneDNN runs on (the host execution space's concurrency): how many blocks of
-  /// C's rows a tall product may be split into (see onednn_row_batches).
-  std::size_t threads = 1;
-
-  bool operator==(const MatmulProblem &o) const {
-    return trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n && k == o.k &&
-           lda == o.lda && ldb == o.ldb && ldc == o.ldc && alpha == o.alpha && beta == o.beta &&
-           bf16_operands == o.bf16_operands && threads == o.threads;
-  }
-};
 
 /// Fewest rows of C per block of a split product.
 constexpr std::size_t onednn_min_rows_per_batch = 256;
@@ -75,8 +57,8 @@ public:
     // The operands in KAT's memory are f32, or bf16 already with bf16_operands.
     const auto type = p.bf16_operands ? memory::data_type::bf16 : memory::data_type::f32;
     // op(B)^T (n x k), op(A)^T (k x m); C^T (n x m): element (j, i) at i + j ldc.
-    src_ = memory::desc({n, k}, type, transposed_strides(p.trans_b, p.ldb));
-    wei_ = memory::desc({k, m}, type, transposed_strides(p.trans_a, p.lda));
+    src_ = memory::desc({n, k}, type, onednn_transposed_strides(p.trans_b, p.ldb));
+    wei_ = memory::desc({k, m}, type, onednn_transposed_strides(p.trans_a, p.lda));
     dst_ = memory::desc({n, m}, memory::data_type::f32, memory::dims{dim(p.ldc), 1});
     primitive_attr attr;
     if (p.alpha != 1.0f) {
@@ -146,13 +128,6 @@ public:
   }
 
 private:
-  /// The strides (x, y) of op(X)^T for a column-major X with leading dimension ld: element
-  /// (x, y) is op(X)(y, x), i.e. X(y, x) at y + x ld ('N') or X(x, y) at x + y ld ('T').
-  static dnnl::memory::dims transposed_strides(char trans, std::size_t ld) {
-    using dim = dnnl::memory::dim;
-    return trans == 'T' ? dnnl::memory::dims{1, dim(ld)} : dnnl::memory::dims{dim(ld), 1};
-  }
-
   /// Where onednn_row_batches(p) > 1: describes the product as a batch of that many blocks of
   /// C's rows sharing op(B) (the same memory, 3-D descriptors: C^T (n x m) as b x n x m/b,
   /// op(A)^T (k x m) as b x k x m/b, op(B)^T broadcast) and keeps it when oneDNN has a kernel
@@ -166,8 +141,8 @@ private:
     }
     const dim rows = dim(p.m / b), n = dim(p.n), k = dim(p.k);
     // A block of C's rows is a block of `rows` columns of op(A)^T.
-    const memory::dims sa = transposed_strides(p.trans_a, p.lda),
-                       sb = transposed_strides(p.trans_b, p.ldb);
+    const memory::dims sa = onednn_transposed_strides(p.trans_a, p.lda),
+                       sb = onednn_transposed_strides(p.trans_b, p.ldb);
     const auto bf16 = memory::data_type::bf16;
     const memory::desc src({1, n, k}, bf16, memory::dims{n * k, sb[0], sb[1]});
     const memory::desc wei({dim(b), k, rows}, bf16, memory::dims{rows * sa[1], sa[0], sa[1]});

@@ -97,6 +97,58 @@ TEST_CASE("core: gemm on row ranges and strided views with long inner dimensions
     }
 }
 
+TEST_CASE("core: gemm's weight gradients Aᵀ B with the batch as inner dimension", "[core][blas]") {
+  // dW (+)= dyᵀ x as a Dense layer forms it (k = the batch rows, 2048 for a ViT's tokens), on
+  // row ranges (leading dimensions above the rows), for the beta of overwriting (0), of
+  // accumulating (1) and another (-0.5), with alpha 1.5. In a float build with oneDNN these run
+  // on oneDNN's matmul primitive where it has a brg kernel (kat/core/detail/matmul_f32_onednn.hpp),
+  // else on dnnl_sgemm; either must give the product within k eps sum |alpha a b| + |beta c|.
+  const std::size_t m = 67, n = 33, k = 2048;
+  const auto dy_big = random_matrix<float>(k + 3, m, 21); // rows 1 .. k are dy
+  const auto x_big = random_matrix<float>(k + 5, n, 22);  // rows 4 .. k + 3 are x
+  const auto dy =
+      Kokkos::subview(dy_big, std::make_pair<std::size_t, std::size_t>(1, 1 + k), Kokkos::ALL());
+  const auto x =
+      Kokkos::subview(x_big, std::make_pair<std::size_t, std::size_t>(4, 4 + k), Kokkos::ALL());
+  const auto dyh = to_host(dy_big), xh = to_host(x_big);
+  const double eps = std::numeric_limits<float>::epsilon();
+#if defined(KAT_ENABLE_ONEDNN)
+  constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+  const std::size_t plans_before = detail::onednn_f32_matmul_plans().created();
+#endif
+  for (const float beta : {0.0f, 1.0f, -0.5f}) {
+    CAPTURE(beta);
+    auto c_big = random_matrix<float>(m + 2, n, 23); // rows 2 .. m + 1 are C
+    const auto c =
+        Kokkos::subview(c_big, std::make_pair<std::size_t, std::size_t>(2, 2 + m), Kokkos::ALL());
+    const auto c0 = to_host(c_big);
+    gemm(Space(), Trans::T, Trans::N, 1.5f, dy, x, beta, c);
+    const auto ch = to_host(c_big);
+    for (std::size_t i = 0; i < m + 2; ++i) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (i < 2) {
+          REQUIRE(ch(i, j) == c0(i, j)); // outside the row range: untouched
+          continue;
+        }
+        double ref = double(beta) * double(c0(i, j)), mag = std::abs(ref);
+        for (std::size_t p = 0; p < k; ++p) {
+          const double t = 1.5 * double(dyh(p + 1, i - 2)) * double(xh(p + 4, j));
+          ref += t;
+          mag += std::abs(t);
+        }
+        REQUIRE(std::abs(double(ch(i, j)) - ref) <= double(k + 2) * eps * mag);
+      }
+    }
+  }
+#if defined(KAT_ENABLE_ONEDNN)
+  // In host memory, one plan per beta: the matmul path was taken (or, without a brg kernel for
+  // the product, declined).
+  if (host) {
+    CHECK(detail::onednn_f32_matmul_plans().created() - plans_before == 3);
+  }
+#endif
+}
+
 TEST_CASE("core: the BLAS shares the OpenMP runtime of Kokkos and oneDNN", "[core][blas]") {
   // A pthread OpenBLAS beside Kokkos's or oneDNN's OpenMP threads would start a second pool on
   // the same cores; cmake/KATOpenMPBLAS.cmake links the OpenMP one then (KAT_OPENMP_BLAS).

@@ -95,8 +95,9 @@ std::array<std::size_t, 3> gemm_dimensions(const char *who, Trans trans_a, Trans
 
 /// `C = alpha * op(A) * op(B) + beta * C` through `KokkosBlas::gemm` (which calls the vendor
 /// BLAS — OpenBLAS on host, cuBLAS/rocBLAS when Kokkos Kernels is built with them), or, for
-/// float views in host memory in a build with KAT_ENABLE_ONEDNN, through oneDNN's `dnnl_sgemm`
-/// (kernels generated for the CPU at hand; see kat/core/detail/blas_onednn.hpp). Views whose
+/// float views in host memory in a build with KAT_ENABLE_ONEDNN, through oneDNN's `dnnl_sgemm`,
+/// or its matmul primitive for Aᵀ B (kernels generated for the CPU at hand; see
+/// kat/core/detail/blas_onednn.hpp). Views whose
 /// first dimension is strided take the Kokkos Kernels path.
 ///
 /// @param space  execution space instance the product runs on. With Kokkos Kernels >= 4.1 it is
@@ -130,7 +131,8 @@ void gemm(const ExecSpace &space, Trans trans_a, Trans trans_b,
     if (k > 0) {
       space.fence(); // oneDNN's threads must see what kernels on `space` wrote
       if (detail::onednn_gemm(static_cast<char>(trans_a), static_cast<char>(trans_b), m, n, k,
-                              alpha, A, B, beta, C)) {
+                              alpha, A, B, beta, C,
+                              static_cast<std::size_t>(space.concurrency()))) {
         return;
       }
     }

@@ -4,9 +4,12 @@
 /// for the CPU it runs on (AVX2, AVX-512, AMX-capable cores alike), so the speed of KAT's host
 /// products does not hinge on OpenBLAS recognizing the CPU (Debian's OpenBLAS 0.3.21 takes some
 /// Sapphire Rapids machines for a "Prescott" core and runs training's small products ~3x
-/// slower; see docs/backends.md). Double precision and views oneDNN cannot take (a first
-/// dimension with a stride) keep the Kokkos Kernels path, i.e. the system BLAS.
+/// slower; see docs/backends.md). Products Aᵀ B (weight gradients) run on oneDNN's matmul
+/// primitive instead where it has a `brg` kernel for them (kat/core/detail/matmul_f32_onednn.hpp).
+/// Double precision and views oneDNN cannot take (a first dimension with a stride) keep the
+/// Kokkos Kernels path, i.e. the system BLAS.
 
+#include "kat/core/detail/matmul_f32_onednn.hpp"
 #include "kat/core/error.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -52,25 +55,46 @@ template <class View> std::size_t blas_leading_dimension(const View &v) {
   return v.stride(1) >= rows ? static_cast<std::size_t>(v.stride(1)) : 0;
 }
 
-/// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0) through oneDNN's
-/// row-major `dnnl_sgemm`: a column-major matrix is the row-major storage of its transpose, so
-/// the product is computed as the row-major `C^T = op(B)^T op(A)^T`. oneDNN runs it on its
-/// own thread pool (Debian's build: OpenMP, the runtime KAT's OpenMP backend shares).
+/// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0) through oneDNN:
+/// its matmul primitive for op(A) = Aᵀ, op(B) = B where it has a `brg` kernel
+/// (onednn_f32_matmul_preferred), else its row-major `dnnl_sgemm`. A column-major matrix is the
+/// row-major storage of its transpose, so the product is computed as the row-major
+/// `C^T = op(B)^T op(A)^T`. oneDNN runs it on its own thread pool (Debian's build: OpenMP, the
+/// runtime KAT's OpenMP backend shares) of `threads` threads (the plans' key).
 /// @returns false, computing nothing, when a view's first dimension is strided or KAT is built
 /// without oneDNN.
 /// @throws Error if oneDNN reports a failure.
 template <class AView, class BView, class CView>
 bool onednn_gemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::size_t k,
-                 float alpha, const AView &A, const BView &B, float beta, const CView &C) {
+                 float alpha, const AView &A, const BView &B, float beta, const CView &C,
+                 std::size_t threads) {
 #if !defined(KAT_ENABLE_ONEDNN)
   (void)trans_a, (void)trans_b, (void)m, (void)n, (void)k, (void)alpha, (void)A, (void)B;
-  (void)beta, (void)C;
+  (void)beta, (void)C, (void)threads;
   return false;
 #else
   const std::size_t lda = blas_leading_dimension(A), ldb = blas_leading_dimension(B),
                     ldc = blas_leading_dimension(C);
   if (lda == 0 || ldb == 0 || ldc == 0) {
     return false;
+  }
+  if (onednn_f32_matmul_preferred(trans_a, trans_b)) {
+    MatmulProblem p;
+    p.trans_a = trans_a, p.trans_b = trans_b;
+    p.m = m, p.n = n, p.k = k;
+    p.lda = lda, p.ldb = ldb, p.ldc = ldc;
+    p.alpha = alpha, p.beta = beta;
+    p.threads = threads;
+    OnednnF32MatmulPlan &plan = onednn_f32_matmul_plans().get(p);
+    if (plan.usable()) {
+      try {
+        plan.run(A.data(), B.data(), C.data());
+      } catch (const dnnl::error &e) {
+        throw Error(concat("kat::gemm: oneDNN's f32 matmul failed for m = ", m, ", n = ", n,
+                           ", k = ", k, ": ", e.what()));
+      }
+      return true;
+    }
   }
   using dim = dnnl_dim_t;
   const dnnl_status_t status = dnnl_sgemm(trans_b, trans_a, dim(n), dim(m), dim(k), alpha, B.data(),

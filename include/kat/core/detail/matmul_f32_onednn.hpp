@@ -1,0 +1,100 @@
+#pragma once
+/// @file
+/// @brief Internal: kat::gemm's host path for the float products `C = alpha Aᵀ B + beta C`
+/// (weight gradients dW = dyᵀ x and K-FAC's factors xᵀx, whose inner dimension is the batch):
+/// oneDNN's matmul primitive, which runs them 1.2 to 3.8 times faster than `dnnl_sgemm` on
+/// AVX-512 CPUs (docs/benchmarks.md, "The float weight gradients on oneDNN's matmul").
+
+#include "kat/core/detail/onednn_base.hpp"
+
+#include <cstddef>
+#include <string>
+
+namespace kat::detail {
+
+/// Whether kat::gemm computes a float product `C = alpha op(A) op(B) + beta C` with oneDNN's
+/// matmul primitive (where it has a `brg` kernel for it) instead of `dnnl_sgemm`: for
+/// op(A) = Aᵀ and op(B) = B. oneDNN 2.6's `dnnl_sgemm` runs that case at 45 to 240 GFLOP/s
+/// on AMD Zen 5 when the inner dimension is long (2048 x 192 -> 192 x 64: 137 GFLOP/s), the
+/// matmul primitive at 170 to 450 (341), and never slower in the shapes measured (x 1.01 to
+/// 3.8); for the other three cases the two are even or `dnnl_sgemm` is faster.
+constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b) {
+  return trans_a == 'T' && trans_b == 'N';
+}
+
+#if defined(KAT_ENABLE_ONEDNN)
+
+/// oneDNN's f32 matmul for one MatmulProblem (bf16_operands false): A and B read in place in
+/// their column-major layouts, alpha as the output scale and beta as a sum post-op, so C^T is
+/// written as row-major n x m (KAT's column-major C). usable() is false, and run() must not be
+/// called, where oneDNN has no such matmul or only one other than its `brg` kernels (on CPUs
+/// without AVX-512 it would run the same GEMM as `dnnl_sgemm`, behind a primitive).
+class OnednnF32MatmulPlan {
+public:
+  explicit OnednnF32MatmulPlan(const MatmulProblem &p) : problem_(p), stream_(onednn_engine()) {
+    using namespace dnnl;
+    using dim = memory::dim;
+    const auto f32 = memory::data_type::f32;
+    const dim m = dim(p.m), n = dim(p.n), k = dim(p.k);
+    src_ = memory::desc({n, k}, f32, onednn_transposed_strides(p.trans_b, p.ldb));
+    wei_ = memory::desc({k, m}, f32, onednn_transposed_strides(p.trans_a, p.lda));
+    dst_ = memory::desc({n, m}, f32, memory::dims{dim(p.ldc), 1});
+    primitive_attr attr;
+    if (p.alpha != 1.0f) {
+      attr.set_output_scales(0, {p.alpha});
+    }
+    if (p.beta != 0.0f) {
+      post_ops ops;
+      ops.append_sum(p.beta);
+      attr.set_post_ops(ops);
+    }
+    try {
+      const matmul::primitive_desc pd(matmul::desc(src_, wei_, dst_), attr, onednn_engine());
+      implementation_ = pd.impl_info_str();
+      if (implementation_.rfind("brg", 0) == 0) {
+        matmul_ = matmul(pd);
+        usable_ = true;
+      }
+    } catch (const dnnl::error &) {
+      implementation_.clear(); // no f32 matmul for this problem: dnnl_sgemm computes it
+    }
+  }
+
+  const MatmulProblem &problem() const { return problem_; }
+
+  /// Whether oneDNN computes the problem with one of its `brg` kernels (run() may be called).
+  bool usable() const { return usable_; }
+
+  /// The kernel oneDNN chose (e.g. "brg:avx512_core"); empty where it had none.
+  const std::string &implementation() const { return implementation_; }
+
+  /// C from A and B (the problem's column-major matrices).
+  /// @throws dnnl::error if oneDNN fails to run the product.
+  void run(const float *a, const float *b, float *c) {
+    using namespace dnnl;
+    const engine &eng = onednn_engine();
+    memory src(src_, eng, const_cast<float *>(b)), wei(wei_, eng, const_cast<float *>(a));
+    memory dst(dst_, eng, c);
+    matmul_.execute(stream_, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    stream_.wait();
+  }
+
+private:
+  MatmulProblem problem_;
+  dnnl::stream stream_;
+  dnnl::memory::desc src_, wei_, dst_; // op(B)^T, op(A)^T, C^T
+  dnnl::matmul matmul_;
+  std::string implementation_;
+  bool usable_ = false;
+};
+
+/// The calling thread's f32 matmul plans. One cache per thread: oneDNN's default (library)
+/// scratchpad lets a primitive run only on the thread that created it.
+inline OnednnPlanCache<MatmulProblem, OnednnF32MatmulPlan, 64> &onednn_f32_matmul_plans() {
+  thread_local OnednnPlanCache<MatmulProblem, OnednnF32MatmulPlan, 64> plans;
+  return plans;
+}
+
+#endif // KAT_ENABLE_ONEDNN
+
+} // namespace kat::detail

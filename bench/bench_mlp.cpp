@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <stdexcept>
 #include <vector>
 
 namespace {
@@ -130,6 +131,66 @@ BENCHMARK(BM_DensePrecision)
     ->Args({2048, 64, 128})
     ->Args({2048, 128, 64})
     ->Args({128, 784, 256})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// A float weight gradient dW = dyᵀ x (kat::gemm with Trans::T, Trans::N; m = out, n = in,
+// k = the batch rows) as kat::gemm computes it, against oneDNN's dnnl_sgemm called directly
+// (kat::gemm's path for these products before they went to oneDNN's matmul primitive;
+// kat/core/detail/matmul_f32_onednn.hpp), alternately in every iteration. The timed iteration
+// is kat::gemm's. Counters: kat_us, sgemm_us, speedup = sgemm / kat, kat_GFLOPs. Shapes: the
+// ViT's Dense layers (2048 token rows), the MLP's and the CNN's dense layers (batch 128), one
+// im2col weight gradient (ResNet-14's 16 -> 16 3x3 convolution: 16 x 144, 100,352 rows).
+void BM_GemmWeightGradient(benchmark::State &state) {
+  const std::size_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const Space space;
+  const M dy = filled(k, m, 3), x = filled(k, n, 1);
+  M dw("dw", m, n);
+  const auto kat_product = [&] {
+    kat::gemm(space, kat::Trans::T, kat::Trans::N, 1.f, dy, x, 0.f, dw);
+  };
+#if defined(KAT_ENABLE_ONEDNN)
+  // Row-major C^T = op(B)^T op(A)^T, as kat::detail::onednn_gemm passes it.
+  const auto sgemm = [&] {
+    using dim = dnnl_dim_t;
+    const dnnl_status_t status =
+        dnnl_sgemm('N', 'T', dim(n), dim(m), dim(k), 1.f, x.data(), dim(x.stride(1)), dy.data(),
+                   dim(dy.stride(1)), 0.f, dw.data(), dim(dw.stride(1)));
+    if (status != dnnl_success) {
+      throw std::runtime_error("dnnl_sgemm failed");
+    }
+  };
+#else
+  const auto sgemm = kat_product; // no oneDNN: the same product twice
+#endif
+  for (int i = 0; i < 3; ++i) { // plans, first touch
+    kat_product();
+    sgemm();
+  }
+  double kat_s = 0, sgemm_s = 0;
+  for (auto _ : state) {
+    sgemm_s += fenced_seconds(space, sgemm);
+    const double s = fenced_seconds(space, kat_product);
+    kat_s += s;
+    state.SetIterationTime(s);
+  }
+  const double iterations = double(state.iterations());
+  state.counters["kat_us"] = 1e6 * kat_s / iterations;
+  state.counters["sgemm_us"] = 1e6 * sgemm_s / iterations;
+  state.counters["speedup"] = sgemm_s / kat_s;
+  state.counters["kat_GFLOPs"] = 2.0 * double(m * n * k) * iterations / kat_s * 1e-9;
+}
+BENCHMARK(BM_GemmWeightGradient)
+    ->ArgNames({"m", "n", "k"})
+    ->Args({192, 64, 2048})
+    ->Args({64, 64, 2048})
+    ->Args({128, 64, 2048})
+    ->Args({64, 128, 2048})
+    ->Args({256, 784, 128})
+    ->Args({256, 256, 128})
+    ->Args({10, 256, 128})
+    ->Args({256, 3136, 128})
+    ->Args({16, 144, 100352})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

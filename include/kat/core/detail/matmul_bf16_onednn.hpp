@@ -60,15 +60,7 @@ public:
     src_ = memory::desc({n, k}, type, onednn_transposed_strides(p.trans_b, p.ldb));
     wei_ = memory::desc({k, m}, type, onednn_transposed_strides(p.trans_a, p.lda));
     dst_ = memory::desc({n, m}, memory::data_type::f32, memory::dims{dim(p.ldc), 1});
-    primitive_attr attr;
-    if (p.alpha != 1.0f) {
-      attr.set_output_scales(0, {p.alpha});
-    }
-    if (p.beta != 0.0f) {
-      post_ops ops;
-      ops.append_sum(p.beta);
-      attr.set_post_ops(ops);
-    }
+    const primitive_attr attr = onednn_matmul_attr(p.alpha, p.beta);
     if (p.bf16_operands) {
       // Read in place: AMX's brgemm kernels take plain layouts of either order.
       pd_ = matmul::primitive_desc(matmul::desc(src_, wei_, dst_), attr, eng);

@@ -39,15 +39,7 @@ public:
     src_ = memory::desc({n, k}, f32, onednn_transposed_strides(p.trans_b, p.ldb));
     wei_ = memory::desc({k, m}, f32, onednn_transposed_strides(p.trans_a, p.lda));
     dst_ = memory::desc({n, m}, f32, memory::dims{dim(p.ldc), 1});
-    primitive_attr attr;
-    if (p.alpha != 1.0f) {
-      attr.set_output_scales(0, {p.alpha});
-    }
-    if (p.beta != 0.0f) {
-      post_ops ops;
-      ops.append_sum(p.beta);
-      attr.set_post_ops(ops);
-    }
+    const primitive_attr attr = onednn_matmul_attr(p.alpha, p.beta);
     try {
       const matmul::primitive_desc pd(matmul::desc(src_, wei_, dst_), attr, onednn_engine());
       implementation_ = pd.impl_info_str();

@@ -77,6 +77,21 @@ inline dnnl::memory::dims onednn_transposed_strides(char trans, std::size_t ld) 
   return trans == 'T' ? dnnl::memory::dims{1, dim(ld)} : dnnl::memory::dims{dim(ld), 1};
 }
 
+/// The attributes of a matmul plan for `C = alpha op(A) op(B) + beta C`: alpha as the output
+/// scale, beta as a sum post-op (none for alpha = 1, beta = 0).
+inline dnnl::primitive_attr onednn_matmul_attr(float alpha, float beta) {
+  dnnl::primitive_attr attr;
+  if (alpha != 1.0f) {
+    attr.set_output_scales(0, {alpha});
+  }
+  if (beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(beta);
+    attr.set_post_ops(ops);
+  }
+  return attr;
+}
+
 #endif // KAT_ENABLE_ONEDNN
 
 } // namespace kat::detail

@@ -295,43 +295,52 @@ BENCHMARK(BM_BatchNormLayouts)
 // layout, and oneDNN's pooling on the same channels_last batch (kat::Pool2dDnn, with its
 // workspace: what the layer ran before). Iteration time: KAT's channels_last. The floor: one
 // read of x and dy, one write of y and dx, and the argmax (int32) written and read once.
+// The body is a template, so that kat::Pool2dDnn is instantiated only where oneDNN serves S
+// (in builds without it, CUDA's and HIP's, it is declared, not defined).
+template <class S> void pool_layouts(benchmark::State &state) {
+  if constexpr (kat::dnn_available<S, float>()) {
+    const int channels = static_cast<int>(state.range(0));
+    const int size = 28 * 32 / channels;
+    const std::size_t n = 128;
+    const kat::FeatureShape in{channels, size, size};
+    kat::nn::MaxPool2d<float, Mem> last(2), features(2);
+    const kat::FeatureShape out = last.output_shape(in);
+    features.output_shape(in);
+    last.set_layouts(kat::ActivationLayout::channels_last, kat::ActivationLayout::channels_last);
+    const M x = filled(n, in.size(), 8), dy = filled(n, out.size(), 9);
+    M y("y", n, out.size()), dx("dx", n, in.size());
+    kat::Pool2dDnn<S, float> dnn;
+    const kat::Pool2dProblem problem{
+        n, channels, size, size, size / 2, size / 2, 2,
+        2, 2,        2,    0,    0,        true,     kat::ActivationLayout::channels_last};
+    const auto run_last = [&] {
+      last.forward(S(), x, y);
+      last.backward(S(), dy, dx);
+    };
+    const auto run_features = [&] {
+      features.forward(S(), x, y);
+      features.backward(S(), dy, dx);
+    };
+    const auto run_dnn = [&] {
+      dnn.forward(S(), problem, x.data(), y.data());
+      dnn.backward(S(), problem, dy.data(), dx.data());
+    };
+    run_last(), run_features(), run_dnn(); // warm-up: workspaces, oneDNN's plans
+    const auto [last_s, features_s, dnn_s] =
+        time_alternately(state, run_last, run_features, run_dnn);
+    state.counters["channels_last_ms"] = 1e3 * last_s;
+    state.counters["features_ms"] = 1e3 * features_s;
+    state.counters["onednn_ms"] = 1e3 * dnn_s;
+    state.counters["floor_MB"] =
+        1e-6 * double(n) * double(2 * in.size() + 2 * out.size() * 2) * sizeof(float);
+  }
+}
+
 void BM_PoolLayouts(benchmark::State &state) {
   if (skipped_without_dnn(state)) {
     return;
   }
-  const int channels = static_cast<int>(state.range(0));
-  const int size = 28 * 32 / channels;
-  const std::size_t n = 128;
-  const kat::FeatureShape in{channels, size, size};
-  kat::nn::MaxPool2d<float, Mem> last(2), features(2);
-  const kat::FeatureShape out = last.output_shape(in);
-  features.output_shape(in);
-  last.set_layouts(kat::ActivationLayout::channels_last, kat::ActivationLayout::channels_last);
-  const M x = filled(n, in.size(), 8), dy = filled(n, out.size(), 9);
-  M y("y", n, out.size()), dx("dx", n, in.size());
-  kat::Pool2dDnn<Space, float> dnn;
-  const kat::Pool2dProblem problem{
-      n, channels, size, size, size / 2, size / 2, 2,
-      2, 2,        2,    0,    0,        true,     kat::ActivationLayout::channels_last};
-  const auto run_last = [&] {
-    last.forward(Space(), x, y);
-    last.backward(Space(), dy, dx);
-  };
-  const auto run_features = [&] {
-    features.forward(Space(), x, y);
-    features.backward(Space(), dy, dx);
-  };
-  const auto run_dnn = [&] {
-    dnn.forward(Space(), problem, x.data(), y.data());
-    dnn.backward(Space(), problem, dy.data(), dx.data());
-  };
-  run_last(), run_features(), run_dnn(); // warm-up: workspaces, oneDNN's plans
-  const auto [last_s, features_s, dnn_s] = time_alternately(state, run_last, run_features, run_dnn);
-  state.counters["channels_last_ms"] = 1e3 * last_s;
-  state.counters["features_ms"] = 1e3 * features_s;
-  state.counters["onednn_ms"] = 1e3 * dnn_s;
-  state.counters["floor_MB"] =
-      1e-6 * double(n) * double(2 * in.size() + 2 * out.size() * 2) * sizeof(float);
+  pool_layouts<Space>(state);
 }
 BENCHMARK(BM_PoolLayouts)
     ->ArgNames({"channels"})

@@ -2,8 +2,9 @@
 /// @file
 /// @brief Internal: kat::gemm's host path for the float products `C = alpha Aᵀ B + beta C`
 /// (weight gradients dW = dyᵀ x and K-FAC's factors xᵀx, whose inner dimension is the batch):
-/// oneDNN's matmul primitive, which runs them 1.2 to 3.8 times faster than `dnnl_sgemm` on
-/// AVX-512 CPUs (docs/benchmarks.md, "The float weight gradients on oneDNN's matmul").
+/// oneDNN's matmul primitive, which ran them 1.01 to 3.8 times as fast as `dnnl_sgemm` on AMD
+/// Zen 5 (1.6 to 2.8 times at a ViT's weight gradients; docs/benchmarks.md, "The float weight
+/// gradients on oneDNN's matmul").
 
 #include "kat/core/detail/onednn_base.hpp"
 
@@ -14,10 +15,11 @@ namespace kat::detail {
 
 /// Whether kat::gemm computes a float product `C = alpha op(A) op(B) + beta C` with oneDNN's
 /// matmul primitive (where it has a `brg` kernel for it) instead of `dnnl_sgemm`: for
-/// op(A) = Aᵀ and op(B) = B. oneDNN 2.6's `dnnl_sgemm` runs that case at 45 to 240 GFLOP/s
-/// on AMD Zen 5 when the inner dimension is long (2048 x 192 -> 192 x 64: 137 GFLOP/s), the
-/// matmul primitive at 170 to 450 (341), and never slower in the shapes measured (x 1.01 to
-/// 3.8); for the other three cases the two are even or `dnnl_sgemm` is faster.
+/// op(A) = Aᵀ and op(B) = B. oneDNN 2.6's `dnnl_sgemm` runs that case at 45 to 260 GFLOP/s
+/// on AMD Zen 5 when the inner dimension is long (192 x 64 from 2048 rows: 137 GFLOP/s), the
+/// matmul primitive at 170 to 440 (341), never slower in the 27 shapes measured (1.01 to 3.8
+/// times as fast); for N N and N T the primitive was 0.56 to 1.19 times as fast, so they stay
+/// on `dnnl_sgemm` (T T was not measured).
 constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b) {
   return trans_a == 'T' && trans_b == 'N';
 }

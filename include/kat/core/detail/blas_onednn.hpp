@@ -55,6 +55,25 @@ template <class View> std::size_t blas_leading_dimension(const View &v) {
   return v.stride(1) >= rows ? static_cast<std::size_t>(v.stride(1)) : 0;
 }
 
+#if defined(KAT_ENABLE_ONEDNN)
+/// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0; leading
+/// dimensions lda, ldb, ldc) through oneDNN's row-major `dnnl_sgemm`, as the row-major
+/// `C^T = op(B)^T op(A)^T`: onednn_gemm's path for all but Aᵀ B products.
+/// @throws Error if oneDNN reports a failure.
+inline void onednn_sgemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::size_t k,
+                         float alpha, const float *A, std::size_t lda, const float *B,
+                         std::size_t ldb, float beta, float *C, std::size_t ldc) {
+  using dim = dnnl_dim_t;
+  const dnnl_status_t status = dnnl_sgemm(trans_b, trans_a, dim(n), dim(m), dim(k), alpha, B,
+                                          dim(ldb), A, dim(lda), beta, C, dim(ldc));
+  if (status != dnnl_success) {
+    throw Error(concat("kat::gemm: dnnl_sgemm(", trans_b, ", ", trans_a, ", n = ", n, ", m = ", m,
+                       ", k = ", k, ", ldb = ", ldb, ", lda = ", lda, ", ldc = ", ldc,
+                       ") returned oneDNN status ", int(status)));
+  }
+}
+#endif
+
 /// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0) through oneDNN:
 /// its matmul primitive for op(A) = Aᵀ, op(B) = B where it has a `brg` kernel
 /// (onednn_f32_matmul_preferred), else its row-major `dnnl_sgemm`. A column-major matrix is the
@@ -96,14 +115,7 @@ bool onednn_gemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::
       return true;
     }
   }
-  using dim = dnnl_dim_t;
-  const dnnl_status_t status = dnnl_sgemm(trans_b, trans_a, dim(n), dim(m), dim(k), alpha, B.data(),
-                                          dim(ldb), A.data(), dim(lda), beta, C.data(), dim(ldc));
-  if (status != dnnl_success) {
-    throw Error(concat("kat::gemm: dnnl_sgemm(", trans_b, ", ", trans_a, ", n = ", n, ", m = ", m,
-                       ", k = ", k, ", ldb = ", ldb, ", lda = ", lda, ", ldc = ", ldc,
-                       ") returned oneDNN status ", int(status)));
-  }
+  onednn_sgemm(trans_a, trans_b, m, n, k, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
   return true;
 #endif
 }

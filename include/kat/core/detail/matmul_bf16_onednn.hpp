@@ -51,15 +51,10 @@ public:
     using dim = memory::dim;
     const engine &eng = onednn_engine();
     const dim m = dim(p.m), n = dim(p.n), k = dim(p.k);
-    // oneDNN's fast matmul kernels write a row-major destination, and KAT's C is column-major:
-    // the row-major storage of C^T. So the primitive computes C^T (n x m) = op(B)^T op(A)^T,
-    // as dnnl_sgemm does internally.
     // The operands in KAT's memory are f32, or bf16 already with bf16_operands.
-    const auto type = p.bf16_operands ? memory::data_type::bf16 : memory::data_type::f32;
-    // op(B)^T (n x k), op(A)^T (k x m); C^T (n x m): element (j, i) at i + j ldc.
-    src_ = memory::desc({n, k}, type, onednn_transposed_strides(p.trans_b, p.ldb));
-    wei_ = memory::desc({k, m}, type, onednn_transposed_strides(p.trans_a, p.lda));
-    dst_ = memory::desc({n, m}, memory::data_type::f32, memory::dims{dim(p.ldc), 1});
+    const OnednnMatmulDescs descs =
+        onednn_matmul_descs(p, p.bf16_operands ? memory::data_type::bf16 : memory::data_type::f32);
+    src_ = descs.src, wei_ = descs.wei, dst_ = descs.dst;
     const primitive_attr attr = onednn_matmul_attr(p.alpha, p.beta);
     if (p.bf16_operands) {
       // Read in place: AMX's brgemm kernels take plain layouts of either order.

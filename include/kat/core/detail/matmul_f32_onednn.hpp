@@ -35,22 +35,17 @@ class OnednnF32MatmulPlan {
 public:
   explicit OnednnF32MatmulPlan(const MatmulProblem &p) : problem_(p), stream_(onednn_engine()) {
     using namespace dnnl;
-    using dim = memory::dim;
-    const auto f32 = memory::data_type::f32;
-    const dim m = dim(p.m), n = dim(p.n), k = dim(p.k);
-    src_ = memory::desc({n, k}, f32, onednn_transposed_strides(p.trans_b, p.ldb));
-    wei_ = memory::desc({k, m}, f32, onednn_transposed_strides(p.trans_a, p.lda));
-    dst_ = memory::desc({n, m}, f32, memory::dims{dim(p.ldc), 1});
-    const primitive_attr attr = onednn_matmul_attr(p.alpha, p.beta);
+    const OnednnMatmulDescs descs = onednn_matmul_descs(p, memory::data_type::f32);
+    src_ = descs.src, wei_ = descs.wei, dst_ = descs.dst;
     try {
-      const matmul::primitive_desc pd(matmul::desc(src_, wei_, dst_), attr, onednn_engine());
-      implementation_ = pd.impl_info_str();
-      if (implementation_.rfind("brg", 0) == 0) {
+      const matmul::primitive_desc pd(matmul::desc(src_, wei_, dst_),
+                                      onednn_matmul_attr(p.alpha, p.beta), onednn_engine());
+      if (std::string(pd.impl_info_str()).rfind("brg", 0) == 0) {
         matmul_ = matmul(pd);
         usable_ = true;
       }
     } catch (const dnnl::error &) {
-      implementation_.clear(); // no f32 matmul for this problem: dnnl_sgemm computes it
+      // no f32 matmul for this problem: not usable, dnnl_sgemm computes it
     }
   }
 
@@ -58,9 +53,6 @@ public:
 
   /// Whether oneDNN computes the problem with one of its `brg` kernels (run() may be called).
   bool usable() const { return usable_; }
-
-  /// The kernel oneDNN chose (e.g. "brg:avx512_core"); empty where it had none.
-  const std::string &implementation() const { return implementation_; }
 
   /// C from A and B (the problem's column-major matrices).
   /// @throws dnnl::error if oneDNN fails to run the product.
@@ -78,7 +70,6 @@ private:
   dnnl::stream stream_;
   dnnl::memory::desc src_, wei_, dst_; // op(B)^T, op(A)^T, C^T
   dnnl::matmul matmul_;
-  std::string implementation_;
   bool usable_ = false;
 };
 

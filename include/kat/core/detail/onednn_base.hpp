@@ -20,7 +20,8 @@ struct MatmulProblem {
   char trans_a = 'N', trans_b = 'N';
   std::size_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
   float alpha = 1, beta = 0;
-  /// A and B are bf16 already (kat::Bf16Operand), read as they are; else f32, converted.
+  /// A and B are bf16 already (kat::Bf16Operand), read as they are; else f32 (which the bf16
+  /// plan converts to bf16 and the f32 plan reads as they are).
   bool bf16_operands = false;
   /// The threads oneDNN runs on (the host execution space's concurrency): how many blocks of
   /// C's rows a tall product may be split into (see onednn_row_batches).
@@ -75,6 +76,23 @@ inline const dnnl::engine &onednn_engine() {
 inline dnnl::memory::dims onednn_transposed_strides(char trans, std::size_t ld) {
   using dim = dnnl::memory::dim;
   return trans == 'T' ? dnnl::memory::dims{1, dim(ld)} : dnnl::memory::dims{dim(ld), 1};
+}
+
+/// The memory descriptors of problem `p` as KAT's matmul plans give it to oneDNN, whose fast
+/// kernels write a row-major destination: KAT's column-major C is the row-major storage of
+/// C^T, so the primitive computes C^T (n x m) = op(B)^T (n x k) op(A)^T (k x m), the operands
+/// of type `operands` read in place, C^T in f32 (element (j, i) at i + j ldc).
+struct OnednnMatmulDescs {
+  dnnl::memory::desc src, wei, dst; ///< op(B)^T, op(A)^T, C^T
+};
+inline OnednnMatmulDescs onednn_matmul_descs(const MatmulProblem &p,
+                                             dnnl::memory::data_type operands) {
+  using dnnl::memory;
+  using dim = memory::dim;
+  const dim m = dim(p.m), n = dim(p.n), k = dim(p.k);
+  return {memory::desc({n, k}, operands, onednn_transposed_strides(p.trans_b, p.ldb)),
+          memory::desc({k, m}, operands, onednn_transposed_strides(p.trans_a, p.lda)),
+          memory::desc({n, m}, memory::data_type::f32, memory::dims{dim(p.ldc), 1})};
 }
 
 /// The attributes of a matmul plan for `C = alpha op(A) op(B) + beta C`: alpha as the output

@@ -101,7 +101,8 @@ TEST_CASE("core: gemm's weight gradients Aᵀ B with the batch as inner dimensio
   // dW (+)= dyᵀ x as a Dense layer forms it (k = the batch rows, 2048 for a ViT's tokens), on
   // row ranges (leading dimensions above the rows), for the beta of overwriting (0), of
   // accumulating (1) and another (-0.5), with alpha 1.5. In a float build with oneDNN these run
-  // on oneDNN's matmul primitive where it has a brg kernel (kat/core/detail/matmul_f32_onednn.hpp),
+  // (k >= 8 max(m, n)) on oneDNN's matmul primitive where it has a brg kernel
+  // (kat/core/detail/matmul_f32_onednn.hpp),
   // else on dnnl_sgemm; either must give the product within k eps sum |alpha a b| + |beta c|.
   const std::size_t m = 67, n = 33, k = 2048;
   const auto dy_big = random_matrix<float>(k + 3, m, 21); // rows 1 .. k are dy

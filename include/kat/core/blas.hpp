@@ -96,9 +96,9 @@ std::array<std::size_t, 3> gemm_dimensions(const char *who, Trans trans_a, Trans
 /// `C = alpha * op(A) * op(B) + beta * C` through `KokkosBlas::gemm` (which calls the vendor
 /// BLAS — OpenBLAS on host, cuBLAS/rocBLAS when Kokkos Kernels is built with them), or, for
 /// float views in host memory in a build with KAT_ENABLE_ONEDNN, through oneDNN's `dnnl_sgemm`,
-/// or its matmul primitive for Aᵀ B (kernels generated for the CPU at hand; see
-/// kat/core/detail/blas_onednn.hpp). Views whose first dimension is strided take the Kokkos
-/// Kernels path.
+/// or its matmul primitive for Aᵀ B with a long inner dimension (kernels generated for the CPU at
+/// hand; see kat/core/detail/blas_onednn.hpp). Views whose first dimension is strided take the
+/// Kokkos Kernels path.
 ///
 /// @param space  execution space instance the product runs on. With Kokkos Kernels >= 4.1 it is
 ///               passed to `KokkosBlas::gemm` (cuBLAS/rocBLAS then use its stream). Older

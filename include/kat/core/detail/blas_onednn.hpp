@@ -4,8 +4,9 @@
 /// for the CPU it runs on (AVX2, AVX-512, AMX-capable cores alike), so the speed of KAT's host
 /// products does not hinge on OpenBLAS recognizing the CPU (Debian's OpenBLAS 0.3.21 takes some
 /// Sapphire Rapids machines for a "Prescott" core and runs training's small products ~3x
-/// slower; see docs/backends.md). Products Aᵀ B (weight gradients) run on oneDNN's matmul
-/// primitive instead where it has a `brg` kernel for them (kat/core/detail/matmul_f32_onednn.hpp).
+/// slower; see docs/backends.md). Products Aᵀ B over a long inner dimension (weight gradients)
+/// run on oneDNN's matmul primitive instead where it has a `brg` kernel for them
+/// (kat/core/detail/matmul_f32_onednn.hpp).
 /// Double precision and views oneDNN cannot take (a first dimension with a stride) keep the
 /// Kokkos Kernels path, i.e. the system BLAS.
 
@@ -58,7 +59,7 @@ template <class View> std::size_t blas_leading_dimension(const View &v) {
 #if defined(KAT_ENABLE_ONEDNN)
 /// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0; leading
 /// dimensions lda, ldb, ldc) through oneDNN's row-major `dnnl_sgemm`, as the row-major
-/// `C^T = op(B)^T op(A)^T`: onednn_gemm's path for all but Aᵀ B products.
+/// `C^T = op(B)^T op(A)^T`: onednn_gemm's path for all but Aᵀ B products with a long k.
 /// @throws Error if oneDNN reports a failure.
 inline void onednn_sgemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::size_t k,
                          float alpha, const float *A, std::size_t lda, const float *B,
@@ -75,7 +76,7 @@ inline void onednn_sgemm(char trans_a, char trans_b, std::size_t m, std::size_t 
 #endif
 
 /// Column-major `C = alpha op(A) op(B) + beta C` (m x n, inner dimension k > 0) through oneDNN:
-/// its matmul primitive for op(A) = Aᵀ, op(B) = B where it has a `brg` kernel
+/// its matmul primitive for op(A) = Aᵀ, op(B) = B with a long k where it has a `brg` kernel
 /// (onednn_f32_matmul_preferred), else its row-major `dnnl_sgemm`. A column-major matrix is the
 /// row-major storage of its transpose, so the product is computed as the row-major
 /// `C^T = op(B)^T op(A)^T`. oneDNN runs it on its own thread pool (Debian's build: OpenMP, the
@@ -97,7 +98,7 @@ bool onednn_gemm(char trans_a, char trans_b, std::size_t m, std::size_t n, std::
   if (lda == 0 || ldb == 0 || ldc == 0) {
     return false;
   }
-  if (onednn_f32_matmul_preferred(trans_a, trans_b)) {
+  if (onednn_f32_matmul_preferred(trans_a, trans_b, m, n, k)) {
     MatmulProblem p;
     p.trans_a = trans_a, p.trans_b = trans_b;
     p.m = m, p.n = n, p.k = k;

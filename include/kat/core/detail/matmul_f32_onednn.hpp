@@ -1,10 +1,10 @@
 #pragma once
 /// @file
 /// @brief Internal: kat::gemm's host path for the float products `C = alpha Aᵀ B + beta C`
-/// (weight gradients dW = dyᵀ x and K-FAC's factors xᵀx, whose inner dimension is the batch):
-/// oneDNN's matmul primitive, which ran them 1.01 to 3.8 times as fast as `dnnl_sgemm` on AMD
-/// Zen 5 (1.6 to 2.8 times at a ViT's weight gradients; docs/benchmarks.md, "The float weight
-/// gradients on oneDNN's matmul").
+/// whose inner dimension is long (weight gradients dW = dyᵀ x and K-FAC's factors xᵀx over
+/// thousands of rows): oneDNN's matmul primitive, which ran them 1.05 to 2.8 times as fast as
+/// `dnnl_sgemm` on AMD Zen 5 (docs/benchmarks.md, "The float weight gradients on oneDNN's
+/// matmul").
 
 #include "kat/core/detail/onednn_base.hpp"
 
@@ -13,15 +13,18 @@
 
 namespace kat::detail {
 
-/// Whether kat::gemm computes a float product `C = alpha op(A) op(B) + beta C` with oneDNN's
-/// matmul primitive (where it has a `brg` kernel for it) instead of `dnnl_sgemm`: for
-/// op(A) = Aᵀ and op(B) = B. oneDNN 2.6's `dnnl_sgemm` runs that case at 45 to 260 GFLOP/s
-/// on AMD Zen 5 when the inner dimension is long (192 x 64 from 2048 rows: 137 GFLOP/s), the
-/// matmul primitive at 170 to 440 (341), never slower in the 27 shapes measured (1.01 to 3.8
-/// times as fast); for N N and N T the primitive was 0.56 to 1.19 times as fast, so they stay
-/// on `dnnl_sgemm` (T T was not measured).
-constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b) {
-  return trans_a == 'T' && trans_b == 'N';
+/// Whether kat::gemm computes a float product `C = alpha op(A) op(B) + beta C` (m x n, inner
+/// dimension k) with oneDNN's matmul primitive (where it has a `brg` kernel for it) instead of
+/// `dnnl_sgemm`: for op(A) = Aᵀ and op(B) = B with k at least 8 max(m, n), a weight gradient
+/// over a long batch. oneDNN 2.6's `dnnl_sgemm` runs such products at 45 to 260 GFLOP/s on
+/// AMD Zen 5 (192 x 64 from 2048 rows: 137 GFLOP/s), the matmul primitive 1.05 to 2.8 times as
+/// fast in every shape measured (both on their own operands, in alternating order). With a
+/// shorter k it was 0.66 to 2.1 times as fast (an MLP's weight gradient, 256 x 784 from 128
+/// rows: 0.88), and for N N and N T it was no faster in general, so those stay on `dnnl_sgemm`
+/// (docs/benchmarks.md, "The float weight gradients on oneDNN's matmul").
+constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b, std::size_t m, std::size_t n,
+                                           std::size_t k) {
+  return trans_a == 'T' && trans_b == 'N' && k >= 8 * (m > n ? m : n);
 }
 
 #if defined(KAT_ENABLE_ONEDNN)

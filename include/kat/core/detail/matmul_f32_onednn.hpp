@@ -19,7 +19,7 @@ namespace kat::detail {
 /// over a long batch. oneDNN 2.6's `dnnl_sgemm` runs such products at 45 to 260 GFLOP/s on
 /// AMD Zen 5 (192 x 64 from 2048 rows: 137 GFLOP/s), the matmul primitive 1.05 to 2.8 times as
 /// fast in every shape measured (both on their own operands, in alternating order). With a
-/// shorter k it was 0.66 to 2.1 times as fast (an MLP's weight gradient, 256 x 784 from 128
+/// shorter k it was 0.65 to 2.1 times as fast (an MLP's weight gradient, 256 x 784 from 128
 /// rows: 0.88), and for N N and N T it was no faster in general, so those stay on `dnnl_sgemm`
 /// (docs/benchmarks.md, "The float weight gradients on oneDNN's matmul").
 constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b, std::size_t m, std::size_t n,

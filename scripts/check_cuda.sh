@@ -21,7 +21,8 @@
 #             or Kokkos (see header_lambdas below)
 #   KAT_JOBS   parallel build jobs (default: nproc)
 #   KAT_GPU_CHECK_BUILD  what the build stage builds: some of "tests examples benchmarks"
-#              (default all three; CI builds the examples, see .ci/run)
+#              (default all three; CI builds the examples and benchmarks,
+#              see .ci/run)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

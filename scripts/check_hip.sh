@@ -21,7 +21,8 @@
 #                  (MI100, Kokkos 3.4.1's own); each costs a full build (~8 min on 2 cores)
 #   KAT_JOBS       parallel compile jobs (default: nproc)
 #   KAT_GPU_CHECK_BUILD  what the build stage builds: some of "tests examples benchmarks"
-#                  (default all three; CI builds the examples, see .ci/run)
+#                  (default all three; CI builds the examples and benchmarks,
+#                  see .ci/run)
 # Exits non-zero, showing the compiler's error, when a stage fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -139,7 +139,9 @@ BENCHMARK(BM_DensePrecision)
 // kat/core/detail/matmul_f32_onednn.hpp), alternately (time_alternately). The timed iteration
 // is kat::gemm's. Counters: kat_us, sgemm_us, speedup = sgemm / kat, kat_GFLOPs. Shapes: the
 // ViT's Dense layers (2048 token rows), the MLP's and the CNN's dense layers (batch 128), one
-// im2col weight gradient (ResNet-14's 16 -> 16 3x3 convolution: 16 x 144, 100,352 rows).
+// im2col weight gradient (ResNet-14's 16 -> 16 3x3 convolution: 16 x 144, 100,352 rows), and
+// layers over a batch two to four times as long as they are wide (256 and 512 wide from 1024
+// rows, 64 x 256 from 512).
 void BM_GemmWeightGradient(benchmark::State &state) {
   const std::size_t m = state.range(0), n = state.range(1), k = state.range(2);
   const Space space;
@@ -180,6 +182,9 @@ BENCHMARK(BM_GemmWeightGradient)
     ->Args({10, 256, 128})
     ->Args({256, 3136, 128})
     ->Args({16, 144, 100352})
+    ->Args({256, 256, 1024})
+    ->Args({512, 512, 1024})
+    ->Args({64, 256, 512})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

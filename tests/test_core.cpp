@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -98,13 +99,17 @@ TEST_CASE("core: gemm on row ranges and strided views with long inner dimensions
 }
 
 TEST_CASE("core: gemm's weight gradients Aᵀ B with the batch as inner dimension", "[core][blas]") {
-  // dW (+)= dyᵀ x as a Dense layer forms it (k = the batch rows, 2048 for a ViT's tokens), on
-  // row ranges (leading dimensions above the rows), for the beta of overwriting (0), of
-  // accumulating (1) and another (-0.5), with alpha 1.5. In a float build with oneDNN these run
-  // (k >= 8 max(m, n)) on oneDNN's matmul primitive where it has a brg kernel
-  // (kat/core/detail/matmul_f32_onednn.hpp),
-  // else on dnnl_sgemm; either must give the product within k eps sum |alpha a b| + |beta c|.
-  const std::size_t m = 67, n = 33, k = 2048;
+  // dW (+)= dyᵀ x as a Dense layer forms it (k = the batch rows: 2048 for a ViT's tokens, then
+  // a batch about twice as long as the layer is wide), on row ranges (leading dimensions above
+  // the rows), for the beta of overwriting (0), of accumulating (1) and another (-0.5), with
+  // alpha 1.5. In a float build with oneDNN both shapes run on oneDNN's matmul primitive where
+  // it has a brg kernel (onednn_f32_matmul_preferred in kat/core/detail/matmul_f32_onednn.hpp),
+  // else on dnnl_sgemm; either must give the product within (k + 2) eps sum |alpha a b| +
+  // |beta c|.
+  const auto shape =
+      GENERATE(std::array<std::size_t, 3>{67, 33, 2048}, std::array<std::size_t, 3>{96, 40, 200});
+  const std::size_t m = shape[0], n = shape[1], k = shape[2];
+  CAPTURE(m, n, k);
   const auto dy_big = random_matrix<float>(k + 3, m, 21); // rows 1 .. k are dy
   const auto x_big = random_matrix<float>(k + 5, n, 22);  // rows 4 .. k + 3 are x
   const auto dy =
@@ -115,6 +120,7 @@ TEST_CASE("core: gemm's weight gradients Aᵀ B with the batch as inner dimensio
   const double eps = std::numeric_limits<float>::epsilon();
 #if defined(KAT_ENABLE_ONEDNN)
   constexpr bool host = Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible;
+  REQUIRE(detail::onednn_f32_matmul_preferred('T', 'N', m, n, k));
   const std::size_t plans_before = detail::onednn_f32_matmul_plans().created();
 #endif
   for (const float beta : {0.0f, 1.0f, -0.5f}) {
@@ -149,6 +155,26 @@ TEST_CASE("core: gemm's weight gradients Aᵀ B with the batch as inner dimensio
   }
 #endif
 }
+
+#if defined(KAT_ENABLE_ONEDNN)
+TEST_CASE("core: which float products gemm runs on oneDNN's matmul primitive", "[core][blas]") {
+  // Aᵀ B alone, with k >= 8 max(m, n), or k >= 2 max(m, n) with both sides >= 16 and m n k >=
+  // 2^17 (the shapes where it was faster than dnnl_sgemm, matmul_f32_onednn.hpp).
+  using detail::onednn_f32_matmul_preferred;
+  CHECK(onednn_f32_matmul_preferred('T', 'N', 192, 64, 2048));       // the ViT's QKV weights
+  CHECK(onednn_f32_matmul_preferred('T', 'N', 10, 64, 512));         // a classifier, k = 8 max
+  CHECK_FALSE(onednn_f32_matmul_preferred('T', 'N', 10, 256, 1024)); // k = 4 max, a side of 10
+  CHECK(onednn_f32_matmul_preferred('T', 'N', 64, 16, 128));         // 2 max, 16 wide, m n k = 2^17
+  CHECK_FALSE(onednn_f32_matmul_preferred('T', 'N', 64, 15, 128));   // 15 wide
+  CHECK_FALSE(onednn_f32_matmul_preferred('T', 'N', 32, 32, 64));    // m n k = 2^16
+  CHECK(onednn_f32_matmul_preferred('T', 'N', 512, 512, 1024));
+  CHECK_FALSE(onednn_f32_matmul_preferred('T', 'N', 512, 512, 1023)); // below 2 max
+  CHECK_FALSE(onednn_f32_matmul_preferred('T', 'N', 256, 784, 128));  // the MLP's, batch 128
+  CHECK_FALSE(onednn_f32_matmul_preferred('N', 'N', 64, 64, 4096));
+  CHECK_FALSE(onednn_f32_matmul_preferred('N', 'T', 64, 64, 4096));
+  CHECK_FALSE(onednn_f32_matmul_preferred('T', 'T', 64, 64, 4096));
+}
+#endif
 
 TEST_CASE("core: the BLAS shares the OpenMP runtime of Kokkos and oneDNN", "[core][blas]") {
   // A pthread OpenBLAS beside Kokkos's or oneDNN's OpenMP threads would start a second pool on

@@ -2,9 +2,9 @@
 /// @file
 /// @brief Internal: kat::gemm's host path for the float products `C = alpha Aᵀ B + beta C`
 /// whose inner dimension is long (weight gradients dW = dyᵀ x and K-FAC's factors xᵀx over
-/// thousands of rows): oneDNN's matmul primitive, which ran them 1.05 to 2.8 times as fast as
-/// `dnnl_sgemm` on AMD Zen 5 (docs/benchmarks.md, "The float weight gradients on oneDNN's
-/// matmul").
+/// a batch at least twice as long as the layer is wide): oneDNN's matmul primitive, which ran
+/// them 1.05 to 4.7 times as fast as `dnnl_sgemm` on AMD Zen 5 (docs/benchmarks.md, "The float
+/// weight gradients on oneDNN's matmul").
 
 #include "kat/core/detail/onednn_base.hpp"
 
@@ -15,16 +15,32 @@ namespace kat::detail {
 
 /// Whether kat::gemm computes a float product `C = alpha op(A) op(B) + beta C` (m x n, inner
 /// dimension k) with oneDNN's matmul primitive (where it has a `brg` kernel for it) instead of
-/// `dnnl_sgemm`: for op(A) = Aᵀ and op(B) = B with k at least 8 max(m, n), a weight gradient
-/// over a long batch. oneDNN 2.6's `dnnl_sgemm` runs such products at 45 to 260 GFLOP/s on
-/// AMD Zen 5 (192 x 64 from 2048 rows: 137 GFLOP/s), the matmul primitive 1.05 to 2.8 times as
-/// fast in every shape measured (both on their own operands, in alternating order). With a
-/// shorter k it was 0.65 to 2.1 times as fast (an MLP's weight gradient, 256 x 784 from 128
-/// rows: 0.88), and for N N and N T it was no faster in general, so those stay on `dnnl_sgemm`
+/// `dnnl_sgemm`: for op(A) = Aᵀ and op(B) = B, weight gradients over a batch longer than the
+/// layer is wide, when
+/// - k is at least 8 max(m, n), or
+/// - k is at least 2 max(m, n), both m and n are at least 16 and m n k at least 2^17.
+///
+/// oneDNN 2.6's `dnnl_sgemm` runs such products at 45 to 260 GFLOP/s on AMD Zen 5 (192 x 64
+/// from 2048 rows: 137 GFLOP/s). The matmul primitive, both on their own operands and in
+/// alternating order, on 2 threads there:
+/// - k >= 8 max(m, n): 1.05 to 2.8 times as fast in every shape measured;
+/// - 2 max(m, n) <= k < 8 max(m, n), m, n >= 16: 1.09 to 4.7 (512 x 64 from 2048 rows: 3.0),
+///   1.0 on 1024 x 1024, and 0.77 to 0.89 on 32 x 32 from 64 rows (0.4 µs), which the size
+///   bound leaves out; 1.0 to 1.3 on 1 thread;
+/// - with a side of 10 (a classifier's weights) there: 0.78 to 1.27, so those stay below 8x;
+/// - k < 2 max(m, n): 0.61 to 2.1 (an MLP's weight gradient, 256 x 784 from 128 rows: 0.88;
+///   1024 x 1024 x 1024: 0.94).
+///
+/// For N N and N T it was no faster in general, so those stay on `dnnl_sgemm`
 /// (docs/benchmarks.md, "The float weight gradients on oneDNN's matmul").
 constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b, std::size_t m, std::size_t n,
                                            std::size_t k) {
-  return trans_a == 'T' && trans_b == 'N' && k >= 8 * (m > n ? m : n);
+  if (trans_a != 'T' || trans_b != 'N') {
+    return false;
+  }
+  const std::size_t widest = m > n ? m : n, narrowest = m > n ? n : m;
+  return k >= 8 * widest ||
+         (k >= 2 * widest && narrowest >= 16 && double(m) * double(n) * double(k) >= 131072.0);
 }
 
 #if defined(KAT_ENABLE_ONEDNN)

@@ -24,15 +24,17 @@ namespace kat::detail {
 /// from 2048 rows: 137 GFLOP/s). The matmul primitive, both on their own operands and in
 /// alternating order, on 2 threads there:
 /// - k >= 8 max(m, n): 1.05 to 2.8 times as fast in every shape measured;
-/// - 2 max(m, n) <= k < 8 max(m, n), m, n >= 16: 1.09 to 4.7 (512 x 64 from 2048 rows: 3.0),
+/// - 2 max(m, n) <= k < 8 max(m, n), m, n >= 16: 1.03 to 4.7 (512 x 64 from 2048 rows: 3.0),
 ///   1.0 on 1024 x 1024, and 0.77 to 0.89 on 32 x 32 from 64 rows (0.4 µs), which the size
-///   bound leaves out; 1.0 to 1.3 on 1 thread;
-/// - with a side of 10 (a classifier's weights) there: 0.78 to 1.27, so those stay below 8x;
+///   bound leaves out; 1.0 to 1.34 on 1 thread;
+/// - with a side of 10 (a classifier's weights) there: 0.78 to 1.27, so those take it only from
+///   k = 8 max(m, n);
 /// - k < 2 max(m, n): 0.61 to 2.1 (an MLP's weight gradient, 256 x 784 from 128 rows: 0.88;
 ///   1024 x 1024 x 1024: 0.94).
 ///
 /// For N N and N T it was no faster in general, so those stay on `dnnl_sgemm`
-/// (docs/benchmarks.md, "The float weight gradients on oneDNN's matmul").
+/// (docs/benchmarks.md, "The float weight gradients on oneDNN's matmul" and "Weight gradients
+/// over a batch two to eight times the layer's width").
 constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b, std::size_t m, std::size_t n,
                                            std::size_t k) {
   if (trans_a != 'T' || trans_b != 'N') {

@@ -188,6 +188,62 @@ BENCHMARK(BM_GemmWeightGradient)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+#if defined(KAT_ENABLE_ONEDNN)
+// The check of kat::gemm's rule for float Aᵀ B (onednn_f32_matmul_preferred) on another CPU:
+// oneDNN's matmul primitive (the plan kat::gemm runs) against dnnl_sgemm at shapes on both sides
+// of the rule's bounds, each on its own operands, alternately (time_alternately; the timed
+// iteration is the primitive's). Counters: matmul_us, sgemm_us, speedup = sgemm / matmul, and
+// preferred = 1 where the rule takes the primitive: a CPU that agrees with the rule shows
+// speedup >= 1 where preferred is 1 (docs/benchmarks.md, "Weight gradients over a batch two to
+// eight times the layer's width"). Skipped where oneDNN has no brg kernel (no AVX-512).
+void BM_GemmAtBPaths(benchmark::State &state) {
+  const std::size_t m = state.range(0), n = state.range(1), k = state.range(2);
+  kat::detail::MatmulProblem p;
+  p.trans_a = 'T';
+  p.m = m, p.n = n, p.k = k, p.lda = k, p.ldb = k, p.ldc = m;
+  p.threads = std::size_t(Space().concurrency());
+  kat::detail::OnednnF32MatmulPlan plan(p);
+  if (!plan.usable()) {
+    state.SkipWithError("oneDNN has no brg kernel for this product on this CPU");
+    return;
+  }
+  const M a = filled(k, m, 3), b = filled(k, n, 1), a2 = filled(k, m, 3), b2 = filled(k, n, 1);
+  M c("c", m, n), c2("c2", m, n);
+  const auto primitive = [&] { plan.run(a.data(), b.data(), c.data()); };
+  const auto sgemm = [&] {
+    kat::detail::onednn_sgemm('T', 'N', m, n, k, 1.f, a2.data(), k, b2.data(), k, 0.f, c2.data(),
+                              m);
+  };
+  for (int i = 0; i < 3; ++i) { // first touch
+    primitive();
+    sgemm();
+  }
+  const auto [matmul_s, sgemm_s] = time_alternately(state, primitive, sgemm);
+  state.counters["matmul_us"] = 1e6 * matmul_s;
+  state.counters["sgemm_us"] = 1e6 * sgemm_s;
+  state.counters["speedup"] = sgemm_s / matmul_s;
+  state.counters["preferred"] = kat::detail::onednn_f32_matmul_preferred('T', 'N', m, n, k);
+}
+BENCHMARK(BM_GemmAtBPaths)
+    ->ArgNames({"m", "n", "k"})
+    ->Args({192, 64, 2048})  // k >= 8 max: the ViT's QKV weights
+    ->Args({256, 256, 1024}) // 2 to 8 max, both sides >= 16
+    ->Args({512, 64, 2048})
+    ->Args({64, 256, 512})
+    ->Args({128, 128, 256})
+    ->Args({1024, 1024, 2048})
+    ->Args({32, 32, 64})   // m n k below 2^17
+    ->Args({10, 256, 512}) // a side of 10
+    ->Args({10, 256, 1024})
+    ->Args({32, 32, 32}) // k from 1 to 2 max
+    ->Args({512, 512, 512})
+    ->Args({1024, 128, 1024})
+    ->Args({1024, 1024, 1024})
+    ->Args({256, 784, 128}) // k below max: the MLP's weight gradient
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+#endif
+
 // GELU's training forward (y = x Φ(x) and GELU'(x) kept for backward) on the ViT MLP's hidden
 // activations (N·P = 128 · 16 rows, 128 features), against its backward, dx = GELU'(x) ⊙ dy: a
 // pass over the same three matrices without Φ or φ, the floor of a kernel limited by memory

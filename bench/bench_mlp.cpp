@@ -133,6 +133,23 @@ BENCHMARK(BM_DensePrecision)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// Runs `product` and `sgemm` three times (plans, first touch), then times them alternately
+// (time_alternately; the timed iteration is `product`'s). Sets the counters `name` (product's
+// µs), sgemm_us and speedup = sgemm / product; returns product's seconds.
+template <class Product, class Sgemm>
+double time_against_sgemm(benchmark::State &state, const char *name, const Product &product,
+                          const Sgemm &sgemm) {
+  for (int i = 0; i < 3; ++i) {
+    product();
+    sgemm();
+  }
+  const auto [product_s, sgemm_s] = time_alternately(state, product, sgemm);
+  state.counters[name] = 1e6 * product_s;
+  state.counters["sgemm_us"] = 1e6 * sgemm_s;
+  state.counters["speedup"] = sgemm_s / product_s;
+  return product_s;
+}
+
 // A float weight gradient dW = dyᵀ x (kat::gemm with Trans::T, Trans::N; m = out, n = in,
 // k = the batch rows) as kat::gemm computes it, against oneDNN's dnnl_sgemm called directly
 // (kat::gemm's path for these products before they went to oneDNN's matmul primitive;
@@ -161,14 +178,7 @@ void BM_GemmWeightGradient(benchmark::State &state) {
 #else
   const auto sgemm = kat_product; // no oneDNN: the same product twice
 #endif
-  for (int i = 0; i < 3; ++i) { // plans, first touch
-    kat_product();
-    sgemm();
-  }
-  const auto [kat_s, sgemm_s] = time_alternately(state, kat_product, sgemm);
-  state.counters["kat_us"] = 1e6 * kat_s;
-  state.counters["sgemm_us"] = 1e6 * sgemm_s;
-  state.counters["speedup"] = sgemm_s / kat_s;
+  const double kat_s = time_against_sgemm(state, "kat_us", kat_product, sgemm);
   state.counters["kat_GFLOPs"] = 2.0 * double(m * n * k) / kat_s * 1e-9;
 }
 BENCHMARK(BM_GemmWeightGradient)
@@ -214,14 +224,7 @@ void BM_GemmAtBPaths(benchmark::State &state) {
     kat::detail::onednn_sgemm('T', 'N', m, n, k, 1.f, a2.data(), k, b2.data(), k, 0.f, c2.data(),
                               m);
   };
-  for (int i = 0; i < 3; ++i) { // first touch
-    primitive();
-    sgemm();
-  }
-  const auto [matmul_s, sgemm_s] = time_alternately(state, primitive, sgemm);
-  state.counters["matmul_us"] = 1e6 * matmul_s;
-  state.counters["sgemm_us"] = 1e6 * sgemm_s;
-  state.counters["speedup"] = sgemm_s / matmul_s;
+  time_against_sgemm(state, "matmul_us", primitive, sgemm);
   state.counters["preferred"] = kat::detail::onednn_f32_matmul_preferred('T', 'N', m, n, k);
 }
 BENCHMARK(BM_GemmAtBPaths)

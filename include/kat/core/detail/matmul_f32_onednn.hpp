@@ -3,7 +3,7 @@
 /// @brief Internal: kat::gemm's host path for the float products `C = alpha Aᵀ B + beta C`
 /// whose inner dimension is long (weight gradients dW = dyᵀ x and K-FAC's factors xᵀx over
 /// a batch at least twice as long as the layer is wide): oneDNN's matmul primitive, which ran
-/// them 1.05 to 4.7 times as fast as `dnnl_sgemm` on AMD Zen 5 (docs/benchmarks.md, "The float
+/// them 1.0 to 4.7 times as fast as `dnnl_sgemm` on AMD Zen 5 (docs/benchmarks.md, "The float
 /// weight gradients on oneDNN's matmul").
 
 #include "kat/core/detail/onednn_base.hpp"

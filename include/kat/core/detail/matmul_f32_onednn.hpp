@@ -41,8 +41,8 @@ constexpr bool onednn_f32_matmul_preferred(char trans_a, char trans_b, std::size
     return false;
   }
   const std::size_t widest = m > n ? m : n, narrowest = m > n ? n : m;
-  return k >= 8 * widest ||
-         (k >= 2 * widest && narrowest >= 16 && double(m) * double(n) * double(k) >= 131072.0);
+  return k >= 8 * widest || (k >= 2 * widest && narrowest >= 16 &&
+                             double(m) * double(n) * double(k) >= double(1 << 17));
 }
 
 #if defined(KAT_ENABLE_ONEDNN)

@@ -133,6 +133,89 @@ BENCHMARK(BM_DensePrecision)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// The two ways a bf16 Dense layer can handle its bias, on the layer's shapes, each product
+// alternately with its counterpart (time_alternately; the timed iteration is the first):
+//   in_product: forward rounds [x 1] and computes y = [x 1] [W b]ᵀ, an inner dimension of
+//               in + 1; the weight gradient is [dW db] = dyᵀ [x 1], in + 1 columns (what
+//               kat::nn::Dense does since commits ec6e3eb and 344c0b2);
+//   separate:   forward rounds x, writes b into every row of y (fill_rows) and adds
+//               y += x Wᵀ (oneDNN's sum post-op), an inner dimension of in; the weight gradient
+//               is dW = dyᵀ x and db the fp32 column sums of dy (Dense's path before).
+// dy is rounded in both (the layer rounds it once for dW and dx). On AVX512-BF16 the extra
+// column costs one more pair of a dot product's 32; on AMX, whose tiles take the inner
+// dimension 32 bf16 values at a time and the output 16 columns at a time, in = 64 becomes 65:
+// three tile steps for two in forward, five column tiles for four in the weight gradient.
+// This benchmark is the check that the bias in the products is not slower there. Counters
+// (µs): forward_in_product_us, forward_separate_us, gradient_in_product_us,
+// gradient_separate_us; forward_speedup and gradient_speedup = separate / in_product (above
+// 1: the bias in the product is faster). The label names the kernels oneDNN chose for the two
+// forward products (`in_product | separate`).
+void BM_Bf16BiasPaths(benchmark::State &state) {
+  const std::size_t n = state.range(0), in = state.range(1), out = state.range(2);
+  const Space space;
+  const M x = filled(n, in, 1), weight_bias = filled(out, in + 1, 2), dy = filled(n, out, 3);
+  const auto w = Kokkos::subview(weight_bias, Kokkos::ALL, std::make_pair(std::size_t(0), in));
+  const auto b = Kokkos::subview(weight_bias, Kokkos::ALL, in);
+  M y_product("y_product", n, out), y_separate("y_separate", n, out);
+  M grad_product("grad_product", out, in + 1), grad_separate("grad_separate", out, in + 1);
+  const auto dw = Kokkos::subview(grad_separate, Kokkos::ALL, std::make_pair(std::size_t(0), in));
+  const auto db = Kokkos::subview(grad_separate, Kokkos::ALL, in);
+  kat::MixedPrecisionGemm<float, Mem> product, separate;
+  kat::Bf16Operand<float, Mem> x1_16, wb16, x16, w16, dy16;
+  wb16.assign(space, weight_bias); // rounded once per forward either way: not timed
+  w16.assign(space, w);
+  using kat::Trans;
+  const auto forward_in_product = [&] {
+    x1_16.assign_with_ones_column(space, x);
+    product(space, Trans::N, Trans::T, 1.f, x1_16, wb16, 0.f, y_product);
+  };
+  const auto forward_separate = [&] {
+    x16.assign(space, x);
+    kat::nn::detail::fill_rows(space, "BM_Bf16BiasPaths::fill", b, y_separate);
+    separate(space, Trans::N, Trans::T, 1.f, x16, w16, 1.f, y_separate);
+  };
+  const auto gradient_in_product = [&] {
+    dy16.assign(space, dy);
+    product(space, Trans::T, Trans::N, 1.f, dy16.matrix(), x1_16.matrix(), 0.f, grad_product);
+  };
+  const auto gradient_separate = [&] {
+    dy16.assign(space, dy);
+    separate(space, Trans::T, Trans::N, 1.f, dy16.matrix(), x16.matrix(), 0.f, dw);
+    kat::nn::detail::column_sums(space, "BM_Bf16BiasPaths::db", dy, db, false);
+  };
+  const auto forward_label = [&] {
+    forward_in_product();
+    forward_separate();
+    return product.implementation() + " | " + separate.implementation();
+  };
+  const std::string label = forward_label();
+  for (int i = 0; i < 3; ++i) { // plans, workspaces
+    forward_in_product();
+    gradient_in_product();
+    forward_separate();
+    gradient_separate();
+  }
+  const auto [f_product, g_product, f_separate, g_separate] = time_alternately(
+      state, forward_in_product, gradient_in_product, forward_separate, gradient_separate);
+  state.counters["forward_in_product_us"] = 1e6 * f_product;
+  state.counters["forward_separate_us"] = 1e6 * f_separate;
+  state.counters["gradient_in_product_us"] = 1e6 * g_product;
+  state.counters["gradient_separate_us"] = 1e6 * g_separate;
+  state.counters["forward_speedup"] = f_separate / f_product;
+  state.counters["gradient_speedup"] = g_separate / g_product;
+  state.SetLabel(label);
+}
+BENCHMARK(BM_Bf16BiasPaths)
+    ->ArgNames({"rows", "in", "out"})
+    ->Args({2048, 64, 192})
+    ->Args({2048, 64, 64})
+    ->Args({2048, 64, 128})
+    ->Args({2048, 128, 64})
+    ->Args({128, 784, 256})
+    ->Args({128, 256, 256})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // Runs `product` and `sgemm` three times (plans, first touch), then times them alternately
 // (time_alternately; the timed iteration is `product`'s). Sets the counters `name` (product's
 // µs), sgemm_us and speedup = sgemm / product; returns product's seconds.

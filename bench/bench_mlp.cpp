@@ -58,6 +58,19 @@ BENCHMARK(BM_DenseForwardBackward)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// The Dense layers' shapes the precision benchmarks run: the ViT's token matrices (N·P = 128 ·
+// 16 rows; its layers 64 -> 192, 64 -> 64, 64 -> 128, 128 -> 64) and the MLP's first layer.
+void dense_layer_shapes(benchmark::internal::Benchmark *b) {
+  b->ArgNames({"rows", "in", "out"});
+  for (const auto &[rows, in, out] : {std::array<std::int64_t, 3>{2048, 64, 192},
+                                      {2048, 64, 64},
+                                      {2048, 64, 128},
+                                      {2048, 128, 64},
+                                      {128, 784, 256}}) {
+    b->Args({rows, in, out});
+  }
+}
+
 // A Dense layer's forward + backward (bias, dx) in fp32 and in bf16 (Precision::bf16), and
 // the three products each makes alone: kat::gemm in fp32, MixedPrecisionGemm on operands
 // rounded beforehand (kat::Bf16Operand, as the layer reuses them) in bf16. The four run
@@ -65,9 +78,7 @@ BENCHMARK(BM_DenseForwardBackward)
 // the bf16 layer's. Counters (microseconds per forward + backward): fp32_layer_us,
 // bf16_layer_us, fp32_gemm_us, bf16_gemm_us; layer_speedup = fp32 layer / bf16 layer and
 // gemm_speedup = fp32 products / bf16 products: how much of the bf16 products' gain the layer
-// keeps (rounding x and dy, the bias, the calls). Shapes: the ViT's token matrices (N·P = 128 ·
-// 16 rows; its Dense layers 64 -> 192, 64 -> 64, 64 -> 128, 128 -> 64) and the MLP's first
-// layer.
+// keeps (rounding x and dy, the bias, the calls). Shapes: dense_layer_shapes.
 void BM_DensePrecision(benchmark::State &state) {
   const std::size_t n = state.range(0), in = state.range(1), out = state.range(2);
   const Space space;
@@ -124,12 +135,7 @@ void BM_DensePrecision(benchmark::State &state) {
   state.counters["gemm_speedup"] = fp32_gemm_s / bf16_gemm_s;
 }
 BENCHMARK(BM_DensePrecision)
-    ->ArgNames({"rows", "in", "out"})
-    ->Args({2048, 64, 192})
-    ->Args({2048, 64, 64})
-    ->Args({2048, 64, 128})
-    ->Args({2048, 128, 64})
-    ->Args({128, 784, 256})
+    ->Apply(dense_layer_shapes)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -206,12 +212,7 @@ void BM_Bf16BiasPaths(benchmark::State &state) {
   state.SetLabel(label);
 }
 BENCHMARK(BM_Bf16BiasPaths)
-    ->ArgNames({"rows", "in", "out"})
-    ->Args({2048, 64, 192})
-    ->Args({2048, 64, 64})
-    ->Args({2048, 64, 128})
-    ->Args({2048, 128, 64})
-    ->Args({128, 784, 256})
+    ->Apply(dense_layer_shapes)
     ->Args({128, 256, 256})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

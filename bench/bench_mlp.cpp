@@ -61,13 +61,12 @@ BENCHMARK(BM_DenseForwardBackward)
 // The Dense layers' shapes the precision benchmarks run: the ViT's token matrices (N·P = 128 ·
 // 16 rows; its layers 64 -> 192, 64 -> 64, 64 -> 128, 128 -> 64) and the MLP's first layer.
 void dense_layer_shapes(benchmark::internal::Benchmark *b) {
+  using Shape = std::array<std::int64_t, 3>;
+  constexpr std::array<Shape, 5> shapes{
+      {{2048, 64, 192}, {2048, 64, 64}, {2048, 64, 128}, {2048, 128, 64}, {128, 784, 256}}};
   b->ArgNames({"rows", "in", "out"});
-  for (const auto &[rows, in, out] : {std::array<std::int64_t, 3>{2048, 64, 192},
-                                      {2048, 64, 64},
-                                      {2048, 64, 128},
-                                      {2048, 128, 64},
-                                      {128, 784, 256}}) {
-    b->Args({rows, in, out});
+  for (const Shape &shape : shapes) {
+    b->Args({shape[0], shape[1], shape[2]});
   }
 }
 

@@ -62,16 +62,14 @@ std::vector<int> degrees(int world) {
 
 // Runs `whole` on the whole batch (x, dy) and `split` on data-parallel shard d of D (rows
 // [d N/D, (d+1) N/D)), sums the split gradients over the mesh's data group, and checks the
-// outputs and this rank's gradient shard against the whole model's.
-void check_sharded_step(TensorParallelMesh &mesh, Model &whole, Model &split, std::size_t n,
-                        std::uint64_t seed) {
+// outputs and this rank's gradient shard against the whole model's. `split` must hold this
+// rank's shard of `whole`'s parameters (dist::copy_sharded_parameters).
+void check_sharded_step(TensorParallelMesh &mesh, Model &whole, Model &split,
+                        const Matrix<double, Mem> &x, const Matrix<double, Mem> &dy) {
   const Space space;
-  const std::size_t d = static_cast<std::size_t>(mesh.data_size());
+  const std::size_t n = x.extent(0), d = static_cast<std::size_t>(mesh.data_size());
   REQUIRE(n % d == 0);
   const std::size_t local = n / d, first = local * static_cast<std::size_t>(mesh.data_rank());
-  dist::copy_sharded_parameters(space, whole, split);
-  const auto x = random_matrix<double>(n, whole.input_shape().size(), seed);
-  const auto dy = random_matrix<double>(n, whole.output_shape().size(), seed + 1);
   const auto x_local = rows_of(x, first, local), dy_local = rows_of(dy, first, local);
 
   const auto y_whole = host_vector(rows_of(whole.forward(space, x), first, local));
@@ -84,6 +82,38 @@ void check_sharded_step(TensorParallelMesh &mesh, Model &whole, Model &split, st
   space.fence();
   const auto expected = dist::shard_parameters(host_vector(whole.gradients()), whole, split);
   CHECK(max_abs_diff(host_vector(split.gradients()), expected) < 1e-11);
+}
+
+// check_sharded_step on `whole`'s parameters and an n-sample batch of U(-1, 1) entries.
+void check_sharded_step(TensorParallelMesh &mesh, Model &whole, Model &split, std::size_t n,
+                        std::uint64_t seed) {
+  dist::copy_sharded_parameters(Space(), whole, split);
+  check_sharded_step(mesh, whole, split, random_matrix<double>(n, whole.input_shape().size(), seed),
+                     random_matrix<double>(n, whole.output_shape().size(), seed + 1));
+}
+
+// A transformer MLP block over `width` features at each position: LayerNorm, Dense to `hidden`,
+// GELU, Dense back; in `split` the two Dense layers are column- and row-parallel over the
+// mesh's tensor group.
+void add_megatron_mlp(Model &whole, Model &split, TensorParallelMesh &mesh, std::size_t width,
+                      std::size_t hidden) {
+  whole.add<nn::LayerNorm>(width);
+  whole.add<nn::Dense>(width, hidden, true, nn::DenseInput::per_position);
+  whole.add<nn::GELU>();
+  whole.add<nn::Dense>(hidden, width, true, nn::DenseInput::per_position);
+  split.add<nn::LayerNorm>(width);
+  split.add<ColumnParallelDense>(width, hidden, true, nn::DenseInput::per_position, mesh.tensor());
+  split.add<nn::GELU>();
+  split.add<RowParallelDense>(hidden, width, true, nn::DenseInput::per_position, mesh.tensor());
+}
+
+// Every entry of v (a rank-1 or rank-2 view, contiguous) rounded to the nearest bf16 value, in
+// place (exact in double).
+template <class View> void round_to_bf16_in_place(const View &v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  for (std::size_t k = 0; k < h.span(); ++k)
+    h.data()[k] = round_to_bf16(h.data()[k]);
+  Kokkos::deep_copy(v, h);
 }
 
 TEST_CASE("tensor parallel: shard indices split each group of rows across the ranks",
@@ -106,18 +136,12 @@ TEST_CASE("tensor parallel: a Megatron MLP on T ranks equals the single-rank MLP
   const FeatureShape in{8, 3, 2}; // 6 positions of 8 features
   const std::size_t n = 4, positions = 6, width = 8, hidden = 16;
   for (const int t : degrees(world.size())) {
+    if (hidden % std::size_t(t) != 0)
+      continue;
     INFO("T = " << t);
     TensorParallelMesh mesh(world, t);
     Model whole(in), split(in);
-    whole.add<nn::LayerNorm>(width);
-    whole.add<nn::Dense>(width, hidden, true, nn::DenseInput::per_position);
-    whole.add<nn::GELU>();
-    whole.add<nn::Dense>(hidden, width, true, nn::DenseInput::per_position);
-    split.add<nn::LayerNorm>(width);
-    split.add<ColumnParallelDense>(width, hidden, true, nn::DenseInput::per_position,
-                                   mesh.tensor());
-    split.add<nn::GELU>();
-    split.add<RowParallelDense>(hidden, width, true, nn::DenseInput::per_position, mesh.tensor());
+    add_megatron_mlp(whole, split, mesh, width, hidden);
     whole.compile(Space(), 5);
     split.compile(Space(), 6);
     CHECK(split.parameter_count() == 2 * width + (width + 1) * hidden / std::size_t(t) +
@@ -134,6 +158,50 @@ TEST_CASE("tensor parallel: a Megatron MLP on T ranks equals the single-rank MLP
     CHECK(stats.iallreduce.bytes == activation);
     CHECK(stats.allgather.calls == 0);
     CHECK(stats.reduce_scatter.calls == 0);
+  }
+}
+
+// set_precision reaches the local Dense that holds a column- or row-parallel layer's shard.
+// The parameters and dy are bf16 values, so that the bias each side adds (rounded into a bf16
+// Dense's product; after the all-reduce, unrounded, in a row-parallel one) and the sums of dy
+// for its gradient are the same numbers: the two models then differ by summation order alone,
+// while a layer left in fp32 would differ from its bf16 counterpart by the rounding of its
+// inputs (about 2^-9 of each).
+TEST_CASE("tensor parallel: a bf16 Megatron MLP on T ranks equals the single-rank MLP in bf16",
+          "[mpi][tensor_parallel]") {
+  auto world = Communicator::world();
+  INFO(rank_of(world));
+  const Space space;
+  const FeatureShape in{8, 3, 2};
+  const std::size_t n = 4, width = 8, hidden = 16;
+  for (const int t : degrees(world.size())) {
+    if (hidden % std::size_t(t) != 0)
+      continue;
+    INFO("T = " << t);
+    TensorParallelMesh mesh(world, t);
+    Model whole(in), split(in);
+    add_megatron_mlp(whole, split, mesh, width, hidden);
+    whole.compile(space, 5);
+    split.compile(space, 6);
+    round_to_bf16_in_place(whole.parameters());
+    dist::copy_sharded_parameters(space, whole, split);
+    const std::size_t batch = n * std::size_t(mesh.data_size());
+    const auto x = random_matrix<double>(batch, in.size(), 43);
+    const auto dy = random_matrix<double>(batch, in.size(), 44);
+    round_to_bf16_in_place(dy);
+
+    // The bf16 products make a difference here (else the comparison below would not tell).
+    const auto y_fp32 = host_vector(whole.forward(space, x));
+    whole.set_precision(Precision::bf16);
+    split.set_precision(Precision::bf16);
+    CHECK(max_abs_diff(host_vector(whole.forward(space, x)), y_fp32) > 1e-4);
+    for (const auto &layer : split.layers()) {
+      if (const auto *column = dynamic_cast<const ColumnParallelDense<double, Mem> *>(layer.get()))
+        CHECK(column->local().precision() == Precision::bf16);
+      if (const auto *row = dynamic_cast<const RowParallelDense<double, Mem> *>(layer.get()))
+        CHECK(row->local().precision() == Precision::bf16);
+    }
+    check_sharded_step(mesh, whole, split, x, dy);
   }
 }
 

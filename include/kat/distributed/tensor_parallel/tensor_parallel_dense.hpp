@@ -9,6 +9,7 @@
 #endif
 
 #include "kat/core/error.hpp"
+#include "kat/core/precision.hpp"
 #include "kat/core/profiling.hpp"
 #include "kat/core/views.hpp"
 #include "kat/distributed/comm/communicator.hpp"
@@ -51,7 +52,8 @@ inline std::vector<std::size_t> shard_indices(const char *where, std::size_t ext
 
 /// What column- and row-parallel Dense share: the local kat::nn::Dense that holds this rank's
 /// shard, the tensor-parallel communicator, and passing the layer's modes (gradient
-/// accumulation, parameter gradients, curvature recording, training) on to the local layer.
+/// accumulation, parameter gradients, curvature recording, training, precision) on to the local
+/// layer.
 template <class Scalar, class MemorySpace>
 class ShardedDense : public nn::Layer<Scalar, MemorySpace> {
   using base = nn::Layer<Scalar, MemorySpace>;
@@ -68,6 +70,11 @@ public:
   void train(bool on) override {
     base::train(on);
     local_.train(on);
+  }
+  /// Sets the precision of the shard's products (the local Dense's) with the layer's.
+  void set_precision(Precision p) override {
+    base::set_precision(p);
+    local_.set_precision(p);
   }
 
 protected:
@@ -202,7 +209,8 @@ private:
 /// dimension; each rank multiplies its in/T input features (the output of a column-parallel
 /// layer, or of a parameter-free layer after one) by its columns of W, giving a partial sum of
 /// the output. Megatron's operator g: all-reduce (sum) of the output in forward, identity in
-/// backward. The bias is replicated and added once, after the reduction.
+/// backward. The bias is replicated and added once, after the reduction: in fp32 in either
+/// precision (a bf16 kat::nn::Dense rounds its bias into the product; docs/precision.md).
 ///
 /// Parameters: W_r (out x in/T, column-major), then b (out, the same on every rank). K-FAC
 /// sees the local product without a bias column (the bias keeps its plain gradient). No

@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace kat_train {
 namespace {
@@ -34,14 +35,27 @@ public:
     return specs;
   }
 
-  // Its options need --sparsity > 0.
+  // Its options need --sparsity > 0, and those of the mask updates a method that updates the
+  // mask: with static masks they would be accepted and do nothing.
   void check(Run &r) override {
     const bool sparse = std::strtod(r.flag("sparsity").value.c_str(), nullptr) > 0.0;
+    const std::string &method = r.flag("sparse-method").value;
     for (const auto &f : r.flags) {
-      if (f.given() && f.owner == "sparse" && f.name != "sparsity" && !sparse) {
+      if (!f.given() || f.owner != "sparse" || f.name == "sparsity") {
+        continue;
+      }
+      if (!sparse) {
         throw CLI::ValidationError("--" + f.name, "needs --sparsity > 0");
       }
+      if (method == "static" && is_update_option(f.name)) {
+        throw CLI::ValidationError("--" + f.name, "applies to the mask updates of --sparse-method "
+                                                  "set or rigl, not static");
+      }
     }
+  }
+
+  static bool is_update_option(const std::string &name) {
+    return name == "drop-fraction" || name == "delta-t" || name == "t-end";
   }
 
   void attach(Run &r, const Space &space) override {

@@ -79,6 +79,11 @@ fi
 expect 2 "--sparsity: must be a number in [0, 1), got '-0.1'" "${base[@]}" --sparsity -0.1
 expect 2 "--sparsity: must be a number in [0, 1), got '1.5'" "${base[@]}" --sparsity 1.5
 expect 2 "--delta-t: must be an integer >= 1, got '0'" "${base[@]}" --sparsity 0.5 --delta-t 0
+# Mask-update options with static masks would do nothing: refused, not ignored.
+expect 2 "--drop-fraction: applies to the mask updates of --sparse-method set or rigl, not static" \
+  "${base[@]}" --sparsity 0.5 --sparse-method static --drop-fraction 0.2
+expect 2 "--t-end: applies to the mask updates" "${base[@]}" --sparsity 0.5 --sparse-method static \
+  --t-end 0.5
 expect 2 "--damping: must be a number > 0, got '0'" "${base[@]}" --optimizer kfac --damping 0
 expect 2 "--factor-decay: must be a number in [0, 1), got '1'" "${base[@]}" --optimizer kfac \
   --factor-decay 1

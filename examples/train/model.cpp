@@ -38,13 +38,14 @@ public:
                         "token)")
             ->check(CLI::IsMember({"1", "2", "4", "7", "14", "28", "rows"}))
             ->capture_default_str()};
-    r.app
-        .add_option("--conv-backend", conv_backend_,
-                    "auto (oneDNN on host memory where built with it, else im2col) | im2col "
-                    "(im2col + GEMM everywhere) | dnn (oneDNN; an error where unavailable). "
-                    "K-FAC's recording steps always use im2col")
-        ->check(CLI::IsMember({"auto", "im2col", "dnn"}))
-        ->capture_default_str();
+    conv_backend_flag_ =
+        r.app
+            .add_option("--conv-backend", conv_backend_,
+                        "auto (oneDNN on host memory where built with it, else im2col) | im2col "
+                        "(im2col + GEMM everywhere) | dnn (oneDNN; an error where unavailable). "
+                        "K-FAC's recording steps always use im2col")
+            ->check(CLI::IsMember({"auto", "im2col", "dnn"}))
+            ->capture_default_str();
     r.app
         .add_option("--precision", precision_,
                     "fp32 | bf16 (mixed precision: the layers' matrix products and convolutions "
@@ -68,6 +69,13 @@ public:
         throw CLI::ValidationError(o->get_name(),
                                    "applies to --model vit only, not --model " + r.model_name);
       }
+    }
+    // The models without a convolution: the backend would be accepted and do nothing.
+    if (conv_backend_flag_->count() > 0 && (r.model_name == "mlp" || r.model_name == "vit")) {
+      throw CLI::ValidationError(conv_backend_flag_->get_name(),
+                                 "applies to the models with convolutions (--model cnn or "
+                                 "resnet), not --model " +
+                                     r.model_name);
     }
   }
 
@@ -133,6 +141,7 @@ private:
   }
 
   std::vector<CLI::Option *> vit_flags_;
+  CLI::Option *conv_backend_flag_ = nullptr;
   std::string conv_backend_ = "auto";
   std::string precision_ = "fp32";
   std::string denormals_ = "flush";

@@ -41,6 +41,8 @@ expect 1 "kat_train: error:" "${base[@]}" --resume "$work/dir"
 expect 1 "kat_train: error:" --data-dir "$work/dir" --epochs 1
 # Usage errors: exit 2, the flag named.
 expect 2 "--vit-depth" "${base[@]}" --model mlp --vit-depth 2
+expect 2 "--conv-backend: applies to the models with convolutions (--model cnn or resnet), not \
+--model vit" "${base[@]}" --model vit --conv-backend im2col
 expect 2 "--damping" "${base[@]}" --optimizer sgd --damping 0.1
 expect 2 "--resume latest" "${base[@]}" --resume latest
 expect 2 "--precision: fp16 not in {fp32,bf16}" "${base[@]}" --precision fp16

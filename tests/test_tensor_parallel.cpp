@@ -51,11 +51,12 @@ Matrix<double, Mem> rows_of(const Matrix<double, Mem> &m, std::size_t first, std
   return out;
 }
 
-// The tensor-parallel degrees T that divide the world size.
-std::vector<int> degrees(int world) {
+// The tensor-parallel degrees T that divide the world size (and `split`, the size a model
+// splits over its T ranks).
+std::vector<int> degrees(int world, std::size_t split = 0) {
   std::vector<int> t;
   for (int k = 1; k <= world; ++k)
-    if (world % k == 0)
+    if (world % k == 0 && (split == 0 || split % std::size_t(k) == 0))
       t.push_back(k);
   return t;
 }
@@ -128,29 +129,33 @@ TEST_CASE("tensor parallel: shard indices split each group of rows across the ra
                                     "ranks (2)"));
 }
 
-TEST_CASE("tensor parallel: a Megatron MLP on T ranks equals the single-rank MLP and "
-          "all-reduces one activation forward and one backward",
+TEST_CASE("tensor parallel: a Megatron MLP on T ranks equals the single-rank MLP",
           "[mpi][tensor_parallel]") {
   auto world = Communicator::world();
   INFO(rank_of(world));
+  const Space space;
   const FeatureShape in{8, 3, 2}; // 6 positions of 8 features
   const std::size_t n = 4, positions = 6, width = 8, hidden = 16;
-  for (const int t : degrees(world.size())) {
-    if (hidden % std::size_t(t) != 0)
-      continue;
-    INFO("T = " << t);
-    TensorParallelMesh mesh(world, t);
-    Model whole(in), split(in);
-    add_megatron_mlp(whole, split, mesh, width, hidden);
-    whole.compile(Space(), 5);
-    split.compile(Space(), 6);
+  // A generator, not a loop: Catch enters each SECTION once per run of the test case, so in a
+  // loop the sections below would see only T = 1.
+  const std::vector<int> all_degrees = degrees(world.size(), hidden);
+  const int t = GENERATE_COPY(from_range(all_degrees));
+  INFO("T = " << t);
+  TensorParallelMesh mesh(world, t);
+  Model whole(in), split(in);
+  add_megatron_mlp(whole, split, mesh, width, hidden);
+  whole.compile(space, 5);
+  split.compile(space, 6);
+  const std::size_t batch = n * std::size_t(mesh.data_size());
+  SECTION("and all-reduces one activation forward and one backward") {
     CHECK(split.parameter_count() == 2 * width + (width + 1) * hidden / std::size_t(t) +
                                          hidden / std::size_t(t) * width + width);
     mesh.tensor().reset_stats();
-    check_sharded_step(mesh, whole, split, n * std::size_t(mesh.data_size()), 41);
+    check_sharded_step(mesh, whole, split, batch, 41);
     const auto stats = mesh.tensor().stats();
-    // Exactly one forward all-reduce (the row-parallel output) and one backward all-reduce (the
-    // column-parallel input gradient), each of the local batch's N x P x width activation.
+    // Exactly one forward all-reduce (the row-parallel output) and one backward all-reduce
+    // (the column-parallel input gradient), each of the local batch's N x P x width
+    // activation.
     const std::uint64_t activation = n * positions * width * sizeof(double);
     CHECK(stats.allreduce.calls == 1);
     CHECK(stats.allreduce.bytes == activation);
@@ -159,37 +164,18 @@ TEST_CASE("tensor parallel: a Megatron MLP on T ranks equals the single-rank MLP
     CHECK(stats.allgather.calls == 0);
     CHECK(stats.reduce_scatter.calls == 0);
   }
-}
-
-// set_precision reaches the local Dense that holds a column- or row-parallel layer's shard.
-// The parameters and dy are bf16 values, so that the bias each side adds (rounded into a bf16
-// Dense's product; after the all-reduce, unrounded, in a row-parallel one) and the sums of dy
-// for its gradient are the same numbers: the two models then differ by summation order alone,
-// while a layer left in fp32 would differ from its bf16 counterpart by the rounding of its
-// inputs (about 2^-9 of each).
-TEST_CASE("tensor parallel: a bf16 Megatron MLP on T ranks equals the single-rank MLP in bf16",
-          "[mpi][tensor_parallel]") {
-  auto world = Communicator::world();
-  INFO(rank_of(world));
-  const Space space;
-  const FeatureShape in{8, 3, 2};
-  const std::size_t n = 4, width = 8, hidden = 16;
-  for (const int t : degrees(world.size())) {
-    if (hidden % std::size_t(t) != 0)
-      continue;
-    INFO("T = " << t);
-    TensorParallelMesh mesh(world, t);
-    Model whole(in), split(in);
-    add_megatron_mlp(whole, split, mesh, width, hidden);
-    whole.compile(space, 5);
-    split.compile(space, 6);
+  // set_precision reaches the local Dense that holds a column- or row-parallel layer's
+  // shard. The parameters and dy are bf16 values, so that the bias each side adds (rounded
+  // into a bf16 Dense's product; after the all-reduce, unrounded, in a row-parallel one) and
+  // the sums of dy for its gradient are the same numbers: the two models then differ by
+  // summation order alone, while a layer left in fp32 would differ from its bf16 counterpart
+  // by the rounding of its inputs (about 2^-9 of each).
+  SECTION("in bf16") {
     round_to_bf16_in_place(whole.parameters());
     dist::copy_sharded_parameters(space, whole, split);
-    const std::size_t batch = n * std::size_t(mesh.data_size());
     const auto x = random_matrix<double>(batch, in.size(), 43);
     const auto dy = random_matrix<double>(batch, in.size(), 44);
     round_to_bf16_in_place(dy);
-
     // The bf16 products make a difference here (else the comparison below would not tell).
     const auto y_fp32 = host_vector(whole.forward(space, x));
     whole.set_precision(Precision::bf16);
@@ -217,39 +203,38 @@ TEST_CASE("tensor parallel: a ViT split by heads and MLP on T ranks equals the s
   o.heads = 4;
   o.mlp_hidden = 16;
   const std::size_t n = 2, tokens = 16;
-  for (const int t : degrees(world.size())) {
-    if (o.heads % std::size_t(t) != 0)
-      continue;
-    INFO("T = " << t);
-    TensorParallelMesh mesh(world, t);
-    SECTION("every block split (Megatron's plan)") {
-      auto whole = nn::models::vit<double, Mem>(image, 10, o);
-      auto split = dist::vit_tensor_parallel<double, Mem>(image, 10, o, mesh.tensor());
-      whole.compile(Space(), 3);
-      split.compile(Space(), 4);
-      mesh.tensor().reset_stats();
-      check_sharded_step(mesh, whole, split, n * std::size_t(mesh.data_size()), 51);
-      const auto stats = mesh.tensor().stats();
-      const std::uint64_t activation = n * tokens * o.width * sizeof(double);
-      CHECK(stats.allreduce.calls == 2 * o.depth);
-      CHECK(stats.allreduce.bytes == 2 * o.depth * activation);
-      CHECK(stats.iallreduce.calls == 2 * o.depth);
-      CHECK(stats.iallreduce.bytes == 2 * o.depth * activation);
-    }
-    SECTION("the first block's attention split, the rest replicated") {
-      std::vector<dist::TensorParallelSplit> splits(o.depth, {false, false});
-      splits[0].attention = true;
-      auto whole = nn::models::vit<double, Mem>(image, 10, o);
-      auto split = dist::vit_tensor_parallel<double, Mem>(image, 10, o, mesh.tensor(), splits);
-      whole.compile(Space(), 3);
-      split.compile(Space(), 4);
-      mesh.tensor().reset_stats();
-      check_sharded_step(mesh, whole, split, n * std::size_t(mesh.data_size()), 52);
-      const auto stats = mesh.tensor().stats();
-      const std::uint64_t activation = n * tokens * o.width * sizeof(double);
-      CHECK(stats.allreduce.bytes == activation);
-      CHECK(stats.iallreduce.bytes == activation);
-    }
+  // A generator, not a loop, as in the MLP's test.
+  const std::vector<int> all_degrees = degrees(world.size(), o.heads);
+  const int t = GENERATE_COPY(from_range(all_degrees));
+  INFO("T = " << t);
+  TensorParallelMesh mesh(world, t);
+  SECTION("every block split (Megatron's plan)") {
+    auto whole = nn::models::vit<double, Mem>(image, 10, o);
+    auto split = dist::vit_tensor_parallel<double, Mem>(image, 10, o, mesh.tensor());
+    whole.compile(Space(), 3);
+    split.compile(Space(), 4);
+    mesh.tensor().reset_stats();
+    check_sharded_step(mesh, whole, split, n * std::size_t(mesh.data_size()), 51);
+    const auto stats = mesh.tensor().stats();
+    const std::uint64_t activation = n * tokens * o.width * sizeof(double);
+    CHECK(stats.allreduce.calls == 2 * o.depth);
+    CHECK(stats.allreduce.bytes == 2 * o.depth * activation);
+    CHECK(stats.iallreduce.calls == 2 * o.depth);
+    CHECK(stats.iallreduce.bytes == 2 * o.depth * activation);
+  }
+  SECTION("the first block's attention split, the rest replicated") {
+    std::vector<dist::TensorParallelSplit> splits(o.depth, {false, false});
+    splits[0].attention = true;
+    auto whole = nn::models::vit<double, Mem>(image, 10, o);
+    auto split = dist::vit_tensor_parallel<double, Mem>(image, 10, o, mesh.tensor(), splits);
+    whole.compile(Space(), 3);
+    split.compile(Space(), 4);
+    mesh.tensor().reset_stats();
+    check_sharded_step(mesh, whole, split, n * std::size_t(mesh.data_size()), 52);
+    const auto stats = mesh.tensor().stats();
+    const std::uint64_t activation = n * tokens * o.width * sizeof(double);
+    CHECK(stats.allreduce.bytes == activation);
+    CHECK(stats.iallreduce.bytes == activation);
   }
 }
 

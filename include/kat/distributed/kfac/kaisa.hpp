@@ -135,9 +135,12 @@ struct KAISAStats {
 ///   model's precision by default (KAISAOptions::model_precision_broadcast).
 ///
 /// All three give the same P as D-KFAC (each decomposer computes from the same averaged
-/// factors). Every rank must register the same layers in the same order before constructing
-/// it (the constructor is collective: it splits the communicator in HYBRID-OPT) and call
-/// KFAC::step() on the same steps (the strategy's members are collective).
+/// factors). One exception, in a failure state: a layer none of whose decompositions has
+/// succeeded yet (keep_previous_on_failure, its first decomposition failed) is left to the base
+/// optimizer in COMM-OPT, while MEM-OPT and HYBRID-OPT broadcast its worker's P = ∇, which the
+/// KL clip's ν then scales with the other layers. Every rank must register the same layers in the
+/// same order before constructing it (the constructor is collective: it splits the communicator in
+/// HYBRID-OPT) and call KFAC::step() on the same steps (the strategy's members are collective).
 ///
 /// A decomposition that fails on its owner is agreed on by every rank before anything is
 /// broadcast (agree_on_failures(): one all-reduce of 2L int32 per

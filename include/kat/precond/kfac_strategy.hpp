@@ -18,9 +18,6 @@ struct KFACDecompositionFailures {
   /// failed[2i] and failed[2i + 1]: 1 if this process's decomposition of factor A or G of
   /// registered layer i failed at this step, 0 otherwise (2 entries per registered layer).
   std::vector<std::int32_t> failed;
-  /// decomposed[2i] and decomposed[2i + 1]: 1 if this process decomposed factor A or G of
-  /// registered layer i successfully at this step, 0 otherwise (the layout of `failed`).
-  std::vector<std::int32_t> decomposed;
   /// The error of the first failed factor (in that order), without the "kat::precond::KFAC: "
   /// prefix; empty if none failed.
   std::string message;
@@ -153,11 +150,10 @@ public:
   /// every inv_update_steps step (and in KFAC::load_state()) even with nothing to decompose,
   /// and a failure throws only after it.
   virtual bool agrees_on_failures() const { return false; }
-  /// Replaces `failures.failed` and `failures.decomposed` by their element-wise maxima over
-  /// the processes and `failures.message` by the first failed factor's message as its process
-  /// wrote it; then every process throws the same NumericalError (or, with
-  /// keep_previous_on_failure, keeps the previous decompositions of the failed factors). From
-  /// `decomposed`, every process knows which layers have a decomposition somewhere.
+  /// Replaces `failures.failed` by its element-wise maximum over the processes and
+  /// `failures.message` by the first failed factor's message as its process wrote it; then
+  /// every process throws the same NumericalError (or, with keep_previous_on_failure, keeps
+  /// the previous decompositions of the failed factors).
   virtual void agree_on_failures(const execution_space &space, Failures &failures) {
     (void)space;
     (void)failures;
@@ -176,10 +172,7 @@ public:
 
   /// Whether share_gradient() is called. Then P is computed for each layer built here with
   /// decompositions (P = ∇ for one without), share_gradient() is called for every registered
-  /// layer, and every layer counts as preconditioned (KL clip over all of them). With
-  /// agrees_on_failures(), a layer that no process has decomposed successfully by the last
-  /// agreement is left to the base optimizer on every process instead (no share_gradient()
-  /// for it), as a layer without decompositions is without sharing.
+  /// layer, and every layer counts as preconditioned (KL clip over all of them).
   virtual bool shares_gradients() const { return false; }
   /// Leaves layer `layer`'s preconditioned gradient in `p` (DP-KFAC, KAISA MEM-OPT and
   /// HYBRID-OPT: broadcast from a process that computed it). `p` holds this process's P for a

@@ -55,12 +55,10 @@ struct DPKFACStats {
   std::uint64_t steps = 0;
   /// The P broadcasts: calls and payload bytes, taken from the Communicator's broadcast
   /// counter around each one (element count x the size of the broadcast scalar per call, on
-  /// every rank, root included). Per step: L calls and DPKFAC::bytes_per_step() bytes (less
-  /// while a layer has no decomposition on any rank: it is not broadcast).
+  /// every rank, root included). Per step: L calls and DPKFAC::bytes_per_step() bytes.
   CollectiveCounter broadcast;
   /// The agreement on decomposition failures (KFACStrategy::agree_on_failures), per
-  /// decomposition step (and on the steps between while a layer has no decomposition on any
-  /// rank) one all-reduce of 2L int32 (8L bytes), plus, when a decomposition
+  /// decomposition step one all-reduce of 2L int32 (8L bytes), plus, when a decomposition
   /// failed, two broadcasts of the owner's message.
   CollectiveCounter decomposition_agreement;
 };

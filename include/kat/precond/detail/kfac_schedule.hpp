@@ -86,10 +86,6 @@ protected:
     bool owned = true;    // builds its factors here (KFACStrategy::builds_factors)
     bool asked = false;   // what the record callback was last told
     bool applied = false; // preconditioned in this step
-    // Whether a decomposition of A and of G exists where the strategy computes them, as the
-    // last agreement on failures told every process (sharing strategies: a layer without
-    // one is left to the base optimizer on every process).
-    std::array<bool, 2> decomposed_somewhere{false, false};
   };
   using status_type = KFACStatus<InverseScalar, Scalar, MemorySpace>;
 
@@ -207,17 +203,6 @@ protected:
     }
   }
 
-  /// Whether every layer has decompositions of A and G where the strategy computes them, as
-  /// the last agreement on failures said (the same answer on every process).
-  bool decomposed_everywhere() const {
-    for (const auto &e : layers_) {
-      if (!(e->decomposed_somewhere[0] && e->decomposed_somewhere[1])) {
-        return false;
-      }
-    }
-    return true;
-  }
-
   /// Whether decompose(space, damping, only_missing) would decompose some layer once the
   /// staged factor updates are committed.
   bool decomposes(bool only_missing) const {
@@ -275,29 +260,21 @@ protected:
       }
     }
     // With an agreement every process takes part on every full decomposition step, whether or
-    // not it decomposes anything itself (DP-KFAC: a rank that owns no layer), and on the other
-    // steps while some layer has no decomposition anywhere (every process knows it from the
-    // last agreement), so that one decomposed late is known everywhere at once.
-    const bool agrees =
-        active_strategy().agrees_on_failures() && (!only_missing || !decomposed_everywhere());
-    if (due.empty() && !agrees) {
+    // not it decomposes anything itself (DP-KFAC: a rank that owns no layer).
+    const bool agrees = active_strategy().agrees_on_failures();
+    if (due.empty() && (only_missing || !agrees)) {
       return;
     }
     precond::KFACDecompositionFailures failures;
     failures.failed.assign(2 * layers_.size(), 0);
-    failures.decomposed.assign(2 * layers_.size(), 0);
     std::vector<std::string> local(2 * layers_.size()); // this process's messages
-    const bool stop = !active_strategy().agrees_on_failures() && !opt_.keep_previous_on_failure;
+    const bool stop = !agrees && !opt_.keep_previous_on_failure;
     for (const std::size_t index : due) {
       const std::array<std::string, 2> failed = layers_[index]->layer.decompose(
           space, opt_.compute_method, damping, opt_.pi_correction,
           active_strategy().computes_decomposition(index, 'A'),
           active_strategy().computes_decomposition(index, 'G'), steps_, stop);
       for (std::size_t k = 2 * index; k < 2 * index + 2; ++k) {
-        if (failed[k % 2].empty() &&
-            active_strategy().computes_decomposition(index, k % 2 == 0 ? 'A' : 'G')) {
-          failures.decomposed[k] = 1;
-        }
         if (!failed[k % 2].empty()) {
           failures.failed[k] = 1;
           local[k] = failed[k % 2];
@@ -310,7 +287,7 @@ protected:
         }
       }
     }
-    if (agrees) {
+    if (agrees && !only_missing) {
       strategy_->agree_on_failures(space, failures);
     }
     if (!failures.message.empty()) {
@@ -331,15 +308,6 @@ protected:
         }
       }
     }
-    if (agrees) {
-      // Agreed on every process: which factors have a decomposition now (a failed one keeps
-      // the previous, if any).
-      for (std::size_t k = 0; k < failures.decomposed.size(); ++k) {
-        if (failures.decomposed[k] != 0) {
-          layers_[k / 2]->decomposed_somewhere[k % 2] = true;
-        }
-      }
-    }
     for (const std::size_t index : due) {
       layer_type &l = layers_[index]->layer;
       for (const char which : {'A', 'G'}) {
@@ -357,7 +325,6 @@ protected:
   void precondition(const execution_space &space, const KFACValues &v) {
     ScopedRegion region("kat::precond::KFAC::precondition");
     const bool shared = active_strategy().shares_gradients();
-    const bool agreed = active_strategy().agrees_on_failures();
     std::vector<typename status_type::segment_type> segments;
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       Entry &e = *layers_[index];
@@ -366,9 +333,6 @@ protected:
       l.clear_form();
       if (!shared && !(e.owned && l.ready())) {
         continue; // left to the base optimizer
-      }
-      if (shared && agreed && !(e.decomposed_somewhere[0] && e.decomposed_somewhere[1])) {
-        continue; // no process has its decompositions: left to the base optimizer everywhere
       }
       const matrix_type grad = e.current.weight_gradient;
       l.check_gradient(grad);
@@ -387,9 +351,7 @@ protected:
     }
     if (shared) {
       for (std::size_t i = 0; i < layers_.size(); ++i) {
-        if (layers_[i]->applied) { // the same layers on every process
-          strategy_->share_gradient(space, i, layers_[i]->layer.preconditioned());
-        }
+        strategy_->share_gradient(space, i, layers_[i]->layer.preconditioned());
       }
     }
     status_.kl_clip(space, std::move(segments), opt_.keep_previous_on_failure, v.kl_clip, v.lr);

@@ -10,8 +10,10 @@
 #include <kat/nn/sequential.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace kat::test {
 
@@ -29,6 +31,15 @@ inline bool same_on_every_rank(dist::Communicator &comm, const std::string &text
   v(1) = -h;
   comm.allreduce(Kokkos::DefaultHostExecutionSpace(), v, dist::ReduceOp::max);
   return v(0) == -v(1);
+}
+
+// Whether `values` are the same, bit for bit, on every rank of `comm` (collective).
+inline bool same_on_every_rank(dist::Communicator &comm, const std::vector<double> &values) {
+  std::string bytes(values.size() * sizeof(double), '\0');
+  if (!values.empty()) {
+    std::memcpy(&bytes[0], values.data(), bytes.size());
+  }
+  return same_on_every_rank(comm, bytes);
 }
 
 // Flatten, Dense(6, 12), Tanh, Dense(12, 8), ReLU, Dense(8, 4): the Dense layers are model

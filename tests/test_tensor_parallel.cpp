@@ -51,12 +51,12 @@ Matrix<double, Mem> rows_of(const Matrix<double, Mem> &m, std::size_t first, std
   return out;
 }
 
-// The tensor-parallel degrees T that divide the world size (and `split`, the size a model
-// splits over its T ranks).
-std::vector<int> degrees(int world, std::size_t split = 0) {
+// The tensor-parallel degrees T that divide both the world size and `split`, the size a model
+// splits over its T ranks (heads, a hidden width).
+std::vector<int> degrees(int world, std::size_t split) {
   std::vector<int> t;
   for (int k = 1; k <= world; ++k)
-    if (world % k == 0 && (split == 0 || split % std::size_t(k) == 0))
+    if (world % k == 0 && split % std::size_t(k) == 0)
       t.push_back(k);
   return t;
 }
@@ -270,9 +270,7 @@ TEST_CASE("tensor parallel: a plan searched for the ViT runs with the bytes it p
   o.heads = 4;
   o.mlp_hidden = 16;
   const std::size_t n = 2; // per data-parallel replica
-  for (const int t : degrees(world.size())) {
-    if (o.heads % std::size_t(t) != 0)
-      continue;
+  for (const int t : degrees(world.size(), o.heads)) {
     INFO("T = " << t);
     TensorParallelMesh mesh(world, t);
     auto whole = nn::models::vit<double, Mem>(image, 10, o);

@@ -229,6 +229,34 @@ template <class Strategy> struct FaultyRun {
   }
 };
 
+// A run continued from KFAC::state_dict() on every rank (as kat_train resumes) steps as the run
+// it was taken from, bit for bit: through the steps between decomposition steps, where the
+// restored decompositions must be used on every rank at once, and the next decomposition step.
+// `make(comm, kfac)` installs the strategy on `comm` (a duplicate of the communicator's, as
+// kat_train's) and returns it, to be kept alive.
+template <class Make> void check_state_dict_continues(dist::Communicator &world, const Make &make) {
+  const Config c{1, 3, ComputeMethod::eigen}; // decompositions at steps 0, 3, 6
+  const std::size_t rows = kBatch / std::size_t(world.size());
+  const std::size_t first = rows * std::size_t(world.rank());
+  dist::Communicator comm_a = world.dup(), comm_b = world.dup();
+  Replica a(&world, c, first, rows), b(&world, c, first, rows);
+  const auto strategy_a = make(comm_a, a.kfac);
+  const auto strategy_b = make(comm_b, b.kfac);
+  for (int s = 0; s < 4; ++s) {
+    a.precondition(s);
+    a.update();
+  }
+  b.kfac.load_state_dict(a.kfac.state_dict());
+  for (int s = 4; s < 7; ++s) {
+    INFO("step " << s);
+    Kokkos::deep_copy(b.model.parameters(), a.model.parameters());
+    a.precondition(s);
+    b.precondition(s);
+    CHECK(values_of(b.model.gradients()) == values_of(a.model.gradients()));
+    a.update();
+  }
+}
+
 // One layer given by views, a float model with double inverses, a factor and a decomposition
 // on every step, and the same (already averaged) gradient on every rank: the precision test of
 // the strategies that broadcast P. a and g are shifted by `shift` (DP-KFAC: only the owner's

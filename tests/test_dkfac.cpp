@@ -283,6 +283,14 @@ TEST_CASE("dkfac: the strategies refuse factored preconditioning and leave the l
   CHECK(kfac.owned(0));
 }
 
+TEST_CASE("dkfac: a run continued from state_dict steps as the run it was taken from",
+          "[mpi][dist][kfac][state]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  check_state_dict_continues(
+      comm, [](Communicator &c, KFACd &kfac) { return std::make_unique<DKFACd>(c, kfac); });
+}
+
 } // namespace test_dkfac
 
 #endif // KAT_ENABLE_MPI

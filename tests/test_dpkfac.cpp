@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -402,6 +403,47 @@ TEST_CASE("dpkfac: a decomposition failing on its owner makes every rank throw t
       }
     }
   }
+}
+
+TEST_CASE("dpkfac: a layer its owner never decomposed is left to the base optimizer on every "
+          "rank",
+          "[mpi][dist][kfac]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  const auto make = [&](KFACd &kfac) { return std::make_unique<DPKFACd>(comm, kfac); };
+  // A checkpoint of step 1 whose layer-1 A is poisoned on its owner (the only rank with its
+  // factors): load_state decomposes, that first decomposition fails, and with
+  // keep_previous_on_failure there is no decomposition of layer 1 anywhere.
+  FaultyRun<DPKFACd> source(ComputeMethod::eigen, true, make);
+  source.first_step(comm.rank());
+  KFACState state = source.kfac->state();
+  const int owner = source.strategy->owner(1);
+  if (comm.rank() == owner) {
+    std::fill(state.layers[1].A.begin(), state.layers[1].A.end(),
+              std::numeric_limits<double>::quiet_NaN());
+  }
+  FaultyRun<DPKFACd> run(ComputeMethod::eigen, true, make);
+  run.kfac->load_state(run.space, state);
+  CHECK(run.decomposition(1, 'A').empty());
+  // The same rows on every rank, as DataParallel's average makes the gradient before K-FAC.
+  // Without the agreement's word that layer 1 has no decomposition, its owner would broadcast
+  // P = ∇ and the KL clip's ν would scale it with the others (as it scales layer 0's).
+  run.forward_backward(1, 0);
+  const auto before = values_of(run.model.layer(3).curvature().weight_gradient);
+  const auto before_0 = values_of(run.model.layer(1).curvature().weight_gradient);
+  run.kfac->step(run.space);
+  const auto after = values_of(run.model.layer(3).curvature().weight_gradient);
+  CHECK(after == before);
+  CHECK(same_on_every_rank(comm, values_of(run.model.gradients())));
+  CHECK(values_of(run.model.layer(1).curvature().weight_gradient) != before_0); // preconditioned
+}
+
+TEST_CASE("dpkfac: a run continued from state_dict steps as the run it was taken from",
+          "[mpi][dist][kfac][state]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  check_state_dict_continues(
+      comm, [](Communicator &c, KFACd &kfac) { return std::make_unique<DPKFACd>(c, kfac); });
 }
 
 } // namespace test_dpkfac

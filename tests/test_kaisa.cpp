@@ -617,13 +617,10 @@ TEST_CASE("kaisa: a first decomposition that fails is never marked valid on any 
     run.kfac->step(run.space);
     const auto after = values_of(run.model.layer(3).curvature().weight_gradient);
     CHECK(same_on_every_rank(comm, after));
-    // In COMM-OPT layer 1 is left to the base optimizer: its gradient is unchanged. MEM-OPT
-    // and HYBRID-OPT broadcast the worker's P = ∇ and count it in the KL clip, so ν scales it
-    // there: a difference between the modes, not yet fixed (the receivers cannot tell that no
-    // worker holds a decomposition; KAISA's class comment says so).
-    if (run.kaisa().mode() == KAISAd::Mode::comm_opt) {
-      CHECK(after == before);
-    }
+    // Layer 1 is left to the base optimizer in every mode: its gradient is unchanged (the
+    // agreement told every rank that no worker holds its decomposition of A, so MEM-OPT and
+    // HYBRID-OPT neither broadcast its P = ∇ nor count it in the KL clip).
+    CHECK(after == before);
   }
   SECTION("by default: every rank throws the same error from load_state") {
     Faulty run(comm, f, ComputeMethod::eigen, false);
@@ -638,6 +635,20 @@ TEST_CASE("kaisa: a first decomposition that fails is never marked valid on any 
                             Catch::Contains("decomposed on rank " + std::to_string(owner)));
     CHECK(same_on_every_rank(comm, message));
   }
+}
+
+TEST_CASE("kaisa: a run continued from state_dict steps as the run it was taken from",
+          "[mpi][dist][kfac][state]") {
+  auto comm = Communicator::world();
+  INFO(rank_of(comm));
+  const std::vector<double> all_fractions = fractions(comm.size());
+  const double f = GENERATE_COPY(from_range(all_fractions));
+  INFO("grad_worker_fraction " << f);
+  check_state_dict_continues(comm, [f](Communicator &c, KFACd &kfac) {
+    dist::KAISAOptions o;
+    o.grad_worker_fraction = f;
+    return std::make_unique<KAISAd>(c, kfac, o);
+  });
 }
 
 TEST_CASE("kaisa: MEM-OPT broadcasts P in the model precision and every rank applies the same P",

@@ -204,6 +204,7 @@ public:
       }
       tell_record(l, next);
     }
+    forget_held(); // the new strategy's agreement says where its decompositions are
   }
   /// The strategy this process follows (a KFACLocalStrategy unless set_strategy() set another).
   const strategy_type &strategy() const { return active_strategy(); }
@@ -371,6 +372,7 @@ public:
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       layers_[i]->layer.load_state_dict(state, kat::detail::concat("layers.", i));
     }
+    forget_held(); // the restored decompositions are agreed on at the next step
     tell_records();
   }
 
@@ -402,6 +404,7 @@ public:
     }
     // The decompositions of the last decomposition step are recomputed from the restored
     // factors, with the damping of the current step.
+    forget_held();
     decompose(space, opt_.damping(steps_));
     tell_records();
   }
@@ -412,6 +415,7 @@ private:
   using Schedule::active_strategy;
   using Schedule::curvature_due;
   using Schedule::decompose;
+  using Schedule::forget_held;
   using Schedule::kl_scale_;
   using Schedule::layers_;
   using Schedule::opt_;

@@ -156,8 +156,12 @@ public:
   void set_ready(bool ready) { ready_ = ready; }
   /// Whether both factors hold a decomposition of `method`.
   bool has_decomposition(ComputeMethod method) const {
-    return method == ComputeMethod::eigen ? A_.has_eigen() && G_.has_eigen()
-                                          : A_.has_inverse() && G_.has_inverse();
+    return has_decomposition('A', method) && has_decomposition('G', method);
+  }
+  /// Whether factor `which` ('A' or 'G') holds a decomposition of `method`.
+  bool has_decomposition(char which, ComputeMethod method) const {
+    const factor_type &f = factor(which);
+    return method == ComputeMethod::eigen ? f.has_eigen() : f.has_inverse();
   }
 
   /// Whether the last precondition() used the factored form.

@@ -18,6 +18,11 @@ struct KFACDecompositionFailures {
   /// failed[2i] and failed[2i + 1]: 1 if this process's decomposition of factor A or G of
   /// registered layer i failed at this step, 0 otherwise (2 entries per registered layer).
   std::vector<std::int32_t> failed;
+  /// held[2i] and held[2i + 1]: 1 if this process computes the decomposition of factor A or
+  /// G of registered layer i (KFACStrategy::computes_decomposition) and holds one after this
+  /// step's decompositions (a failed one keeps the previous, if any), 0 otherwise (the layout
+  /// of `failed`).
+  std::vector<std::int32_t> held;
   /// The error of the first failed factor (in that order), without the "kat::precond::KFAC: "
   /// prefix; empty if none failed.
   std::string message;
@@ -148,12 +153,15 @@ public:
 
   /// Whether agree_on_failures() is called. With an agreement, every process takes part on
   /// every inv_update_steps step (and in KFAC::load_state()) even with nothing to decompose,
-  /// and a failure throws only after it.
+  /// and on the steps between until the last agreement found every factor's decomposition
+  /// held somewhere (after a failed first decomposition; once after KFAC::load_state_dict()
+  /// or set_strategy()); a failure throws only after it.
   virtual bool agrees_on_failures() const { return false; }
-  /// Replaces `failures.failed` by its element-wise maximum over the processes and
-  /// `failures.message` by the first failed factor's message as its process wrote it; then
-  /// every process throws the same NumericalError (or, with keep_previous_on_failure, keeps
-  /// the previous decompositions of the failed factors).
+  /// Replaces `failures.failed` and `failures.held` by their element-wise maxima over the
+  /// processes and `failures.message` by the first failed factor's message as its process
+  /// wrote it; then every process throws the same NumericalError (or, with
+  /// keep_previous_on_failure, keeps the previous decompositions of the failed factors). From
+  /// `held`, every process knows which factors have a decomposition somewhere.
   virtual void agree_on_failures(const execution_space &space, Failures &failures) {
     (void)space;
     (void)failures;
@@ -172,7 +180,10 @@ public:
 
   /// Whether share_gradient() is called. Then P is computed for each layer built here with
   /// decompositions (P = ∇ for one without), share_gradient() is called for every registered
-  /// layer, and every layer counts as preconditioned (KL clip over all of them).
+  /// layer, and every layer counts as preconditioned (KL clip over all of them). With
+  /// agrees_on_failures(), a layer whose decomposition of A or G no process held at the last
+  /// agreement is left to the base optimizer on every process instead (no share_gradient()
+  /// for it), as a layer without decompositions is without sharing.
   virtual bool shares_gradients() const { return false; }
   /// Leaves layer `layer`'s preconditioned gradient in `p` (DP-KFAC, KAISA MEM-OPT and
   /// HYBRID-OPT: broadcast from a process that computed it). `p` holds this process's P for a

@@ -51,14 +51,17 @@ struct DPKFACOptions {
 
 /// What one rank's DPKFAC did since construction or reset_stats().
 struct DPKFACStats {
-  /// K-FAC steps (each broadcasts every layer's P once).
+  /// K-FAC steps whose P were broadcast (share_gradient() ran for layer 0: each broadcasts
+  /// the P of every layer with a decomposition somewhere once).
   std::uint64_t steps = 0;
   /// The P broadcasts: calls and payload bytes, taken from the Communicator's broadcast
   /// counter around each one (element count x the size of the broadcast scalar per call, on
-  /// every rank, root included). Per step: L calls and DPKFAC::bytes_per_step() bytes.
+  /// every rank, root included). Per step: L calls and DPKFAC::bytes_per_step() bytes (less
+  /// while a layer has no decomposition on any rank: it is not broadcast).
   CollectiveCounter broadcast;
   /// The agreement on decomposition failures (KFACStrategy::agree_on_failures), per
-  /// decomposition step one all-reduce of 2L int32 (8L bytes), plus, when a decomposition
+  /// decomposition step (and on the steps between until every decomposition is held on some rank,
+  /// and once after a load) one all-reduce of 2L int32 (8L bytes), plus, when a decomposition
   /// failed, two broadcasts of the owner's message.
   CollectiveCounter decomposition_agreement;
 };

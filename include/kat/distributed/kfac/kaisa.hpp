@@ -99,8 +99,9 @@ struct KAISAStats {
   /// sizeof(InverseScalar). Zero in COMM-OPT.
   CollectiveCounter gradient_broadcast;
   /// The agreement on decomposition failures (KFACStrategy::agree_on_failures), on the
-  /// whole communicator: per decomposition step one all-reduce of 2L int32 (8L bytes), plus,
-  /// when a decomposition failed, two broadcasts of the owner's message.
+  /// whole communicator: per decomposition step (and on the steps between until every
+  /// decomposition is held on some rank, and once after a load) one all-reduce of 2L int32 (8L
+  /// bytes), plus, when a decomposition failed, two broadcasts of the owner's message.
   CollectiveCounter decomposition_agreement;
 };
 
@@ -135,10 +136,9 @@ struct KAISAStats {
 ///   model's precision by default (KAISAOptions::model_precision_broadcast).
 ///
 /// All three give the same P as D-KFAC (each decomposer computes from the same averaged
-/// factors). One exception, in a failure state: a layer none of whose decompositions has
-/// succeeded yet (keep_previous_on_failure, its first decomposition failed) is left to the base
-/// optimizer in COMM-OPT, while MEM-OPT and HYBRID-OPT broadcast its worker's P = ∇, which the
-/// KL clip's ν then scales with the other layers. Every rank must register the same layers in the
+/// factors); a layer no rank has decomposed (keep_previous_on_failure after a failed first
+/// decomposition) is left to the base optimizer in all three, as the agreement tells every
+/// rank. Every rank must register the same layers in the
 /// same order before constructing it (the constructor is collective: it splits the communicator in
 /// HYBRID-OPT) and call KFAC::step() on the same steps (the strategy's members are collective).
 ///

@@ -86,6 +86,11 @@ protected:
     bool owned = true;    // builds its factors here (KFACStrategy::builds_factors)
     bool asked = false;   // what the record callback was last told
     bool applied = false; // preconditioned in this step
+    // Whether some process that computes A's (G's) decomposition holds one, as the last
+    // agreement on failures told every process; false until the first agreement after
+    // construction or a load (sharing strategies: a layer without both is left to the base
+    // optimizer on every process).
+    std::array<bool, 2> held_somewhere{false, false};
   };
   using status_type = KFACStatus<InverseScalar, Scalar, MemorySpace>;
 
@@ -203,6 +208,26 @@ protected:
     }
   }
 
+  /// Whether every layer's decompositions of A and G are held where the strategy computes
+  /// them, as the last agreement on failures said (the same answer on every process; false
+  /// before the first agreement).
+  bool held_everywhere() const {
+    for (const auto &e : layers_) {
+      if (!(e->held_somewhere[0] && e->held_somewhere[1])) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  /// Forgets what the last agreement said about held decompositions (a load replaced them):
+  /// the next decompose() agrees again.
+  void forget_held() {
+    for (auto &e : layers_) {
+      e->held_somewhere = {false, false};
+    }
+  }
+
   /// Whether decompose(space, damping, only_missing) would decompose some layer once the
   /// staged factor updates are committed.
   bool decomposes(bool only_missing) const {
@@ -260,15 +285,19 @@ protected:
       }
     }
     // With an agreement every process takes part on every full decomposition step, whether or
-    // not it decomposes anything itself (DP-KFAC: a rank that owns no layer).
-    const bool agrees = active_strategy().agrees_on_failures();
-    if (due.empty() && (only_missing || !agrees)) {
+    // not it decomposes anything itself (DP-KFAC: a rank that owns no layer), and on the other
+    // steps until the last agreement said that every decomposition is held somewhere (after a
+    // failed first decomposition, and once after a load), so that a layer decomposed late is
+    // used on every process at once.
+    const bool agrees =
+        active_strategy().agrees_on_failures() && (!only_missing || !held_everywhere());
+    if (due.empty() && !agrees) {
       return;
     }
     precond::KFACDecompositionFailures failures;
     failures.failed.assign(2 * layers_.size(), 0);
     std::vector<std::string> local(2 * layers_.size()); // this process's messages
-    const bool stop = !agrees && !opt_.keep_previous_on_failure;
+    const bool stop = !active_strategy().agrees_on_failures() && !opt_.keep_previous_on_failure;
     for (const std::size_t index : due) {
       const std::array<std::string, 2> failed = layers_[index]->layer.decompose(
           space, opt_.compute_method, damping, opt_.pi_correction,
@@ -287,7 +316,18 @@ protected:
         }
       }
     }
-    if (agrees && !only_missing) {
+    if (agrees) {
+      // What this process holds, not what it decomposed now: a failed decomposition keeps the
+      // previous one, and after a load the decompositions are restored, not recomputed.
+      failures.held.assign(2 * layers_.size(), 0);
+      for (std::size_t k = 0; k < failures.held.size(); ++k) {
+        const Entry &e = *layers_[k / 2];
+        const char which = k % 2 == 0 ? 'A' : 'G';
+        failures.held[k] = e.owned && active_strategy().computes_decomposition(k / 2, which) &&
+                                   e.layer.has_decomposition(which, opt_.compute_method)
+                               ? 1
+                               : 0;
+      }
       strategy_->agree_on_failures(space, failures);
     }
     if (!failures.message.empty()) {
@@ -308,6 +348,11 @@ protected:
         }
       }
     }
+    if (agrees) {
+      for (std::size_t k = 0; k < failures.held.size(); ++k) { // the same on every process
+        layers_[k / 2]->held_somewhere[k % 2] = failures.held[k] != 0;
+      }
+    }
     for (const std::size_t index : due) {
       layer_type &l = layers_[index]->layer;
       for (const char which : {'A', 'G'}) {
@@ -325,6 +370,7 @@ protected:
   void precondition(const execution_space &space, const KFACValues &v) {
     ScopedRegion region("kat::precond::KFAC::precondition");
     const bool shared = active_strategy().shares_gradients();
+    const bool agreed = active_strategy().agrees_on_failures();
     std::vector<typename status_type::segment_type> segments;
     for (std::size_t index = 0; index < layers_.size(); ++index) {
       Entry &e = *layers_[index];
@@ -333,6 +379,9 @@ protected:
       l.clear_form();
       if (!shared && !(e.owned && l.ready())) {
         continue; // left to the base optimizer
+      }
+      if (shared && agreed && !(e.held_somewhere[0] && e.held_somewhere[1])) {
+        continue; // no process has its decompositions: left to the base optimizer everywhere
       }
       const matrix_type grad = e.current.weight_gradient;
       l.check_gradient(grad);
@@ -351,7 +400,9 @@ protected:
     }
     if (shared) {
       for (std::size_t i = 0; i < layers_.size(); ++i) {
-        strategy_->share_gradient(space, i, layers_[i]->layer.preconditioned());
+        if (layers_[i]->applied) { // the same layers on every process
+          strategy_->share_gradient(space, i, layers_[i]->layer.preconditioned());
+        }
       }
     }
     status_.kl_clip(space, std::move(segments), opt_.keep_previous_on_failure, v.kl_clip, v.lr);

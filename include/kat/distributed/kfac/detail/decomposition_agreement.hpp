@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kat::distributed::detail {
 
@@ -23,8 +24,10 @@ namespace kat::distributed::detail {
 template <class T> using HostView = Kokkos::View<T *, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>;
 
 /// KFAC::DecompositionAgreement over `comm` (every rank calls it on the same steps):
-/// `failures.failed` becomes its element-wise maximum over the ranks (one all-reduce of 2L
-/// int32); if a factor failed somewhere, the rank that decomposed the first failed one
+/// `failures.failed` and `failures.held` become their element-wise maxima over the ranks (one
+/// all-reduce of 2L int32 carries both, per factor failed·2 + held: a rank whose decomposition
+/// failed but kept the previous one says both); if a factor failed somewhere, the rank that
+/// decomposed the first failed one
 /// (`owner(layer, 'A' or 'G')`) broadcasts its message, which becomes `failures.message` on
 /// every rank with " (decomposed on rank R)" appended (two broadcasts, on the failure path
 /// only). The collectives are added to `counter` (calls and bytes as CommunicatorStats counts
@@ -35,8 +38,19 @@ void agree_on_decompositions(Communicator &comm, Failures &failures, const Owner
   ScopedRegion region("kat::distributed::agree_on_decompositions");
   const CollectiveCounter allreduce = comm.stats().allreduce, broadcast = comm.stats().broadcast;
   using Host = Kokkos::DefaultHostExecutionSpace;
-  HostView<std::int32_t> failed(failures.failed.data(), failures.failed.size());
-  comm.allreduce(Host(), failed, ReduceOp::max);
+  const std::size_t n = failures.failed.size();
+  failures.held.resize(n, 0);
+  // The maximum of failed·2 + held: a failure anywhere is a failure everywhere, and where one
+  // failed, the factor counts as held if a rank whose decomposition failed kept a previous one.
+  std::vector<std::int32_t> outcome(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    outcome[k] = (failures.failed[k] != 0 ? 2 : 0) + (failures.held[k] != 0 ? 1 : 0);
+  }
+  comm.allreduce(Host(), HostView<std::int32_t>(outcome.data(), n), ReduceOp::max);
+  for (std::size_t k = 0; k < n; ++k) {
+    failures.failed[k] = outcome[k] >= 2 ? 1 : 0;
+    failures.held[k] = outcome[k] % 2;
+  }
   std::size_t first = failures.failed.size();
   for (std::size_t k = 0; k < failures.failed.size() && first == failures.failed.size(); ++k) {
     if (failures.failed[k] != 0) {

@@ -288,8 +288,8 @@ attention_lane_tile_body(const Scalar *a, std::size_t a_row, std::size_t a_dep, 
   }
 }
 
-/// attention_lane_tile_body in a function of its own (noinline on hosts, as the AVX2 tiles
-/// have been since they were written).
+/// attention_lane_tile_body out of line: a register tile is a function of its own (inlined into
+/// its callers' loops, GCC kept fewer of the accumulators in registers).
 template <int W, int I, int K, class Scalar>
 KAT_IMPL_HOST_NOINLINE KOKKOS_INLINE_FUNCTION void
 attention_lane_tile(const Scalar *a, std::size_t a_row, std::size_t a_dep, const Scalar *b,

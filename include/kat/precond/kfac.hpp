@@ -403,8 +403,8 @@ public:
       }
     }
     // The decompositions of the last decomposition step are recomputed from the restored
-    // factors, with the damping of the current step.
-    forget_held();
+    // factors, with the damping of the current step (a full decomposition step: its agreement
+    // says again where the decompositions are held).
     decompose(space, opt_.damping(steps_));
     tell_records();
   }

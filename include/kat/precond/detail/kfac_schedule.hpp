@@ -13,6 +13,7 @@
 #include "kat/precond/kfac_options.hpp"
 #include "kat/precond/kfac_strategy.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -91,6 +92,8 @@ protected:
     // construction or a load (sharing strategies: a layer without both is left to the base
     // optimizer on every process).
     std::array<bool, 2> held_somewhere{false, false};
+    // Both of the layer's decompositions are held somewhere (held_somewhere).
+    bool held() const { return held_somewhere[0] && held_somewhere[1]; }
   };
   using status_type = KFACStatus<InverseScalar, Scalar, MemorySpace>;
 
@@ -212,12 +215,7 @@ protected:
   /// them, as the last agreement on failures said (the same answer on every process; false
   /// before the first agreement).
   bool held_everywhere() const {
-    for (const auto &e : layers_) {
-      if (!(e->held_somewhere[0] && e->held_somewhere[1])) {
-        return false;
-      }
-    }
-    return true;
+    return std::all_of(layers_.begin(), layers_.end(), [](const auto &e) { return e->held(); });
   }
 
   /// Forgets what the last agreement said about held decompositions (a load replaced them):
@@ -289,15 +287,15 @@ protected:
     // steps until the last agreement said that every decomposition is held somewhere (after a
     // failed first decomposition, and once after a load), so that a layer decomposed late is
     // used on every process at once.
-    const bool agrees =
-        active_strategy().agrees_on_failures() && (!only_missing || !held_everywhere());
+    const bool agreeing = active_strategy().agrees_on_failures();
+    const bool agrees = agreeing && (!only_missing || !held_everywhere());
     if (due.empty() && !agrees) {
       return;
     }
     precond::KFACDecompositionFailures failures;
     failures.failed.assign(2 * layers_.size(), 0);
     std::vector<std::string> local(2 * layers_.size()); // this process's messages
-    const bool stop = !active_strategy().agrees_on_failures() && !opt_.keep_previous_on_failure;
+    const bool stop = !agreeing && !opt_.keep_previous_on_failure;
     for (const std::size_t index : due) {
       const std::array<std::string, 2> failed = layers_[index]->layer.decompose(
           space, opt_.compute_method, damping, opt_.pi_correction,
@@ -380,7 +378,7 @@ protected:
       if (!shared && !(e.owned && l.ready())) {
         continue; // left to the base optimizer
       }
-      if (shared && agreed && !(e.held_somewhere[0] && e.held_somewhere[1])) {
+      if (shared && agreed && !e.held()) {
         continue; // no process has its decompositions: left to the base optimizer everywhere
       }
       const matrix_type grad = e.current.weight_gradient;

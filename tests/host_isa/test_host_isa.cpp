@@ -1,12 +1,15 @@
 // The AVX-512 copies of KAT's vectorized host loops (kat/core/host_isa.hpp) against the copies
 // compiled for the build's -march, bit for bit: GELU's forward over special values, the bf16
-// rounding over values at every rounding case, and whole training steps (forward, backward,
+// rounding over values at every rounding case, attention's forward and backward (16-sample
+// chunks against 8-sample ones) at batch sizes that leave partial blocks and chunks, and whole
+// training steps (forward, backward,
 // every parameter gradient) of the MLP, the CNN and the ViT in fp32 and bf16. This file is its
 // own executable compiled with -march=x86-64-v3 (tests/CMakeLists.txt), the build that carries
 // both copies. On a CPU without AVX-512 only the selection's errors are checked.
 #include <kat/core/detail/float_math.hpp>
 #include <kat/core/host_isa.hpp>
 #include <kat/core/mixed_gemm.hpp>
+#include <kat/nn/attention.hpp>
 #include <kat/nn/gelu.hpp>
 #include <kat/nn/models.hpp>
 
@@ -197,6 +200,49 @@ TEST_CASE("host ISA: training steps give the same bits", "[host_isa]") {
           out.push_back(bits_of(y.data()[i]));
         }
         return out;
+      });
+    }
+  }
+}
+
+TEST_CASE("host ISA: attention gives the same bits at every block size", "[host_isa]") {
+  if (!kat::detail::cpu_has_avx512()) {
+    SUCCEED("no AVX-512 on this CPU: one copy runs");
+    return;
+  }
+  const std::size_t heads = 2, head_dim = 5, d = heads * head_dim;
+  const Space space;
+  // 32 samples make a full block (two 16-sample chunks in the AVX-512 copy); 50 leaves a
+  // partial block of 18 (a full chunk and one of 2), 7 a block with one partial chunk.
+  for (const std::size_t n : {std::size_t(7), std::size_t(32), std::size_t(50)}) {
+    for (const bool causal : {false, true}) {
+      INFO("batch " << n << (causal ? ", causal" : ""));
+      const int height = 3, width = 2;
+      kat::nn::ScaledDotProductAttention<float, Mem> layer(heads, head_dim, causal);
+      const kat::FeatureShape out = layer.output_shape({int(3 * d), height, width});
+      const std::size_t p = std::size_t(height * width);
+      std::mt19937 gen(13 + std::uint32_t(n));
+      std::normal_distribution<float> normal;
+      Kokkos::View<float **, Kokkos::LayoutLeft, Mem> x("x", n, 3 * d * p), y("y", n, out.size()),
+          dy("dy", n, out.size()), dx("dx", n, 3 * d * p);
+      for (std::size_t i = 0; i < x.span(); ++i) {
+        x.data()[i] = normal(gen);
+      }
+      for (std::size_t i = 0; i < dy.span(); ++i) {
+        dy.data()[i] = normal(gen);
+      }
+      require_same_bits([&] {
+        layer.forward(space, x, y);
+        layer.backward(space, dy, dx);
+        space.fence();
+        std::vector<std::uint32_t> bits;
+        for (std::size_t i = 0; i < y.span(); ++i) {
+          bits.push_back(bits_of(y.data()[i]));
+        }
+        for (std::size_t i = 0; i < dx.span(); ++i) {
+          bits.push_back(bits_of(dx.data()[i]));
+        }
+        return bits;
       });
     }
   }

@@ -4,7 +4,9 @@
 /// run time, and detail::host_parallel_for, the launch that honours it.
 ///
 /// KAT's element-wise host kernels (GELU, the activations, residual sums, bf16 rounding,
-/// LayerNorm's row blocks) are loops written for the compiler to vectorize, so their speed is
+/// LayerNorm's row blocks, and attention's forward and backward in float, whose register tiles
+/// hold 8 samples a vector and 16 in the AVX-512 copy: kat/nn/detail/attention_kernels.hpp)
+/// are loops written for the compiler to vectorize, so their speed is
 /// set by the instruction set they are compiled for. A build for `-march=x86-64-v3` (AVX2 and
 /// FMA, 8 floats a vector: what the project's scripts use, and what runs on every x86-64 CPU
 /// since 2015) also compiles each of those loops a second time for AVX-512 (16 floats a vector:
@@ -42,14 +44,16 @@
 #if KAT_IMPL_HOST_CPU_QUERY && defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__) &&   \
     !defined(KAT_NO_HOST_ISA_DISPATCH)
 #define KAT_HOST_ISA_DISPATCH 1
+/// A function compiled for AVX-512 (x86-64-v4's extensions, 512-bit vectors preferred).
 #if defined(__clang__)
-#define KAT_IMPL_AVX512_LOOP                                                                       \
-  __attribute__((target("avx512f,avx512bw,avx512cd,avx512dq,avx512vl"), flatten))
+#define KAT_IMPL_AVX512_TARGET                                                                     \
+  __attribute__((target("avx512f,avx512bw,avx512cd,avx512dq,avx512vl")))
 #else
-#define KAT_IMPL_AVX512_LOOP                                                                       \
-  __attribute__((target("avx512f,avx512bw,avx512cd,avx512dq,avx512vl,prefer-vector-width=512"),    \
-                 flatten))
+#define KAT_IMPL_AVX512_TARGET                                                                     \
+  __attribute__((target("avx512f,avx512bw,avx512cd,avx512dq,avx512vl,prefer-vector-width=512")))
 #endif
+/// A function compiled for AVX-512 with every call in it inlined (but noinline functions').
+#define KAT_IMPL_AVX512_LOOP KAT_IMPL_AVX512_TARGET __attribute__((flatten))
 #else
 #define KAT_HOST_ISA_DISPATCH 0
 #endif

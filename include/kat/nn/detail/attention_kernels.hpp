@@ -5,15 +5,21 @@
 
 #include "kat/core/detail/float_math.hpp"
 #include "kat/core/detail/unroll.hpp"
+#include "kat/core/host_isa.hpp"
 #include "kat/core/math.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <KokkosBatched_Gemm_Decl.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <type_traits>
+
+#if KAT_HOST_ISA_DISPATCH
+#include <immintrin.h>
+#endif
 
 namespace kat::nn {
 
@@ -214,7 +220,7 @@ attention_lane_block_of(const Member &team, const AttentionGeometry &g, int bloc
 
 /// One product of a host batch-lanes chunk, the same for each of its samples: C[i, k] =
 /// alpha Σ_{r < depth} A[i, r] B[r, k], with the vector of element (i, r) of A at
-/// a + i·a_row + r·a_dep (B's and C's alike), its attention_tile_width samples contiguous.
+/// a + i·a_row + r·a_dep (B's and C's alike), its W samples (the chunk width) contiguous.
 template <class Scalar> struct AttentionLaneGemm {
   const Scalar *a;
   std::size_t a_row, a_dep;
@@ -229,24 +235,28 @@ template <class Scalar> struct AttentionLaneGemm {
 /// Register tile of the host's batch-lanes products: attention_tile_rows x attention_tile_cols
 /// outputs of one sample vector each, 2 + 8 vector loads per 8 fused multiply-adds (a dot
 /// product at a time took 2 per multiply-add). 2 x 4 accumulators and the 2 loaded vectors of A
-/// fit AVX2's 16 registers.
+/// fit AVX2's 16 registers (and, of 16 floats, AVX-512's 32).
 constexpr int attention_tile_rows = 2;
 constexpr int attention_tile_cols = 4;
-/// Samples per vector of the host's tiles: 8 floats, one AVX2 register (the build's baseline,
-/// docs/backends.md).
+/// Samples per vector of the host's tiles in the copy compiled for the build's -march: 8
+/// floats, one AVX2 register (the build's baseline, docs/backends.md). Each chunk of a team's
+/// block packs this many samples; W, the chunk width of the host functions below, is this or
+/// attention_avx512_width.
 constexpr int attention_tile_width = 8;
-/// Chunks of attention_tile_width samples in a full block: the host kernels' scratch holds
-/// this many chunks' copies.
-constexpr std::size_t attention_block_chunks = attention_max_lanes / attention_tile_width;
+/// The chunk width of the AVX-512 copy of the host kernels (kat/core/host_isa.hpp): one 512-bit
+/// register of Scalar (16 floats). Each sample's arithmetic is the same in either copy, in the
+/// same order, so both give the same bits; the wider copy runs where host_vector_isa() is
+/// avx512 and the width differs from attention_tile_width (float; attention_run).
+template <class Scalar> constexpr int attention_avx512_width = 64 / int(sizeof(Scalar));
 
-/// Columns [0, K) of rows [0, I) of a product (AttentionLaneGemm's operands, passed one by one:
-/// read through a struct in the loop, GCC 12 kept the accumulators in memory).
-template <int I, int K, class Scalar>
-KAT_IMPL_HOST_NOINLINE KOKKOS_INLINE_FUNCTION void
-attention_lane_tile(const Scalar *a, std::size_t a_row, std::size_t a_dep, const Scalar *b,
-                    std::size_t b_dep, std::size_t b_col, Scalar *c, std::size_t c_row,
-                    std::size_t c_col, std::size_t depth, Scalar alpha) {
-  constexpr int W = attention_tile_width;
+/// The body of attention_lane_tile: columns [0, K) of rows [0, I) of a product with chunks of
+/// W samples (AttentionLaneGemm's operands, passed one by one: read through a struct in the
+/// loop, GCC 12 kept the accumulators in memory).
+template <int W, int I, int K, class Scalar>
+KOKKOS_FORCEINLINE_FUNCTION void
+attention_lane_tile_body(const Scalar *a, std::size_t a_row, std::size_t a_dep, const Scalar *b,
+                         std::size_t b_dep, std::size_t b_col, Scalar *c, std::size_t c_row,
+                         std::size_t c_col, std::size_t depth, Scalar alpha) {
   Scalar acc[I][K][W];
   KAT_IMPL_UNROLL
   for (int i = 0; i < I; ++i) {
@@ -263,7 +273,13 @@ attention_lane_tile(const Scalar *a, std::size_t a_row, std::size_t a_dep, const
       KAT_IMPL_UNROLL
       for (int k = 0; k < K; ++k) {
         for (int l = 0; l < W; ++l) {
+#if KAT_HOST_ISA_DISPATCH
+          // Fused explicitly: GCC contracts a * b + acc into one only when optimizing, and the
+          // AVX-512 copy's intrinsics always fuse; both copies must give the same bits at -O0.
+          acc[i][k][l] = std::fma(a[i * a_row + l], b[k * b_col + l], acc[i][k][l]);
+#else
           acc[i][k][l] += a[i * a_row + l] * b[k * b_col + l];
+#endif
         }
       }
     }
@@ -279,20 +295,84 @@ attention_lane_tile(const Scalar *a, std::size_t a_row, std::size_t a_dep, const
   }
 }
 
-/// Columns [0, cols) of rows [0, I) of g's product: tiles of attention_tile_cols columns, then
-/// one column at a time.
-template <int I, class Scalar>
+/// attention_lane_tile_body out of line: a register tile is a function of its own (inlined into
+/// its callers' loops, GCC kept fewer of the accumulators in registers).
+template <int W, int I, int K, class Scalar>
+KAT_IMPL_HOST_NOINLINE KOKKOS_INLINE_FUNCTION void
+attention_lane_tile(const Scalar *a, std::size_t a_row, std::size_t a_dep, const Scalar *b,
+                    std::size_t b_dep, std::size_t b_col, Scalar *c, std::size_t c_row,
+                    std::size_t c_col, std::size_t depth, Scalar alpha) {
+  attention_lane_tile_body<W, I, K>(a, a_row, a_dep, b, b_dep, b_col, c, c_row, c_col, depth,
+                                    alpha);
+}
+
+#if KAT_HOST_ISA_DISPATCH
+/// attention_lane_tile of 16-float chunks compiled for AVX-512, one zmm register a vector (the
+/// AVX-512 copy's tiles: `flatten` does not inline a noinline function, so the copy calls this
+/// one). Written with intrinsics: GCC 12 vectorized attention_lane_tile_body at this width with
+/// a vpermd on every load, 4 times slower than the AVX2 tile. Each output is the same chain of
+/// fused multiply-adds as there, then one multiplication by alpha: the same bits.
+template <int I, int K>
+__attribute__((noinline)) KAT_IMPL_AVX512_TARGET void
+attention_lane_tile_avx512(const float *a, std::size_t a_row, std::size_t a_dep, const float *b,
+                           std::size_t b_dep, std::size_t b_col, float *c, std::size_t c_row,
+                           std::size_t c_col, std::size_t depth, float alpha) {
+  __m512 acc[I][K];
+  for (int i = 0; i < I; ++i) {
+    for (int k = 0; k < K; ++k) {
+      acc[i][k] = _mm512_setzero_ps();
+    }
+  }
+  for (std::size_t r = 0; r < depth; ++r, a += a_dep, b += b_dep) {
+    __m512 av[I];
+    for (int i = 0; i < I; ++i) {
+      av[i] = _mm512_loadu_ps(a + i * a_row);
+    }
+    for (int k = 0; k < K; ++k) {
+      const __m512 bv = _mm512_loadu_ps(b + k * b_col);
+      for (int i = 0; i < I; ++i) {
+        acc[i][k] = _mm512_fmadd_ps(av[i], bv, acc[i][k]);
+      }
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(alpha);
+  for (int i = 0; i < I; ++i) {
+    for (int k = 0; k < K; ++k) {
+      _mm512_storeu_ps(c + i * c_row + k * c_col, _mm512_mul_ps(scale, acc[i][k]));
+    }
+  }
+}
+#endif
+
+/// The tile of W-sample chunks: the AVX-512 copy's for attention_avx512_width where the build
+/// carries it, else attention_lane_tile.
+template <int W, int I, int K, class Scalar>
+KOKKOS_INLINE_FUNCTION void attention_tile_call(const AttentionLaneGemm<Scalar> &g,
+                                                std::size_t k0) {
+#if KAT_HOST_ISA_DISPATCH
+  if constexpr (W != attention_tile_width) { // float chunks of 16 (attention_avx512_width)
+    static_assert(W == 16 && std::is_same_v<Scalar, float>, "the AVX-512 tiles are float's");
+    attention_lane_tile_avx512<I, K>(g.a, g.a_row, g.a_dep, g.b + k0 * g.b_col, g.b_dep, g.b_col,
+                                     g.c + k0 * g.c_col, g.c_row, g.c_col, g.depth, g.alpha);
+    return;
+  }
+#endif
+  attention_lane_tile<W, I, K>(g.a, g.a_row, g.a_dep, g.b + k0 * g.b_col, g.b_dep, g.b_col,
+                               g.c + k0 * g.c_col, g.c_row, g.c_col, g.depth, g.alpha);
+}
+
+/// Columns [0, cols) of rows [0, I) of g's product in chunks of W samples: tiles of
+/// attention_tile_cols columns, then one column at a time.
+template <int W, int I, class Scalar>
 KOKKOS_INLINE_FUNCTION void attention_lane_rows(const AttentionLaneGemm<Scalar> &g,
                                                 std::size_t cols) {
   constexpr int K = attention_tile_cols;
   std::size_t k0 = 0;
   for (; k0 + K <= cols; k0 += K) {
-    attention_lane_tile<I, K>(g.a, g.a_row, g.a_dep, g.b + k0 * g.b_col, g.b_dep, g.b_col,
-                              g.c + k0 * g.c_col, g.c_row, g.c_col, g.depth, g.alpha);
+    attention_tile_call<W, I, K>(g, k0);
   }
   for (; k0 < cols; ++k0) {
-    attention_lane_tile<I, 1>(g.a, g.a_row, g.a_dep, g.b + k0 * g.b_col, g.b_dep, g.b_col,
-                              g.c + k0 * g.c_col, g.c_row, g.c_col, g.depth, g.alpha);
+    attention_tile_call<W, I, 1>(g, k0);
   }
 }
 
@@ -311,7 +391,8 @@ template <class Scalar> struct AttentionArgs {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Host batch lanes: a team's block of samples in chunks of attention_tile_width, the head's
+// Host batch lanes: a team's block of samples in chunks of W samples (attention_tile_width, or
+// attention_avx512_width in the AVX-512 copy), the head's
 // blocks of Q, K, V (and dO, A) copied into the team's scratch as [row][column][sample], so that
 // the register tiles read contiguous vectors. Read in place, the token matrices' column stride
 // N·P (8 KB for the ViT's batch of 128) put a head's columns on a few L1 sets, and the tiles
@@ -322,12 +403,11 @@ template <class Scalar> struct AttentionArgs {
 /// chunk q's copy of element (r, c), samples [q·W, q·W + W), is at dst + q·stride +
 /// (r·cols + c)·W, from src + r·row + c·col + q·W. A partial chunk's missing samples are 0, so
 /// that its unused lanes stay finite. Each element's samples are read in one pass (128 bytes
-/// for a full block), not a chunk's 32 bytes at a time.
-template <class Scalar>
+/// for a full block of floats), not a chunk's W at a time.
+template <int W, class Scalar>
 KOKKOS_INLINE_FUNCTION void attention_pack(const Scalar *src, std::size_t row, std::size_t col,
                                            std::size_t rows, std::size_t cols, int lanes,
                                            Scalar *dst, std::size_t stride) {
-  constexpr int W = attention_tile_width;
   for (std::size_t c = 0; c < cols; ++c) {
     for (std::size_t r = 0; r < rows; ++r) {
       const Scalar *from = src + r * row + c * col;
@@ -348,11 +428,10 @@ KOKKOS_INLINE_FUNCTION void attention_pack(const Scalar *src, std::size_t row, s
 }
 
 /// The reverse of attention_pack for the block's `lanes` samples.
-template <class Scalar>
+template <int W, class Scalar>
 KOKKOS_INLINE_FUNCTION void attention_unpack(const Scalar *src, std::size_t stride,
                                              std::size_t rows, std::size_t cols, int lanes,
                                              Scalar *dst, std::size_t row, std::size_t col) {
-  constexpr int W = attention_tile_width;
   for (std::size_t c = 0; c < cols; ++c) {
     for (std::size_t r = 0; r < rows; ++r) {
       const Scalar *from = src + (r * cols + c) * W;
@@ -384,52 +463,53 @@ KOKKOS_INLINE_FUNCTION void attention_host_row_tiles(std::size_t count, const Ro
   }
 }
 
-/// The packed blocks of one chunk: P x dh for tokens, P x P for A and dS, W samples each.
+/// The packed blocks of one chunk of `width` samples: P x dh for tokens, P x P for A and dS
+/// (width 1: the scalars per sample).
 struct AttentionChunkSizes {
   std::size_t token, square;
-  KOKKOS_INLINE_FUNCTION explicit AttentionChunkSizes(const AttentionGeometry &g)
-      : token(g.positions * g.head_dim * attention_tile_width),
-        square(g.positions * g.positions * attention_tile_width) {}
+  KOKKOS_INLINE_FUNCTION AttentionChunkSizes(const AttentionGeometry &g, int width)
+      : token(g.positions * g.head_dim * std::size_t(width)),
+        square(g.positions * g.positions * std::size_t(width)) {}
 };
 
 /// Copies the head's Q, K and V for samples [n0, n0 + lanes) into each chunk's first three
 /// token blocks (forward and backward alike).
-template <class Scalar>
+template <int W, class Scalar>
 KOKKOS_INLINE_FUNCTION void attention_pack_qkv(const AttentionArgs<Scalar> &p, std::size_t h,
                                                std::size_t n0, int lanes, Scalar *scratch,
                                                std::size_t stride) {
   const AttentionGeometry &g = p.g;
   const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, d = g.model_dim();
-  const std::size_t token = AttentionChunkSizes(g).token;
+  const std::size_t token = AttentionChunkSizes(g, W).token;
   for (std::size_t part = 0; part < 3; ++part) {
-    attention_pack(p.x + g.token(n0, 0, part * d + h * dh), N, N * P, P, dh, lanes,
-                   scratch + part * token, stride);
+    attention_pack<W>(p.x + g.token(n0, 0, part * d + h * dh), N, N * P, P, dh, lanes,
+                      scratch + part * token, stride);
   }
 }
 
 /// Forward of a block (head h, samples [n0, n0 + lanes)) in chunks of W samples: S = Q Kᵀ/√dh,
 /// its row softmax, O = A V, all on the packed copies; writes A and y. Scratch per chunk:
 /// 4 token blocks and 1 square.
-template <class Scalar>
+template <int W, class Scalar>
 KOKKOS_INLINE_FUNCTION void attention_forward_block(const AttentionArgs<Scalar> &p, std::size_t h,
                                                     std::size_t n0, int lanes, Scalar *scratch) {
-  constexpr int W = attention_tile_width;
   const AttentionGeometry &g = p.g;
   const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
-  const AttentionChunkSizes size(g);
+  const AttentionChunkSizes size(g, W);
   const std::size_t stride = 4 * size.token + size.square;
   const std::size_t k_at = size.token, v_at = 2 * size.token, o_at = 3 * size.token;
   const std::size_t s_at = 4 * size.token;
-  attention_pack_qkv(p, h, n0, lanes, scratch, stride);
+  attention_pack_qkv<W>(p, h, n0, lanes, scratch, stride);
   for (int l0 = 0; l0 < lanes; l0 += W) {
     Scalar *qp = scratch + std::size_t(l0 / W) * stride, *kp = qp + k_at, *vp = qp + v_at;
     Scalar *op = qp + o_at, *sp = qp + s_at;
     attention_host_row_tiles(P, [&](auto rows, const std::size_t t0) {
       constexpr int I = decltype(rows)::value;
       const std::size_t end = attention_row_end(g, t0 + I - 1);
-      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{qp + t0 * dh * W, dh * W, W, kp, W, dh * W,
-                                                       sp + t0 * P * W, P * W, W, dh, p.scale},
-                             end);
+      attention_lane_rows<W, I>(AttentionLaneGemm<Scalar>{qp + t0 * dh * W, dh * W, W, kp, W,
+                                                          dh * W, sp + t0 * P * W, P * W, W, dh,
+                                                          p.scale},
+                                end);
       for (std::size_t t = t0; t < t0 + I; ++t) {
         // the stable softmax of row t over s < its end, 0 from there on
         const std::size_t row_end = attention_row_end(g, t);
@@ -465,30 +545,30 @@ KOKKOS_INLINE_FUNCTION void attention_forward_block(const AttentionArgs<Scalar> 
           }
         }
       }
-      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{sp + t0 * P * W, P * W, W, vp, dh * W, W,
-                                                       op + t0 * dh * W, dh * W, W, end, Scalar(1)},
-                             dh);
+      attention_lane_rows<W, I>(AttentionLaneGemm<Scalar>{sp + t0 * P * W, P * W, W, vp, dh * W, W,
+                                                          op + t0 * dh * W, dh * W, W, end,
+                                                          Scalar(1)},
+                                dh);
     });
   }
-  attention_unpack(scratch + o_at, stride, P, dh, lanes, p.out + g.token(n0, 0, h * dh), N, NP);
-  attention_unpack(scratch + s_at, stride, P, P, lanes, p.a + g.prob(n0, h, 0, 0), NH, NH * P);
+  attention_unpack<W>(scratch + o_at, stride, P, dh, lanes, p.out + g.token(n0, 0, h * dh), N, NP);
+  attention_unpack<W>(scratch + s_at, stride, P, P, lanes, p.a + g.prob(n0, h, 0, 0), NH, NH * P);
 }
 
 /// Backward of a block in chunks of W samples: dA = dO Vᵀ, dS = A ⊙ (dA − rowsum(dA ⊙ A)),
 /// dQ = dS K/√dh, dV = Aᵀ dO, dK = dSᵀ Q/√dh on the packed copies; writes dx. Scratch per
 /// chunk: 7 token blocks and 2 squares.
-template <class Scalar>
+template <int W, class Scalar>
 KOKKOS_INLINE_FUNCTION void attention_backward_block(const AttentionArgs<Scalar> &p, std::size_t h,
                                                      std::size_t n0, int lanes, Scalar *scratch) {
-  constexpr int W = attention_tile_width;
   const AttentionGeometry &g = p.g;
   const std::size_t dh = g.head_dim, P = g.positions, N = g.batch, NP = N * P, NH = N * g.heads;
-  const AttentionChunkSizes size(g);
+  const AttentionChunkSizes size(g, W);
   const std::size_t stride = 7 * size.token + 2 * size.square, tk = size.token;
   const std::size_t d = g.model_dim();
-  attention_pack_qkv(p, h, n0, lanes, scratch, stride);
-  attention_pack(p.dy + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch + 3 * tk, stride);
-  attention_pack(p.a + g.prob(n0, h, 0, 0), NH, NH * P, P, P, lanes, scratch + 7 * tk, stride);
+  attention_pack_qkv<W>(p, h, n0, lanes, scratch, stride);
+  attention_pack<W>(p.dy + g.token(n0, 0, h * dh), N, NP, P, dh, lanes, scratch + 3 * tk, stride);
+  attention_pack<W>(p.a + g.prob(n0, h, 0, 0), NH, NH * P, P, P, lanes, scratch + 7 * tk, stride);
   for (int l0 = 0; l0 < lanes; l0 += W) {
     Scalar *qp = scratch + std::size_t(l0 / W) * stride, *kp = qp + tk, *vp = kp + tk;
     Scalar *dop = vp + tk, *dqp = dop + tk, *dkp = dqp + tk, *dvp = dkp + tk;
@@ -497,9 +577,10 @@ KOKKOS_INLINE_FUNCTION void attention_backward_block(const AttentionArgs<Scalar>
     attention_host_row_tiles(P, [&](auto rows, const std::size_t t0) {
       constexpr int I = decltype(rows)::value;
       const std::size_t end = attention_row_end(g, t0 + I - 1);
-      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{dop + t0 * dh * W, dh * W, W, vp, W, dh * W,
-                                                       dsp + t0 * P * W, P * W, W, dh, Scalar(1)},
-                             end);
+      attention_lane_rows<W, I>(AttentionLaneGemm<Scalar>{dop + t0 * dh * W, dh * W, W, vp, W,
+                                                          dh * W, dsp + t0 * P * W, P * W, W, dh,
+                                                          Scalar(1)},
+                                end);
       for (std::size_t t = t0; t < t0 + I; ++t) {
         const std::size_t row_end = attention_row_end(g, t);
         Scalar *wt = dsp + t * P * W;
@@ -524,38 +605,40 @@ KOKKOS_INLINE_FUNCTION void attention_backward_block(const AttentionArgs<Scalar>
           }
         }
       }
-      attention_lane_rows<I>(AttentionLaneGemm<Scalar>{dsp + t0 * P * W, P * W, W, kp, dh * W, W,
-                                                       dqp + t0 * dh * W, dh * W, W, end, p.scale},
-                             dh);
+      attention_lane_rows<W, I>(AttentionLaneGemm<Scalar>{dsp + t0 * P * W, P * W, W, kp, dh * W, W,
+                                                          dqp + t0 * dh * W, dh * W, W, end,
+                                                          p.scale},
+                                dh);
     });
     // Key rows: dV = Aᵀ dO and dK = dSᵀ Q/√dh over the queries t that see key s0 (A and dS are
     // 0 where a query does not see a key).
     attention_host_row_tiles(P, [&](auto rows, const std::size_t s0) {
       constexpr int I = decltype(rows)::value;
       const std::size_t begin = g.causal ? s0 : 0;
-      attention_lane_rows<I>(
+      attention_lane_rows<W, I>(
           AttentionLaneGemm<Scalar>{ap + (begin * P + s0) * W, W, P * W, dop + begin * dh * W,
                                     dh * W, W, dvp + s0 * dh * W, dh * W, W, P - begin, Scalar(1)},
           dh);
-      attention_lane_rows<I>(
+      attention_lane_rows<W, I>(
           AttentionLaneGemm<Scalar>{dsp + (begin * P + s0) * W, W, P * W, qp + begin * dh * W,
                                     dh * W, W, dkp + s0 * dh * W, dh * W, W, P - begin, p.scale},
           dh);
     });
   }
-  attention_unpack(scratch + 4 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, h * dh), N, NP);
-  attention_unpack(scratch + 5 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, d + h * dh), N,
-                   NP);
-  attention_unpack(scratch + 6 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, 2 * d + h * dh),
-                   N, NP);
+  attention_unpack<W>(scratch + 4 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, h * dh), N,
+                      NP);
+  attention_unpack<W>(scratch + 5 * tk, stride, P, dh, lanes, p.out + g.token(n0, 0, d + h * dh), N,
+                      NP);
+  attention_unpack<W>(scratch + 6 * tk, stride, P, dh, lanes,
+                      p.out + g.token(n0, 0, 2 * d + h * dh), N, NP);
 }
 
-/// The team's scratch for `floats` scalars per chunk of attention_tile_width samples, enough for
-/// a full block of attention_max_lanes.
+/// The team's scratch for `per_sample` scalars per sample of a full block of
+/// attention_max_lanes (the same for every chunk width).
 template <class Scalar, class Member>
-KOKKOS_INLINE_FUNCTION Scalar *attention_host_scratch(const Member &team, std::size_t floats) {
+KOKKOS_INLINE_FUNCTION Scalar *attention_host_scratch(const Member &team, std::size_t per_sample) {
   return static_cast<Scalar *>(
-      team.team_scratch(0).get_shmem(sizeof(Scalar) * floats * attention_block_chunks));
+      team.team_scratch(0).get_shmem(sizeof(Scalar) * per_sample * attention_max_lanes));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -604,19 +687,21 @@ struct AttentionForwardPass {
                                                             Scalar(0), pair.token(p.out, 0));
   }
 
-  /// Scratch of the host kernels per chunk, in scalars: 4 token blocks and 1 square.
+  /// Scratch of the host kernels per sample, in scalars: 4 token blocks and 1 square.
   KOKKOS_INLINE_FUNCTION static std::size_t host_scratch(const AttentionGeometry &g) {
-    const AttentionChunkSizes size(g);
+    const AttentionChunkSizes size(g, 1);
     return 4 * size.token + size.square;
   }
 
-  template <class Member, class Scalar, class Lanes>
+  /// W: the host kernels' chunk width (attention_tile_width, or attention_avx512_width in the
+  /// AVX-512 copy).
+  template <int W, class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock<Lanes> &blk) {
     using exec = typename Member::execution_space;
     if constexpr (Kokkos::SpaceAccessibility<exec, Kokkos::HostSpace>::accessible) {
-      attention_forward_block(p, blk.h, blk.n0, attention_lane_count(blk.lanes),
-                              attention_host_scratch<Scalar>(team, host_scratch(p.g)));
+      attention_forward_block<W>(p, blk.h, blk.n0, attention_lane_count(blk.lanes),
+                                 attention_host_scratch<Scalar>(team, host_scratch(p.g)));
     } else {
       const AttentionGeometry &g = p.g;
       const Scalar scale = p.scale;
@@ -705,19 +790,20 @@ struct AttentionBackwardPass {
                                                           Scalar(0), pair.token(p.out, 1));
   }
 
-  /// Scratch of the host kernels per chunk, in scalars: 7 token blocks and 2 squares.
+  /// Scratch of the host kernels per sample, in scalars: 7 token blocks and 2 squares.
   KOKKOS_INLINE_FUNCTION static std::size_t host_scratch(const AttentionGeometry &g) {
-    const AttentionChunkSizes size(g);
+    const AttentionChunkSizes size(g, 1);
     return 7 * size.token + 2 * size.square;
   }
 
-  template <class Member, class Scalar, class Lanes>
+  /// W: as AttentionForwardPass::lanes.
+  template <int W, class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock<Lanes> &blk) {
     using exec = typename Member::execution_space;
     if constexpr (Kokkos::SpaceAccessibility<exec, Kokkos::HostSpace>::accessible) {
-      attention_backward_block(p, blk.h, blk.n0, attention_lane_count(blk.lanes),
-                               attention_host_scratch<Scalar>(team, host_scratch(p.g)));
+      attention_backward_block<W>(p, blk.h, blk.n0, attention_lane_count(blk.lanes),
+                                  attention_host_scratch<Scalar>(team, host_scratch(p.g)));
     } else {
       const AttentionGeometry &g = p.g;
       const Scalar scale = p.scale;
@@ -821,7 +907,8 @@ struct AttentionForwardRPass {
                                                             pair.token(p.rx, 2), Scalar(1), ro);
   }
 
-  template <class Member, class Scalar, class Lanes>
+  /// W: unused (the R passes read the token matrices in place).
+  template <int W, class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock<Lanes> &blk) {
     const AttentionGeometry &g = p.g;
@@ -929,7 +1016,8 @@ struct AttentionBackwardRPass {
     attention_team_gemm<AttentionTrans, AttentionNoTrans>(team, scale, ds, rq, Scalar(1), rdk);
   }
 
-  template <class Member, class Scalar, class Lanes>
+  /// W: unused (the R passes read the token matrices in place).
+  template <int W, class Member, class Scalar, class Lanes>
   KOKKOS_INLINE_FUNCTION static void lanes(const Member &team, const AttentionArgs<Scalar> &p,
                                            const AttentionLaneBlock<Lanes> &blk) {
     const AttentionGeometry &g = p.g;
@@ -1035,8 +1123,10 @@ template <class Pass, class ExecSpace, class MemorySpace, class Scalar> struct A
   }
 };
 
-/// Pass::lanes for the team's head and block of `block` samples.
-template <class Pass, class ExecSpace, class Scalar> struct AttentionLanesKernel {
+/// Pass::lanes for the team's head and block of `block` samples, the host kernels in chunks of
+/// W samples.
+template <class Pass, class ExecSpace, class Scalar, int W = attention_tile_width>
+struct AttentionLanesKernel {
   AttentionArgs<Scalar> p;
   int block;
 
@@ -1045,13 +1135,27 @@ template <class Pass, class ExecSpace, class Scalar> struct AttentionLanesKernel
     const AttentionLaneBlock<> blk = attention_lane_block_of(team, p.g, block);
     if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible) {
       if (blk.lanes == attention_max_lanes) {
-        Pass::lanes(team, p, AttentionLaneBlock<AttentionFullLanes>{blk.h, blk.n0, {}});
+        Pass::template lanes<W>(team, p, AttentionLaneBlock<AttentionFullLanes>{blk.h, blk.n0, {}});
         return;
       }
     }
-    Pass::lanes(team, p, blk);
+    Pass::template lanes<W>(team, p, blk);
   }
 };
+
+#if KAT_HOST_ISA_DISPATCH
+/// AttentionLanesKernel's AVX-512 copy (kat/core/host_isa.hpp): chunks of
+/// attention_avx512_width samples, the team's work compiled for AVX-512 (`flatten` inlines it
+/// all but the register tiles, which have their own AVX-512 copy).
+template <class Pass, class ExecSpace, class Scalar> struct AttentionLanesKernelAvx512 {
+  AttentionLanesKernel<Pass, ExecSpace, Scalar, attention_avx512_width<Scalar>> kernel;
+
+  KAT_IMPL_AVX512_LOOP void
+  operator()(const typename Kokkos::TeamPolicy<ExecSpace>::member_type &team) const {
+    kernel(team);
+  }
+};
+#endif
 
 /// Runs attention pass Pass (AttentionForwardPass, ...) on p: with the batched GEMMs, one team
 /// per (sample, head) pair; else with batch lanes, one team per (head, block of
@@ -1072,12 +1176,24 @@ void attention_run(const ExecSpace &space, const AttentionArgs<Scalar> &p, bool 
   // One thread per team on hosts: a team's chunks share its scratch.
   policy lanes = host ? policy(space, league, 1, 1) : policy(space, league, Kokkos::AUTO, block);
   const std::size_t scratch =
-      host ? Pass::host_scratch(p.g) * sizeof(Scalar) * attention_block_chunks : 0;
+      host ? Pass::host_scratch(p.g) * sizeof(Scalar) * attention_max_lanes : 0;
   if (scratch > 0) {
     lanes.set_scratch_size(0, Kokkos::PerTeam(scratch));
   }
-  Kokkos::parallel_for(std::string(Pass::label) + " (batch lanes)", lanes,
-                       AttentionLanesKernel<Pass, ExecSpace, Scalar>{p, block});
+  const std::string label = std::string(Pass::label) + " (batch lanes)";
+#if KAT_HOST_ISA_DISPATCH
+  // The passes with packed copies (forward, backward) in their AVX-512 copy where chosen, for
+  // a Scalar of which a 512-bit register holds more samples than the compiled tiles (float).
+  if constexpr (Kokkos::SpaceAccessibility<ExecSpace, Kokkos::HostSpace>::accessible &&
+                attention_avx512_width<Scalar> != attention_tile_width) {
+    if (scratch > 0 && kat::host_vector_isa() == kat::HostVectorIsa::avx512) {
+      Kokkos::parallel_for(label, lanes,
+                           AttentionLanesKernelAvx512<Pass, ExecSpace, Scalar>{{p, block}});
+      return;
+    }
+  }
+#endif
+  Kokkos::parallel_for(label, lanes, AttentionLanesKernel<Pass, ExecSpace, Scalar>{p, block});
 }
 
 } // namespace detail

@@ -216,6 +216,59 @@ BENCHMARK(BM_Bf16BiasPaths)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// A bf16 Dense layer's backward in two calls, dx first (kat::distributed::ColumnParallelDense
+// starts the all-reduce of dx between them), as it ran before 2026-12-03 (backward() for dx
+// with compute_parameter_gradients(false), then again for the parameter gradients: dy rounded
+// to bf16 twice) and as it runs now (backward_input(), backward_parameters(): rounded once),
+// alternately, each layer on its own operands. The timed iteration is the two calls'.
+// Counters (µs): two_calls_us, twice_rounded_us; speedup = twice_rounded / two_calls. Shapes:
+// dense_layer_shapes, and a tensor-parallel shard (2048 token rows, 512 -> 1024 of 2048).
+void BM_DenseBackwardInTwoCalls(benchmark::State &state) {
+  const std::size_t n = state.range(0), in = state.range(1), out = state.range(2);
+  const Space space;
+  kat::ParameterBuffer<float, Mem> buffer;
+  kat::nn::Dense<float, Mem> two_calls(in, out), twice_rounded(in, out);
+  const std::size_t blocks[2] = {buffer.reserve("two_calls", two_calls.parameter_count()),
+                                 buffer.reserve("twice_rounded", twice_rounded.parameter_count())};
+  buffer.allocate();
+  two_calls.bind(buffer.parameter_vector(blocks[0]).data(),
+                 buffer.gradient_vector(blocks[0]).data());
+  twice_rounded.bind(buffer.parameter_vector(blocks[1]).data(),
+                     buffer.gradient_vector(blocks[1]).data());
+  const M x = filled(n, in, 4), dy = filled(n, out, 5), x2 = filled(n, in, 4),
+          dy2 = filled(n, out, 5);
+  M y("y", n, out), dx("dx", n, in), y2("y2", n, out), dx2("dx2", n, in);
+  for (kat::nn::Dense<float, Mem> *layer : {&two_calls, &twice_rounded}) {
+    layer->reset_parameters(space, 1);
+    layer->set_precision(kat::Precision::bf16);
+  }
+  two_calls.forward(space, x, y);
+  twice_rounded.forward(space, x2, y2);
+  const auto split = [&] {
+    two_calls.backward_input(space, dy, dx);
+    two_calls.backward_parameters(space, dy);
+  };
+  const auto before = [&] {
+    twice_rounded.compute_parameter_gradients(false);
+    twice_rounded.backward(space, dy2, dx2);
+    twice_rounded.compute_parameter_gradients(true);
+    twice_rounded.backward(space, dy2, M());
+  };
+  for (int i = 0; i < 3; ++i) { // plans, workspaces
+    split();
+    before();
+  }
+  const auto [split_s, before_s] = time_alternately(state, split, before);
+  state.counters["two_calls_us"] = 1e6 * split_s;
+  state.counters["twice_rounded_us"] = 1e6 * before_s;
+  state.counters["speedup"] = before_s / split_s;
+}
+BENCHMARK(BM_DenseBackwardInTwoCalls)
+    ->Apply(dense_layer_shapes)
+    ->Args({2048, 512, 1024})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
 // Runs `product` and `sgemm` three times (plans, first touch), then times them alternately
 // (time_alternately; the timed iteration is `product`'s). Sets the counters `name` (product's
 // µs), sgemm_us and speedup = sgemm / product; returns product's seconds.

@@ -568,6 +568,93 @@ TEST_CASE("precision: bf16 Dense's bias gradient sums the rounded dy and accumul
     }
 }
 
+// The bit patterns of a contiguous float view's elements, for comparisons to the bit.
+template <class View> std::vector<std::uint32_t> bits_of(const View &v) {
+  const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  std::vector<std::uint32_t> bits(h.span());
+  std::memcpy(bits.data(), h.data(), bits.size() * sizeof(std::uint32_t));
+  return bits;
+}
+
+// Dense::backward_input then backward_parameters (kat::distributed::ColumnParallelDense's two
+// calls) compute what one backward() does, to the bit, in either precision, with or without a
+// bias, setting or accumulating; in bf16 the second call reuses the first's rounding of dy, and
+// rounds a different dy anew.
+TEST_CASE("precision: Dense's backward in two calls is backward() to the bit",
+          "[precision][bf16]") {
+  const std::size_t in = 6, out = 4, batch = 37;
+  const auto precision = GENERATE(Precision::fp32, Precision::bf16);
+  const bool bias = GENERATE(true, false);
+  const bool accumulate = GENERATE(false, true);
+  INFO(to_string(precision) << ", bias " << bias << ", accumulate " << accumulate);
+  nn::Dense<float, Mem> one(in, out, bias), two(in, out, bias);
+  auto buffer_one = bind_fresh<float>(one, 11);
+  auto buffer_two = bind_fresh<float>(two, 11);
+  const auto x = random_matrix<float>(batch, in, 12);
+  const auto dy = random_matrix<float>(batch, out, 13);
+  Matrix<float, Mem> y("y", batch, out), dx_one("dx_one", batch, in), dx_two("dx_two", batch, in);
+  for (auto *layer : {&one, &two}) {
+    layer->set_precision(precision);
+    layer->accumulate_gradients(accumulate);
+  }
+  for (int step = 0; step < 2; ++step) { // the second step accumulates onto the first's
+    one.forward(Space(), x, y);
+    two.forward(Space(), x, y);
+    one.backward(Space(), dy, dx_one);
+    two.backward_input(Space(), dy, dx_two);
+    CHECK(bits_of(dx_two) == bits_of(dx_one));
+    two.backward_parameters(Space(), dy);
+    CHECK(bits_of(buffer_two.gradients()) == bits_of(buffer_one.gradients()));
+  }
+  // Another dy in the second call is that dy's gradient, not the first's rounding reused.
+  const auto other = random_matrix<float>(batch, out, 14);
+  one.accumulate_gradients(false);
+  two.accumulate_gradients(false);
+  one.forward(Space(), x, y);
+  two.forward(Space(), x, y);
+  one.backward(Space(), other, dx_one);
+  two.backward_input(Space(), dy, dx_two);
+  two.backward_parameters(Space(), other);
+  CHECK(bits_of(buffer_two.gradients()) == bits_of(buffer_one.gradients()));
+  // compute_parameter_gradients(false): the second call leaves the gradients alone.
+  two.compute_parameter_gradients(false);
+  const auto before = bits_of(buffer_two.gradients());
+  two.backward_input(Space(), dy, dx_two);
+  two.backward_parameters(Space(), dy);
+  CHECK(bits_of(buffer_two.gradients()) == before);
+  CHECK_THROWS_AS(two.backward_input(Space(), dy, Matrix<float, Mem>()), ShapeError);
+}
+
+// A dense weight gradient requested of a masked layer survives backward_input() and is
+// consumed by backward_parameters(), as by one backward().
+TEST_CASE("precision: Dense's backward in two calls keeps a dense-gradient request",
+          "[precision][bf16]") {
+  const std::size_t in = 5, out = 3, batch = 9;
+  const auto precision = GENERATE(Precision::fp32, Precision::bf16);
+  INFO(to_string(precision));
+  const auto mask = vector_of<std::uint8_t>(in * out, [](std::size_t k) { return k % 3 != 0; });
+  nn::Dense<float, Mem> one(in, out), two(in, out);
+  auto buffer_one = bind_fresh<float>(one, 21);
+  auto buffer_two = bind_fresh<float>(two, 21);
+  const auto x = random_matrix<float>(batch, in, 22);
+  const auto dy = random_matrix<float>(batch, out, 23);
+  Matrix<float, Mem> y("y", batch, out), dx("dx", batch, in);
+  for (auto *layer : {&one, &two}) {
+    layer->set_precision(precision);
+    layer->set_weight_mask(Space(), mask, sparse::SparsePath::dense);
+    layer->forward(Space(), x, y);
+    layer->request_dense_weight_gradient();
+  }
+  one.backward(Space(), dy, dx);
+  two.backward_input(Space(), dy, dx);
+  CHECK(two.dense_weight_gradient_requested());
+  two.backward_parameters(Space(), dy);
+  CHECK_FALSE(two.dense_weight_gradient_requested());
+  const auto g = to_host(two.weight_gradient());
+  CHECK(bits_of(buffer_two.gradients()) == bits_of(buffer_one.gradients()));
+  CHECK(g(0, 0) != 0.0f); // an inactive entry (k = 0): the dense gradient, not the masked one
+}
+
 TEST_CASE("precision: Conv2d in bf16 stays within the bf16 bound of fp32", "[precision][bf16]") {
   const std::size_t batch = 6;
   check_layer_bf16(

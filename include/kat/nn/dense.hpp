@@ -334,6 +334,7 @@ public:
     kat::detail::require_extent("kat::nn::Dense::forward", "y columns", out_, y.extent(1));
     x_ = x;
     rounded_operands_ = false;
+    kept_dy_ = false;
     if (uses_sparse_path()) {
       forward_sparse(space, x, y);
       return;
@@ -370,83 +371,48 @@ public:
              Scalar(bias_ ? 1 : 0), y);
   }
 
-  void backward(const execution_space &space, const matrix_type &dy_in,
-                const matrix_type &dx_in) override {
+  void backward(const execution_space &space, const matrix_type &dy,
+                const matrix_type &dx) override {
     ScopedRegion region("kat::nn::Dense::backward");
-    const matrix_type dy = rows(dy_in, out_, "backward", "dy");
-    const matrix_type dx = rows(dx_in, in_, "backward", "dx");
-    const std::size_t n = x_.extent(0);
-    kat::detail::require_extent("kat::nn::Dense::backward", "dy rows", n, dy.extent(0));
-    kat::detail::require_extent("kat::nn::Dense::backward", "dy columns", out_, dy.extent(1));
-    if (this->recording_) {
-      g_ = dy;
-    }
-    const bool accumulate = this->accumulate_;
-    const bool sparse = uses_sparse_path();
-    if (sparse) {
-      sparse_->build(space, mask_);
-    }
-    const bool dense_gradient = !has_mask_ || dense_gradient_requested_;
-    dense_gradient_requested_ = false;
-    // bf16: x and W as forward rounded them, dy rounded once for both products.
-    const bool rounded = rounded_operands_ && !sparse && this->precision_ == Precision::bf16;
-    if (rounded && (this->parameter_gradients_ || dx.extent(0) != 0)) {
-      dy_bf16_.assign(space, dy);
-    }
-    // out = dyᵀx + β out; in bf16, out = dyᵀ[x 1] + β out when out is [dW db] (in_ + 1 columns).
-    const auto weight_gradient = [&](Scalar beta, const matrix_type &out) {
-      if (rounded) {
-        product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_.matrix(),
-                 x_bf16_.leading_columns(out.extent(1)), beta, out);
-      } else {
-        product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, beta, out);
-      }
-    };
-    // bf16 with a bias: [dW db] (+)= dyᵀ [x 1] in one product, from the operand forward
-    // rounded with its ones column; db then sums the rounded dy in fp32, as the bf16
-    // convolutions' bias gradient does (and autocast's, which sums in bf16).
-    const bool bias_in_product = rounded && bias_ && dense_gradient;
-    if (!this->parameter_gradients_) {
-      // dx only (compute_parameter_gradients(false))
-    } else if (bias_in_product) {
-      // [dW db] (+)= dyᵀ [x 1]
-      weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_bias_);
-    } else if (dense_gradient) {
-      // dW (+)= dyᵀ x
-      weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_);
-    } else if (sparse) {
-      // dW (+)= mask ⊙ dyᵀ x, computed at the active entries only.
-      sparse_->sampled_gradient(space, dy, x_, grad_weight_, accumulate);
-    } else if (accumulate) {
-      // dW += mask ⊙ dyᵀ x: the product goes to scratch first, inactive entries stay as they were.
-      const auto g = grad_scratch_.matrix(out_, in_);
-      weight_gradient(Scalar(0), g);
-      detail::apply_weight_mask(space, mask_, g, grad_weight_, true);
-    } else {
-      // dW = mask ⊙ dyᵀ x
-      weight_gradient(Scalar(0), grad_weight_);
-      detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
-    }
-    if (bias_ && this->parameter_gradients_ && !bias_in_product) {
-      // db (+)= column sums of dy
-      detail::column_sums(space, "kat::nn::Dense::backward_bias", dy, grad_bias_, accumulate);
-    }
-    if (dx.extent(0) != 0) {
-      kat::detail::require_extent("kat::nn::Dense::backward", "dx rows", n, dx.extent(0));
-      kat::detail::require_extent("kat::nn::Dense::backward", "dx columns", in_, dx.extent(1));
-      // dx = dy W
-      if (sparse) {
-        sparse_->multiply_transposed(space, weight_, dy, dx);
-      } else if (rounded) {
-        product_(space, Trans::N, Trans::N, Scalar(1), dy_bf16_.matrix(),
-                 w_bf16_.leading_columns(in_), Scalar(0), dx);
-      } else {
-        product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0),
-                 dx);
-      }
-    }
+    backward_impl(space, dy, dx, this->parameter_gradients_, false);
   }
 
+  /// @name Backward in two calls
+  /// For a caller that overlaps the communication of dx with the parameter gradients' product
+  /// (the column-parallel layer of Megatron-LM, sec. 3, kat::distributed::ColumnParallelDense):
+  /// backward_input() computes dx = dy W alone, then backward_parameters() the parameter
+  /// gradients from the same dy, together what one backward() computes, to the bit. In bf16 the
+  /// second call reuses the first's rounding of dy instead of rounding it again.
+  /// @{
+
+  /// dx = dy W (dy: N x out, dx: N x in, as backward()), without the parameter gradients,
+  /// whatever compute_parameter_gradients() says; a dense weight gradient requested with
+  /// request_dense_weight_gradient() stays requested for the next call.
+  /// @throws ShapeError if dy or dx has the wrong shape, or dx is empty.
+  void backward_input(const execution_space &space, const matrix_type &dy, const matrix_type &dx) {
+    ScopedRegion region("kat::nn::Dense::backward_input");
+    if (dx.extent(0) == 0 && dx.extent(1) == 0) {
+      throw ShapeError("kat::nn::Dense::backward_input: dx must not be empty (backward() "
+                       "computes the parameter gradients alone)");
+    }
+    backward_impl(space, dy, dx, false, false);
+    kept_dy_ = true;
+  }
+
+  /// The parameter gradients [dW db] of backward() (set, or added in accumulate mode) from dy,
+  /// which must be the dy of the backward_input() just before it, unchanged (the same view: in
+  /// bf16 its rounding is reused; another view is rounded anew). Does nothing when
+  /// compute_parameter_gradients(false) is in force.
+  /// @throws ShapeError if dy has the wrong shape.
+  void backward_parameters(const execution_space &space, const matrix_type &dy) {
+    ScopedRegion region("kat::nn::Dense::backward_parameters");
+    if (!this->parameter_gradients_) {
+      kept_dy_ = false;
+      return;
+    }
+    backward_impl(space, dy, matrix_type(), true, true);
+  }
+  /// @}
   /// One "Dense" operator {in, out, bias, positions} on [B, P, in] (per position) or [B, in]
   /// (flattened; a "Flatten" operator `name`_flatten first when the input has positions).
   plan::TensorId describe(plan::Graph &graph, plan::TensorId x, const FeatureShape &in,
@@ -600,6 +566,94 @@ private:
     }
   }
 
+  // backward() with the parameter gradients or not; reuse_dy: dy_bf16_ holds dy's rounding if
+  // backward_input() just rounded the same view (kept_dy_, the same data and column stride).
+  void backward_impl(const execution_space &space, const matrix_type &dy_in,
+                     const matrix_type &dx_in, bool parameters, bool reuse_dy) {
+    const bool was_kept = reuse_dy && kept_dy_;
+    kept_dy_ = false;
+    const matrix_type dy = rows(dy_in, out_, "backward", "dy");
+    const matrix_type dx = rows(dx_in, in_, "backward", "dx");
+    const std::size_t n = x_.extent(0);
+    kat::detail::require_extent("kat::nn::Dense::backward", "dy rows", n, dy.extent(0));
+    kat::detail::require_extent("kat::nn::Dense::backward", "dy columns", out_, dy.extent(1));
+    const bool kept = was_kept && kept_dy_data_ != nullptr && kept_dy_data_ == dy.data() &&
+                      kept_dy_stride_ == dy.stride(1);
+    if (this->recording_) {
+      g_ = dy;
+    }
+    const bool accumulate = this->accumulate_;
+    const bool sparse = uses_sparse_path();
+    if (sparse) {
+      sparse_->build(space, mask_);
+    }
+    const bool dense_gradient = !has_mask_ || dense_gradient_requested_;
+    if (parameters) {
+      dense_gradient_requested_ = false;
+    }
+    // bf16: x and W as forward rounded them, dy rounded once for both products (and for both
+    // calls of backward_input() and backward_parameters()).
+    const bool rounded = rounded_operands_ && !sparse && this->precision_ == Precision::bf16;
+    const bool uses_dy_bf16 = rounded && (parameters || dx.extent(0) != 0);
+    if (uses_dy_bf16 && !kept) {
+      dy_bf16_.assign(space, dy);
+    }
+    kept_dy_data_ = uses_dy_bf16 ? dy.data() : nullptr;
+    kept_dy_stride_ = dy.stride(1);
+    // out = dyᵀx + β out; in bf16, out = dyᵀ[x 1] + β out when out is [dW db] (in_ + 1 columns).
+    const auto weight_gradient = [&](Scalar beta, const matrix_type &out) {
+      if (rounded) {
+        product_(space, Trans::T, Trans::N, Scalar(1), dy_bf16_.matrix(),
+                 x_bf16_.leading_columns(out.extent(1)), beta, out);
+      } else {
+        product_(space, this->precision_, Trans::T, Trans::N, Scalar(1), dy, x_, beta, out);
+      }
+    };
+    // bf16 with a bias: [dW db] (+)= dyᵀ [x 1] in one product, from the operand forward
+    // rounded with its ones column; db then sums the rounded dy in fp32, as the bf16
+    // convolutions' bias gradient does (and autocast's, which sums in bf16).
+    const bool bias_in_product = rounded && bias_ && dense_gradient;
+    if (!parameters) {
+      // dx only (compute_parameter_gradients(false))
+    } else if (bias_in_product) {
+      // [dW db] (+)= dyᵀ [x 1]
+      weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_bias_);
+    } else if (dense_gradient) {
+      // dW (+)= dyᵀ x
+      weight_gradient(Scalar(accumulate ? 1 : 0), grad_weight_);
+    } else if (sparse) {
+      // dW (+)= mask ⊙ dyᵀ x, computed at the active entries only.
+      sparse_->sampled_gradient(space, dy, x_, grad_weight_, accumulate);
+    } else if (accumulate) {
+      // dW += mask ⊙ dyᵀ x: the product goes to scratch first, inactive entries stay as they were.
+      const auto g = grad_scratch_.matrix(out_, in_);
+      weight_gradient(Scalar(0), g);
+      detail::apply_weight_mask(space, mask_, g, grad_weight_, true);
+    } else {
+      // dW = mask ⊙ dyᵀ x
+      weight_gradient(Scalar(0), grad_weight_);
+      detail::apply_weight_mask(space, mask_, grad_weight_, grad_weight_, false);
+    }
+    if (bias_ && parameters && !bias_in_product) {
+      // db (+)= column sums of dy
+      detail::column_sums(space, "kat::nn::Dense::backward_bias", dy, grad_bias_, accumulate);
+    }
+    if (dx.extent(0) != 0) {
+      kat::detail::require_extent("kat::nn::Dense::backward", "dx rows", n, dx.extent(0));
+      kat::detail::require_extent("kat::nn::Dense::backward", "dx columns", in_, dx.extent(1));
+      // dx = dy W
+      if (sparse) {
+        sparse_->multiply_transposed(space, weight_, dy, dx);
+      } else if (rounded) {
+        product_(space, Trans::N, Trans::N, Scalar(1), dy_bf16_.matrix(),
+                 w_bf16_.leading_columns(in_), Scalar(0), dx);
+      } else {
+        product_(space, this->precision_, Trans::N, Trans::N, Scalar(1), dy, weight_, Scalar(0),
+                 dx);
+      }
+    }
+  }
+
   std::size_t in_, out_;
   bool bias_;
   DenseInput input_;
@@ -630,6 +684,10 @@ private:
   // backward rounded it.
   Bf16Operand<Scalar, MemorySpace> x_bf16_, w_bf16_, dy_bf16_;
   bool rounded_operands_ = false;
+  // backward_input() rounded the dy at kept_dy_data_ into dy_bf16_ for backward_parameters().
+  bool kept_dy_ = false;
+  const Scalar *kept_dy_data_ = nullptr;
+  std::size_t kept_dy_stride_ = 0;
 };
 
 } // namespace kat::nn

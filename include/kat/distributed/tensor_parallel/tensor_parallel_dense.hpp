@@ -179,14 +179,11 @@ public:
       local_.backward(space, dy, dx);
       return;
     }
-    // dx_r = dy_r W_r, then the sum over ranks in flight while dW_r = dy_rᵀ x runs.
-    local_.compute_parameter_gradients(false);
-    local_.backward(space, dy, dx);
+    // dx_r = dy_r W_r, then the sum over ranks in flight while dW_r = dy_rᵀ x runs (from dy_r
+    // as the first product rounded it, in bf16).
+    local_.backward_input(space, dy, dx);
     Request sum = comm_->iallreduce(space, dx);
-    if (this->parameter_gradients_) {
-      local_.compute_parameter_gradients(true);
-      local_.backward(space, dy, matrix_type());
-    }
+    local_.backward_parameters(space, dy);
     sum.wait();
   }
 

@@ -30,7 +30,7 @@ stage() { # prints the time the previous stage took, then names the next one
 for backend in $backends; do
   build=$root/build/test-$backend
   # MPI on for every configuration: ctest then also runs the "[mpi]" tests under mpiexec at
-  # 1, 2 and 4 ranks (tests mpi_ranks_*, one OpenMP thread per rank; see tests/CMakeLists.txt).
+  # 1, 2, 3 and 4 ranks (tests mpi_ranks_*, one OpenMP thread per rank; see tests/CMakeLists.txt).
   # Unity build (KAT_UNITY_BUILD): the test files compile 24 to a translation unit (two units,
   # one per core) and kat_train's 6, so Kokkos, Catch2 and KAT are parsed and instantiated once
   # per batch; 6 files took 59 s of CPU as one unit against 126 s apart (g++ -O3), 12 sanitized

@@ -33,7 +33,8 @@ using namespace kat::precond;
 using Model = nn::Sequential<double, Mem>;
 using KFACd = KFAC<double, Mem>;
 
-constexpr std::size_t kBatch = 8;
+// Divisible by 1, 2, 3, 4, 6 and 8: the batch splits evenly over the ranks the tests run at.
+constexpr std::size_t kBatch = 24;
 constexpr int kSteps = 4;
 
 struct Config {
@@ -262,14 +263,18 @@ template <class Make> void check_state_dict_continues(dist::Communicator &world,
 // the strategies that broadcast P. a and g are shifted by `shift` (DP-KFAC: only the owner's
 // must matter); `install(kfac)` may install a strategy, returned to be kept alive. Returns
 // each step's preconditioned gradient (host, column-major) and the strategy's report.
+// a and g are multiples of 1/8 and 1/32 over 4 rows, so each batch factor (aᵀa/4, the same
+// for g) has a few significant bits: a strategy's average of equal factors over any number of
+// ranks, (x + ... + x) · fl(1/P), is then x exactly (at P = 3 as at 2 and 4), and the factors
+// are those of one process.
 struct FloatRun {
   std::vector<std::vector<float>> gradients;
   precond::KFACStrategyReport report;
 };
 using KFACf = KFAC<float, Mem, double>;
 template <class Install>
-FloatRun float_layer(double shift, ComputeMethod method, const Install &install) {
-  constexpr std::size_t out = 3, cols = 4, rows = 5;
+FloatRun float_layer(std::size_t shift, ComputeMethod method, const Install &install) {
+  constexpr std::size_t out = 3, cols = 4, rows = 4;
   KFACOptions o;
   o.factor_update_steps = 1;
   o.inv_update_steps = 1;
@@ -278,10 +283,10 @@ FloatRun float_layer(double shift, ComputeMethod method, const Install &install)
   o.compute_method = method;
   KFACf kfac(o);
   const auto a = matrix_of<float>(rows, cols, [&](std::size_t i, std::size_t j) {
-    return j + 1 == cols ? 1.0 : std::sin(1.0 + i + 2.0 * j + 7.0 * shift);
+    return j + 1 == cols ? 1.0 : (double((3 * i + 5 * j + 7 * shift) % 11) - 5.0) / 8.0;
   });
   const auto g = matrix_of<float>(rows, out, [&](std::size_t i, std::size_t j) {
-    return 0.2 * std::cos(3.0 * i + j + 5.0 * shift);
+    return (double((2 * i + 3 * j + 5 * shift) % 7) - 3.0) / 32.0;
   });
   Matrix<float, Mem> grad("grad", out, cols);
   kfac.register_layer("dense", [&] {

@@ -163,7 +163,7 @@ TEST_CASE("data parallel: SGD on P ranks equals single-process SGD on the whole 
   const int rank = comm.rank();
   INFO(rank_of(comm));
   const Space space;
-  const std::size_t global_batch = 8, local_batch = global_batch / std::size_t(p);
+  const std::size_t global_batch = 24, local_batch = global_batch / std::size_t(p);
   REQUIRE(global_batch % std::size_t(p) == 0);
 
   // Replicas start different; broadcast_parameters() makes them rank 0's, which is the

@@ -359,11 +359,12 @@ TEST_CASE("dpkfac: P in the model precision halves the bytes and every rank appl
   const FloatRun plain = float_layer(0, ComputeMethod::eigen, [](KFACf &) { return nullptr; });
   for (const bool narrow : {true, false}) {
     INFO("model_precision_broadcast " << narrow);
-    const FloatRun run = float_layer(comm.rank(), ComputeMethod::eigen, [&](KFACf &kfac) {
-      dist::DPKFACOptions d;
-      d.model_precision_broadcast = narrow;
-      return std::make_unique<dist::DPKFAC<KFACf>>(comm, kfac, d);
-    });
+    const FloatRun run =
+        float_layer(std::size_t(comm.rank()), ComputeMethod::eigen, [&](KFACf &kfac) {
+          dist::DPKFACOptions d;
+          d.model_precision_broadcast = narrow;
+          return std::make_unique<dist::DPKFAC<KFACf>>(comm, kfac, d);
+        });
     CHECK(run.report.bytes_per_step == 12 * (narrow ? sizeof(float) : sizeof(double)));
     CHECK(run.report.gradient_sharing.bytes == 3 * run.report.bytes_per_step);
     check_same_p_everywhere(comm, run, plain, narrow); // rank 0's P everywhere

@@ -563,8 +563,8 @@ TEST_CASE("sparse: RigL and SET with data parallel give the same mask and weight
   auto comm = distributed::Communicator::world();
   INFO(rank_of(comm));
   const Space space;
-  const auto data = sparse_toy_data(64);
-  const std::size_t local = 16 / std::size_t(comm.size());
+  const auto data = sparse_toy_data(192);
+  const std::size_t local = 48 / std::size_t(comm.size()); // 4 steps an epoch at 1 to 4 ranks
   const distributed::DistributedSampler sampler(data.size(), comm.rank(), comm.size(), 4);
   for (const auto method : {SparseMethod::rigl, SparseMethod::set}) {
     INFO(sparse::to_string(method));
@@ -607,7 +607,7 @@ TEST_CASE("sparse: RigL and SET with data parallel give the same mask and weight
     CHECK(sp->updates() == 2);
     if (method == SparseMethod::rigl) {
       CHECK(agent->refreshes() == 3);
-      CHECK(agent->last_refresh().samples == 64); // the shards cover the data set once
+      CHECK(agent->last_refresh().samples == 192); // the shards cover the data set once
     }
     // Bit for bit: the bytes of the mask and of the parameters agree over the ranks.
     const auto p = host_vector(model.parameters());

@@ -667,8 +667,8 @@ TEST_CASE("trainer: data parallel over the ranks equals one process on the globa
   auto comm = distributed::Communicator::world();
   INFO(rank_of(comm));
   const Space space;
-  const auto data = toy_data(48);
-  const std::size_t global = 8, local = global / std::size_t(comm.size());
+  const auto data = toy_data(144);
+  const std::size_t global = 24, local = global / std::size_t(comm.size()); // 6 steps an epoch
   optim::SGD<double, Mem>::Options o;
   o.lr = 0.1;
   o.momentum = 0.9;

@@ -4,7 +4,7 @@
 //     L_b(θ) = ½ Σ_i a_bi (θ_i − t_bi)² + c_b,   ∇L_b(θ)_i = a_bi (θ_i − t_bi),
 //
 // evaluated in double on the host from a host copy of the parameters. The "[mpi]" case runs
-// under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*); every rank takes the same path through
+// under mpiexec at 1, 2, 3 and 4 ranks (ctest mpi_ranks_*); every rank takes the same path through
 // the collectives (CHECK, not REQUIRE, where ranks could differ).
 #include "test_helpers.hpp"
 

@@ -1,6 +1,6 @@
 // DASO (kat/distributed/data_parallel/daso.hpp) and what it is built from: its schedule and plateau
 // detector (daso_schedule.hpp, no MPI), kat::bfloat16, and the Communicator's emulated inter-node
-// link. The "[mpi]" cases run at 1, 2 and 4 ranks (ctest mpi_ranks_*); each rank takes the same
+// link. The "[mpi]" cases run at 1, 2, 3 and 4 ranks (ctest mpi_ranks_*); each rank takes the same
 // path through the collectives (CHECK, not REQUIRE, where ranks could differ).
 #include "test_helpers.hpp"
 

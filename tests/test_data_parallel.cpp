@@ -1,6 +1,6 @@
 // kat::distributed::DistributedSampler and kat::distributed::DataParallel. The "[mpi]" cases run
-// under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*); each holds for any rank count, and every
-// rank takes the same path through the collectives (CHECK, not REQUIRE, where ranks could
+// under mpiexec at 1, 2, 3 and 4 ranks (ctest mpi_ranks_*); each holds for any rank count, and
+// every rank takes the same path through the collectives (CHECK, not REQUIRE, where ranks could
 // differ), so a failure is reported instead of hanging. The sampler needs no MPI, so its
 // single-process cases run in every build.
 #include "test_helpers.hpp"

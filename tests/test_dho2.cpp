@@ -4,8 +4,8 @@
 // failure into an error on every rank; sharded_curvature_operator is the Hessian of the loss on
 // the concatenation of the ranks' batches; DHO2's steps equal FOSI's on one process, with the
 // analytic bytes, its state per rank is its slice, and its curvature memory is 1/P of FOSI's.
-// The "[mpi]" cases run under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*), and at 3
-// (mpi_ranks_3_dho2), where n is not divisible by P either.
+// The "[mpi]" cases run under mpiexec at 1, 2, 3 and 4 ranks (ctest mpi_ranks_*); at 3, n is
+// not divisible by P either.
 #include "test_helpers.hpp"
 
 #include <kat/core/error.hpp>

@@ -1,8 +1,8 @@
 // kat::distributed::DKFAC (docs/algorithms.md section 2, D-KFAC): P ranks with B/P samples each
 // equal one process on the concatenated batch of B; symmetric (upper-triangle) and full
 // communication agree and send the analytic volume; one rank equals plain K-FAC exactly. The
-// "[mpi]" cases run under mpiexec at 1, 2 and 4 ranks (ctest mpi_ranks_*) and hold for any rank
-// count that divides the batch of 8.
+// "[mpi]" cases run under mpiexec at 1, 2, 3 and 4 ranks (ctest mpi_ranks_*) and hold for any rank
+// count that divides the batch of 24.
 #ifdef KAT_ENABLE_MPI
 
 #include "dist_kfac_helpers.hpp"

@@ -2,8 +2,8 @@
 // which layer l's factors come from its owner's shard and the gradient is the whole batch's; the
 // round-robin and balanced assignments give each layer exactly one owner; the P broadcasts
 // send the analytic volume; a rank that owns k < L layers holds less K-FAC state; one rank
-// equals plain K-FAC exactly. The "[mpi]" cases run under mpiexec at 1, 2 and 4 ranks (ctest
-// mpi_ranks_*) and hold for any rank count that divides the batch of 8.
+// equals plain K-FAC exactly. The "[mpi]" cases run under mpiexec at 1, 2, 3 and 4 ranks (ctest
+// mpi_ranks_*) and hold for any rank count that divides the batch of 24.
 #ifdef KAT_ENABLE_MPI
 
 #include "dist_kfac_helpers.hpp"

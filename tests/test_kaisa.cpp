@@ -4,7 +4,7 @@
 // greedy assignment gives every work item one rank, and its two-level hybrid form reduces to
 // the COMM-OPT and MEM-OPT rules; one rank equals plain K-FAC exactly; the broadcasts send
 // the analytic volume; invalid fractions are rejected. The "[mpi]" cases run under mpiexec
-// at 1, 2 and 4 ranks (ctest mpi_ranks_*).
+// at 1, 2, 3 and 4 ranks (ctest mpi_ranks_*).
 #ifdef KAT_ENABLE_MPI
 
 #include "dist_kfac_helpers.hpp"

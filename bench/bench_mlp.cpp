@@ -70,6 +70,20 @@ void dense_layer_shapes(benchmark::internal::Benchmark *b) {
   }
 }
 
+// Binds two Dense layers to blocks of `buffer` (named as given) and gives both the same
+// parameters (seed 1): the two sides of a comparison.
+void bind_pair(kat::ParameterBuffer<float, Mem> &buffer, const Space &space,
+               kat::nn::Dense<float, Mem> &a, const char *a_name, kat::nn::Dense<float, Mem> &b,
+               const char *b_name) {
+  const std::size_t blocks[2] = {buffer.reserve(a_name, a.parameter_count()),
+                                 buffer.reserve(b_name, b.parameter_count())};
+  buffer.allocate();
+  a.bind(buffer.parameter_vector(blocks[0]).data(), buffer.gradient_vector(blocks[0]).data());
+  b.bind(buffer.parameter_vector(blocks[1]).data(), buffer.gradient_vector(blocks[1]).data());
+  a.reset_parameters(space, 1);
+  b.reset_parameters(space, 1);
+}
+
 // A Dense layer's forward + backward (bias, dx) in fp32 and in bf16 (Precision::bf16), and
 // the three products each makes alone: kat::gemm in fp32, MixedPrecisionGemm on operands
 // rounded beforehand (kat::Bf16Operand, as the layer reuses them) in bf16. The four run
@@ -83,13 +97,7 @@ void BM_DensePrecision(benchmark::State &state) {
   const Space space;
   kat::ParameterBuffer<float, Mem> buffer;
   kat::nn::Dense<float, Mem> fp32(in, out), bf16(in, out);
-  const std::size_t blocks[2] = {buffer.reserve("fp32", fp32.parameter_count()),
-                                 buffer.reserve("bf16", bf16.parameter_count())};
-  buffer.allocate();
-  fp32.bind(buffer.parameter_vector(blocks[0]).data(), buffer.gradient_vector(blocks[0]).data());
-  bf16.bind(buffer.parameter_vector(blocks[1]).data(), buffer.gradient_vector(blocks[1]).data());
-  fp32.reset_parameters(space, 1);
-  bf16.reset_parameters(space, 1);
+  bind_pair(buffer, space, fp32, "fp32", bf16, "bf16");
   bf16.set_precision(kat::Precision::bf16);
   const M x = filled(n, in, 4), dy = filled(n, out, 5);
   M y("y", n, out), dx("dx", n, in);
@@ -228,20 +236,12 @@ void BM_DenseBackwardInTwoCalls(benchmark::State &state) {
   const Space space;
   kat::ParameterBuffer<float, Mem> buffer;
   kat::nn::Dense<float, Mem> two_calls(in, out), twice_rounded(in, out);
-  const std::size_t blocks[2] = {buffer.reserve("two_calls", two_calls.parameter_count()),
-                                 buffer.reserve("twice_rounded", twice_rounded.parameter_count())};
-  buffer.allocate();
-  two_calls.bind(buffer.parameter_vector(blocks[0]).data(),
-                 buffer.gradient_vector(blocks[0]).data());
-  twice_rounded.bind(buffer.parameter_vector(blocks[1]).data(),
-                     buffer.gradient_vector(blocks[1]).data());
+  bind_pair(buffer, space, two_calls, "two_calls", twice_rounded, "twice_rounded");
   const M x = filled(n, in, 4), dy = filled(n, out, 5), x2 = filled(n, in, 4),
           dy2 = filled(n, out, 5);
   M y("y", n, out), dx("dx", n, in), y2("y2", n, out), dx2("dx2", n, in);
-  for (kat::nn::Dense<float, Mem> *layer : {&two_calls, &twice_rounded}) {
-    layer->reset_parameters(space, 1);
-    layer->set_precision(kat::Precision::bf16);
-  }
+  two_calls.set_precision(kat::Precision::bf16);
+  twice_rounded.set_precision(kat::Precision::bf16);
   two_calls.forward(space, x, y);
   twice_rounded.forward(space, x2, y2);
   const auto split = [&] {

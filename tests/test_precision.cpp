@@ -572,7 +572,9 @@ TEST_CASE("precision: bf16 Dense's bias gradient sums the rounded dy and accumul
 template <class View> std::vector<std::uint32_t> bits_of(const View &v) {
   const auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
   std::vector<std::uint32_t> bits(h.span());
-  std::memcpy(bits.data(), h.data(), bits.size() * sizeof(std::uint32_t));
+  for (std::size_t k = 0; k < bits.size(); ++k) {
+    bits[k] = bits_of(h.data()[k]);
+  }
   return bits;
 }
 

@@ -334,7 +334,7 @@ public:
     kat::detail::require_extent("kat::nn::Dense::forward", "y columns", out_, y.extent(1));
     x_ = x;
     rounded_operands_ = false;
-    kept_dy_ = false;
+    kept_dy_data_ = nullptr;
     if (uses_sparse_path()) {
       forward_sparse(space, x, y);
       return;
@@ -374,7 +374,7 @@ public:
   void backward(const execution_space &space, const matrix_type &dy,
                 const matrix_type &dx) override {
     ScopedRegion region("kat::nn::Dense::backward");
-    backward_impl(space, dy, dx, this->parameter_gradients_, false);
+    backward_impl(space, dy, dx, BackwardPart::whole);
   }
 
   /// @name Backward in two calls
@@ -395,8 +395,7 @@ public:
       throw ShapeError("kat::nn::Dense::backward_input: dx must not be empty (backward() "
                        "computes the parameter gradients alone)");
     }
-    backward_impl(space, dy, dx, false, false);
-    kept_dy_ = true;
+    backward_impl(space, dy, dx, BackwardPart::input);
   }
 
   /// The parameter gradients [dW db] of backward() (set, or added in accumulate mode) from dy,
@@ -407,10 +406,10 @@ public:
   void backward_parameters(const execution_space &space, const matrix_type &dy) {
     ScopedRegion region("kat::nn::Dense::backward_parameters");
     if (!this->parameter_gradients_) {
-      kept_dy_ = false;
+      kept_dy_data_ = nullptr;
       return;
     }
-    backward_impl(space, dy, matrix_type(), true, true);
+    backward_impl(space, dy, matrix_type(), BackwardPart::parameters);
   }
   /// @}
   /// One "Dense" operator {in, out, bias, positions} on [B, P, in] (per position) or [B, in]
@@ -566,19 +565,23 @@ private:
     }
   }
 
-  // backward() with the parameter gradients or not; reuse_dy: dy_bf16_ holds dy's rounding if
-  // backward_input() just rounded the same view (kept_dy_, the same data and column stride).
+  // Which calls backward_impl serves: backward() (the parameter gradients as
+  // compute_parameter_gradients() says), backward_input() (dx only; keeps dy's bf16 rounding
+  // for the next call) or backward_parameters() (no dx; reuses that rounding for the same view).
+  enum class BackwardPart { whole, input, parameters };
+
   void backward_impl(const execution_space &space, const matrix_type &dy_in,
-                     const matrix_type &dx_in, bool parameters, bool reuse_dy) {
-    const bool was_kept = reuse_dy && kept_dy_;
-    kept_dy_ = false;
+                     const matrix_type &dx_in, BackwardPart part) {
+    const bool parameters =
+        part == BackwardPart::whole ? this->parameter_gradients_ : part == BackwardPart::parameters;
+    const bool kept = part == BackwardPart::parameters && kept_dy_data_ != nullptr &&
+                      kept_dy_data_ == dy_in.data() && kept_dy_stride_ == dy_in.stride(1);
+    kept_dy_data_ = nullptr;
     const matrix_type dy = rows(dy_in, out_, "backward", "dy");
     const matrix_type dx = rows(dx_in, in_, "backward", "dx");
     const std::size_t n = x_.extent(0);
     kat::detail::require_extent("kat::nn::Dense::backward", "dy rows", n, dy.extent(0));
     kat::detail::require_extent("kat::nn::Dense::backward", "dy columns", out_, dy.extent(1));
-    const bool kept = was_kept && kept_dy_data_ != nullptr && kept_dy_data_ == dy.data() &&
-                      kept_dy_stride_ == dy.stride(1);
     if (this->recording_) {
       g_ = dy;
     }
@@ -598,8 +601,10 @@ private:
     if (uses_dy_bf16 && !kept) {
       dy_bf16_.assign(space, dy);
     }
-    kept_dy_data_ = uses_dy_bf16 ? dy.data() : nullptr;
-    kept_dy_stride_ = dy.stride(1);
+    if (part == BackwardPart::input && uses_dy_bf16) {
+      kept_dy_data_ = dy_in.data();
+      kept_dy_stride_ = dy_in.stride(1);
+    }
     // out = dyᵀx + β out; in bf16, out = dyᵀ[x 1] + β out when out is [dW db] (in_ + 1 columns).
     const auto weight_gradient = [&](Scalar beta, const matrix_type &out) {
       if (rounded) {
@@ -684,8 +689,8 @@ private:
   // backward rounded it.
   Bf16Operand<Scalar, MemorySpace> x_bf16_, w_bf16_, dy_bf16_;
   bool rounded_operands_ = false;
-  // backward_input() rounded the dy at kept_dy_data_ into dy_bf16_ for backward_parameters().
-  bool kept_dy_ = false;
+  // The dy (its data and column stride) that backward_input() rounded into dy_bf16_, for
+  // backward_parameters(); null when there is none to reuse.
   const Scalar *kept_dy_data_ = nullptr;
   std::size_t kept_dy_stride_ = 0;
 };
